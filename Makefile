@@ -1,0 +1,53 @@
+# Starforge: `make run` starts the product on the embedded default; `make test` runs the suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PG_URL ?= postgres://postgres@127.0.0.1:5432/starforge_ci
+PYTEST := $(PY) -m pytest
+
+.PHONY: help venv run test test-postgres test-sqlite lint bench clean
+
+help: ## Show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt client/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q -e client
+	touch $@
+
+venv: $(VENV)/.installed ## Create the virtualenv with pinned requirements and the sf client
+
+run: venv ## Start the whole product (SQLite, local executor, Redis if none is reachable)
+	$(PY) manage.py runstack
+
+test: venv ## Run the whole suite (starts PostgreSQL/Redis if they are not running)
+	@.ci/services.sh start
+	@trap '.ci/services.sh stop' EXIT; \
+	export REDIS_URL=redis://127.0.0.1:$$(cat var/ci-redis-port)/11; \
+	$(MAKE) --no-print-directory test-postgres && $(MAKE) --no-print-directory test-sqlite
+
+# pytest exits 5 when it collected nothing: a suite that ran nothing is a failure.
+test-postgres:
+	@echo "== suite on PostgreSQL"; \
+	DATABASE_URL=$(PG_URL) $(PYTEST) -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "no tests ran"; exit 1; fi; exit $$rc
+
+test-sqlite:
+	@echo "== ledger suite on the embedded SQLite default"; \
+	DATABASE_URL= SF_SQLITE_TEST_DB=$(CURDIR)/var/test-sqlite.db $(PYTEST) -q -m "not postgres and not e2e" tests/jobs; \
+	rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests ran"; exit 1; fi; exit $$rc
+
+lint: venv ## ruff lint + format check
+	$(VENV)/bin/ruff check .
+
+bench: venv ## Benchmarks: scheduling throughput, log ingest/replay, sf job status latency
+	@.ci/services.sh start
+	@trap '.ci/services.sh stop' EXIT; \
+	export REDIS_URL=redis://127.0.0.1:$$(cat var/ci-redis-port)/12; \
+	$(PY) bench/run.py
+
+clean: ## Remove the virtualenv and var/
+	rm -rf $(VENV) var

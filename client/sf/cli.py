@@ -1,0 +1,466 @@
+"""Owns the `sf` command line: argument parsing, command handlers and exit codes.
+
+Exit codes: 0 ok, 1 server/config error, 2 usage error, 3 server unreachable.
+Only argparse/json/os/sys load at start-up; HTTP, snapshot and rich load inside commands
+so `sf --help` and `sf job status` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from sf import __version__
+
+EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+LOG_TAIL_DEFAULT = 50
+LOG_WAIT_S = 20
+LOG_PAGE_LINES = 50_000
+
+
+class CliError(Exception):
+    """A failure the user should read as one `error: ...` line (exit 1)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `sf` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, command = _split_command(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.command = command
+    if getattr(args, "handler", None) is None:
+        # `sf` or `sf job` alone: show the relevant help instead of a bare error.
+        getattr(args, "parser", parser).print_help(sys.stderr)
+        return EXIT_USAGE
+    if command is not None and args.handler is not cmd_submit:
+        args.parser.error("only `sf submit` takes a command after --")
+    return _run(args)
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    # The job command may contain anything argparse would try to interpret, so cut it off first.
+    if "--" in argv:
+        idx = argv.index("--")
+        return argv[:idx], argv[idx + 1 :]
+    return argv, None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from sf.http import ApiError, ConnectError
+
+    try:
+        args.handler(args)
+        return 0
+    except ApiError as exc:
+        return _fail(exc.detail, EXIT_ERROR)
+    except ConnectError as exc:
+        return _fail(str(exc), EXIT_UNREACHABLE)
+    except CliError as exc:
+        return _fail(str(exc), EXIT_ERROR)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # Reader went away (e.g. `| head`); silence the flush error at interpreter exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _fail(message: str, code: int) -> int:
+    sys.stderr.write(f"error: {message}\n")
+    return code
+
+
+# --- parser ---------------------------------------------------------------------------
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS so a value given before the subcommand is not reset by the subparser default.
+    common.add_argument("--url", default=argparse.SUPPRESS, help="server URL (overrides config)")
+    common.add_argument("--token", default=argparse.SUPPRESS, help="API token (overrides config)")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the full argparse tree for `sf`."""
+    common = _common()
+    parser = argparse.ArgumentParser(
+        prog="sf", parents=[common], description="Starforge GPU job platform client."
+    )
+    parser.add_argument("--version", action="version", version=f"sf {__version__}")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    login = sub.add_parser("login", parents=[common], help="verify a token and save it")
+    login.set_defaults(handler=cmd_login, parser=login)
+    _add_submit(sub, common)
+    _add_job(sub, common)
+    return parser
+
+
+def _add_submit(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "submit",
+        parents=[common],
+        help="snapshot this directory and submit a job",
+        usage="sf submit [options] -- CMD [ARGS...]",
+    )
+    p.add_argument("--gpus", type=int, default=1, help="GPUs to request (default 1, >= 0)")
+    p.add_argument("--cluster", help="cluster to run on (default: server's choice)")
+    p.add_argument("--team", help="team to charge (default: your default team)")
+    p.add_argument("--name", help="human-readable job name")
+    p.add_argument("--priority", type=int, default=0, help="scheduling priority (default 0)")
+    p.add_argument("--window", help="named scheduling window")
+    p.add_argument("--env", action="extend", nargs="+", default=[], metavar="K=V")
+    p.add_argument(
+        "--pending-deadline",
+        type=int,
+        metavar="SECONDS",
+        help="give up if not started within SECONDS",
+    )
+    p.add_argument(
+        "--max-snapshot-mb",
+        type=float,
+        metavar="N",
+        help="snapshot size cap in MiB (default $SF_MAX_SNAPSHOT_MB or 100)",
+    )
+    p.add_argument("--dir", default=".", help="directory to snapshot (default .)")
+    p.add_argument("--json", action="store_true", help="print the created job as JSON")
+    p.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
+    p.set_defaults(handler=cmd_submit, parser=p)
+
+
+def _add_job(sub: Any, common: argparse.ArgumentParser) -> None:
+    job = sub.add_parser("job", parents=[common], help="inspect and control jobs")
+    verbs = job.add_subparsers(title="job commands", metavar="VERB")
+    status = verbs.add_parser("status", parents=[common], help="show one job (default: latest)")
+    status.add_argument("id", nargs="?", help="job id (default: your latest job)")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=cmd_status, parser=status)
+    _add_list(verbs, common)
+    _add_logs(verbs, common)
+    for verb in ("stop", "pause", "resume", "retry"):
+        p = verbs.add_parser(verb, parents=[common], help=f"{verb} a job (default: latest)")
+        p.add_argument("id", nargs="?", help="job id (default: your latest job)")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(handler=cmd_action, parser=p, verb=verb)
+    job.set_defaults(handler=None, parser=job)
+
+
+def _add_list(verbs: Any, common: argparse.ArgumentParser) -> None:
+    p = verbs.add_parser("list", parents=[common], help="list jobs (default: mine)")
+    p.add_argument("--status", help="only jobs in this status")
+    p.add_argument("--team", help="only jobs of this team")
+    p.add_argument("--user", help="only jobs of this user")
+    p.add_argument("--all", action="store_true", help="every job of my teams, not only mine")
+    p.add_argument("--limit", type=int, default=20, help="at most N jobs (default 20)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_list, parser=p)
+
+
+def _add_logs(verbs: Any, common: argparse.ArgumentParser) -> None:
+    p = verbs.add_parser("logs", parents=[common], help="print and follow a job's output")
+    p.add_argument("id", nargs="?", help="job id (default: your latest job)")
+    p.add_argument(
+        "-n",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"last N lines then follow (default {LOG_TAIL_DEFAULT}; 0 = everything)",
+    )
+    p.add_argument("--no-follow", action="store_true", help="print what exists and exit")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.set_defaults(handler=cmd_logs, parser=p)
+
+
+def _usage(parser: argparse.ArgumentParser, message: str) -> None:
+    parser.error(message)  # prints usage and exits 2
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from sf import config
+    from sf.http import Client
+
+    try:
+        cfg = config.load(getattr(args, "url", None), getattr(args, "token", None))
+    except config.ConfigError as exc:
+        raise CliError(str(exc)) from exc
+    if not cfg.url or not cfg.token:
+        raise CliError(
+            "not logged in: run `sf login --url URL --token TOKEN` (or set SF_URL and SF_TOKEN)"
+        )
+    try:
+        return Client(cfg.url, cfg.token)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def _name(value: Any) -> str:
+    if isinstance(value, dict):
+        return str(value.get("name") or value.get("username") or value.get("id") or "-")
+    return "-" if value in (None, "") else str(value)
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def _latest_job_id(client: Any) -> str:
+    page = client.request("GET", "/api/v1/jobs", query={"mine": "true", "limit": 1})
+    items = page.get("items", []) if isinstance(page, dict) else page
+    if not items:
+        raise CliError("you have no jobs yet; submit one with `sf submit -- CMD`")
+    return str(items[0]["id"])
+
+
+def _job_id(client: Any, args: argparse.Namespace) -> str:
+    return str(args.id) if args.id else _latest_job_id(client)
+
+
+# --- commands --------------------------------------------------------------------------
+
+
+def cmd_login(args: argparse.Namespace) -> None:
+    """Verify URL+token against /api/v1/me and save them to the config file."""
+    from sf import config
+    from sf.http import Client
+
+    url = getattr(args, "url", None) or os.environ.get("SF_URL")
+    token = getattr(args, "token", None) or os.environ.get("SF_TOKEN")
+    if not url or not token:
+        _usage(args.parser, "login needs --url URL and --token TOKEN")
+    try:
+        me = Client(url, token).request("GET", "/api/v1/me")
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    config.save(url, token)
+    teams = ", ".join(_name(t) for t in me.get("teams", [])) or "none"
+    print(f"logged in to {url} as {_name(me.get('username') or me.get('user'))} (teams: {teams})")
+
+
+def cmd_submit(args: argparse.Namespace) -> None:
+    """Snapshot the directory, upload it, and create the job."""
+    payload = _submit_payload(args)
+    client = _client(args)
+    payload["snapshot"] = _upload_snapshot(client, args)
+    job = client.request("POST", "/api/v1/jobs", json_body=payload)
+    if args.json:
+        _print_json(job)
+        return
+    print(f"submitted job {job['id']} run_id {job.get('run_id', '-')} ({job.get('status', '-')})")
+    print(f"follow it: sf job logs {job['id']}")
+
+
+def _submit_payload(args: argparse.Namespace) -> dict:
+    if args.stray:
+        _usage(args.parser, "put the job command after --, e.g. sf submit -- python train.py")
+    if not args.command:
+        _usage(args.parser, "missing command after --, e.g. sf submit -- python train.py")
+    if args.gpus < 0:
+        _usage(args.parser, "--gpus must be >= 0")
+    if args.pending_deadline is not None and args.pending_deadline <= 0:
+        _usage(args.parser, "--pending-deadline must be a positive number of seconds")
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            _usage(args.parser, f"--env expects K=V, got {item!r}")
+        env[key] = value
+    return {
+        "entrypoint": args.command,
+        "snapshot": None,
+        "gpus": args.gpus,
+        "cluster": args.cluster,
+        "team": args.team,
+        "name": args.name,
+        "env": env,
+        "priority": args.priority,
+        "window": args.window,
+        "pending_deadline_s": args.pending_deadline,
+    }
+
+
+def _max_snapshot_mb(args: argparse.Namespace) -> float:
+    from sf.snapshot import DEFAULT_MAX_MB
+
+    if args.max_snapshot_mb is not None:
+        value = args.max_snapshot_mb
+    else:
+        raw = os.environ.get("SF_MAX_SNAPSHOT_MB", "")
+        try:
+            value = float(raw) if raw else DEFAULT_MAX_MB
+        except ValueError:
+            _usage(args.parser, f"SF_MAX_SNAPSHOT_MB must be a number, got {raw!r}")
+    if value <= 0:
+        _usage(args.parser, "--max-snapshot-mb must be > 0")
+    return value
+
+
+def _upload_snapshot(client: Any, args: argparse.Namespace) -> str:
+    from sf import snapshot
+
+    try:
+        snap = snapshot.build(args.dir, _max_snapshot_mb(args))
+    except snapshot.SnapshotError as exc:
+        raise CliError(str(exc)) from exc
+    try:
+        sys.stderr.write(
+            f"snapshot {snap.sha256[:12]}: {snap.files} files, "
+            f"{snap.raw_bytes / 1048576:.1f} MiB -> {snap.size / 1048576:.1f} MiB gzipped\n"
+        )
+        answer = _send(client, snap)
+    finally:
+        snap.close()
+    server_sha = answer.get("sha256") if isinstance(answer, dict) else None
+    if server_sha and server_sha != snap.sha256:
+        raise CliError(f"server stored snapshot {server_sha}, expected {snap.sha256}")
+    return snap.sha256
+
+
+def _send(client: Any, snap: Any) -> Any:
+    with open(snap.path, "rb") as fh:
+        if not sys.stderr.isatty():
+            return client.upload("/api/v1/snapshots", fh, snap.size, "application/gzip")
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+        columns = ("uploading", BarColumn(), DownloadColumn(), TransferSpeedColumn())
+        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("upload", total=snap.size)
+            return client.upload(
+                "/api/v1/snapshots",
+                fh,
+                snap.size,
+                "application/gzip",
+                on_progress=lambda n: bar.advance(task, n),
+            )
+
+
+STATUS_FIELDS = (
+    "id",
+    "name",
+    "run_id",
+    "team",
+    "user",
+    "cluster",
+    "status",
+    "status_reason",
+    "attempt",
+    "retry_count",
+    "job_ref",
+    "gpus",
+    "submitted_at",
+    "started_at",
+    "ended_at",
+    "exit_code",
+    "gpu_seconds",
+    "output_dir",
+)
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    """Show one job as aligned `key: value` lines (or JSON)."""
+    client = _client(args)
+    job = client.request("GET", f"/api/v1/jobs/{_job_id(client, args)}")
+    if args.json:
+        _print_json(job)
+        return
+    lines = [f"{key + ':':<15} {_status_value(job, key)}" for key in STATUS_FIELDS]
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _status_value(job: dict, key: str) -> str:
+    if key == "cluster" and job.get("backend"):
+        return f"{_name(job.get('cluster'))} ({job['backend']})"
+    if key == "gpus" and job.get("virtual_gpus"):
+        return f"{_name(job.get('gpus'))} (virtual slots)"
+    return _name(job.get(key))
+
+
+def cmd_list(args: argparse.Namespace) -> None:
+    """List jobs as a rich table (or JSON)."""
+    query = {"status": args.status, "team": args.team, "user": args.user, "limit": args.limit}
+    if not args.all:
+        query["mine"] = "true"
+    page = _client(args).request("GET", "/api/v1/jobs", query=query)
+    items = page.get("items", []) if isinstance(page, dict) else page
+    if args.json:
+        _print_json(items)
+        return
+    _print_table(items)
+
+
+def _print_table(items: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("ID", "NAME", "STATUS", "GPUS", "ATTEMPT", "TEAM", "USER", "SUBMITTED"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("REASON", no_wrap=True, max_width=40, overflow="ellipsis")
+    for job in items:
+        submitted = str(job.get("submitted_at") or "-")[:16].replace("T", " ")
+        row = [job.get(k) for k in ("id", "name", "status", "gpus", "attempt", "team", "user")]
+        table.add_row(*map(_name, row), submitted, _name(job.get("status_reason")))
+    Console().print(table)
+
+
+def cmd_action(args: argparse.Namespace) -> None:
+    """POST stop/pause/resume/retry and print the resulting status."""
+    client = _client(args)
+    job = client.request("POST", f"/api/v1/jobs/{_job_id(client, args)}/{args.verb}")
+    if args.json:
+        _print_json(job)
+        return
+    reason = job.get("status_reason")
+    print(f"job {job.get('id')}: {job.get('status')}" + (f" ({reason})" if reason else ""))
+
+
+def cmd_logs(args: argparse.Namespace) -> None:
+    """Replay and optionally follow a job's log lines until the server reports `done`."""
+    client = _client(args)
+    path = f"/api/v1/jobs/{_job_id(client, args)}/logs"
+    tail = LOG_TAIL_DEFAULT if args.n is None else args.n
+    if tail < 0:
+        _usage(args.parser, "-n must be >= 0")
+    # First page: tail=N for the last N lines; no tail means history from the first line.
+    # Following is a long poll: the server holds an empty answer up to LOG_WAIT_S for new lines.
+    follow = {} if args.no_follow else {"follow": "true", "wait": LOG_WAIT_S}
+    query: dict = {"tail": tail or None, "limit": LOG_PAGE_LINES, **follow}
+    write = _json_writer if args.json else _text_writer
+    while True:
+        page = client.request("GET", path, query=query)
+        lines = page.get("lines", [])
+        write(lines)
+        if page.get("done") or (args.no_follow and not lines):
+            return
+        query = {"cursor": page.get("cursor"), "limit": LOG_PAGE_LINES, **follow}
+
+
+def _text_writer(lines: list[dict]) -> None:
+    # One join + one write per page: per-line writes make a 1M-line replay take many seconds.
+    out = [ln["text"] for ln in lines if ln.get("stream") != "stderr"]
+    err = [ln["text"] for ln in lines if ln.get("stream") == "stderr"]
+    if out:
+        sys.stdout.write("\n".join(out) + "\n")
+        sys.stdout.flush()
+    if err:
+        sys.stderr.write("\n".join(err) + "\n")
+        sys.stderr.flush()
+
+
+def _json_writer(lines: list[dict]) -> None:
+    if lines:
+        dumps: Callable[[Any], str] = json.dumps
+        sys.stdout.write("".join(dumps(ln) + "\n" for ln in lines))
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

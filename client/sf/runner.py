@@ -1,0 +1,482 @@
+"""Owns the job-side runner (`python -m sf.runner`): ingest, run, ship logs, record the exit.
+
+Executors start it with the SF_* environment contract. Standard library only: it runs inside
+arbitrary job images. Exit 86 means ingest failed and the user's code never ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from typing import IO, Any
+
+from sf.http import ApiError, Client, ConnectError
+
+INGEST_EXIT = 86
+BATCH_LINES = 1000
+BATCH_INTERVAL_S = 0.5
+MAX_BACKOFF_S = 5.0
+FLUSH_GIVE_UP_S = 30.0
+KILL_GRACE_S = 10.0
+READ_CHUNK = 64 * 1024  # longer lines are split so one runaway line cannot exhaust memory
+FETCH_TRIES = 4
+
+
+class IngestError(Exception):
+    """Snapshot fetch/unpack or entrypoint resolution failed; the user's code must not run."""
+
+
+class Terminated(Exception):
+    """SIGTERM/SIGINT arrived before the child was spawned."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, _frame: Any) -> None:
+    raise Terminated(signum)
+
+
+# --- small file helpers ----------------------------------------------------------------
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    """Write JSON via tmp + rename so executors never read a half-written file."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"sf.runner: {message}\n")
+    sys.stderr.flush()
+
+
+# --- ingest --------------------------------------------------------------------------
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _check_member(member: tarfile.TarInfo) -> None:
+    name = member.name
+    parts = name.replace("\\", "/").split("/")
+    if os.path.isabs(name) or name.startswith("/") or ".." in parts:
+        raise IngestError(f"unsafe path in snapshot: {name!r}")
+    if not (member.isfile() or member.isdir() or member.issym()):
+        raise IngestError(f"unsupported member type in snapshot: {name!r}")
+    if member.issym():
+        target = os.path.normpath(os.path.join(os.path.dirname(name), member.linkname))
+        if os.path.isabs(member.linkname) or target == ".." or target.startswith("../"):
+            raise IngestError(f"symlink {name!r} points outside the snapshot")
+
+
+def safe_unpack(archive: str, dest: str) -> None:
+    """Unpack a .tar.gz into `dest`, refusing anything that could land outside it."""
+    os.makedirs(dest, exist_ok=True)
+    root = os.path.realpath(dest)
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            for member in tar:
+                _check_member(member)
+                _extract(tar, member, root)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise IngestError(f"cannot unpack snapshot: {exc}") from exc
+
+
+def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, root: str) -> None:
+    target = os.path.join(root, member.name)
+    # Resolve the parent on disk: earlier in-tree symlinks could otherwise redirect us out.
+    if not _inside(os.path.realpath(os.path.dirname(target)), root):
+        raise IngestError(f"{member.name!r} would be written outside the run directory")
+    if member.isdir():
+        os.makedirs(target, exist_ok=True)
+        return
+    if os.path.lexists(target) and not os.path.isdir(target):
+        os.unlink(target)
+    if member.issym():
+        os.symlink(member.linkname, target)
+        if not _inside(os.path.realpath(target), root):
+            os.unlink(target)
+            raise IngestError(f"symlink {member.name!r} resolves outside the run directory")
+        return
+    src = tar.extractfile(member)
+    assert src is not None  # regular files always have a payload
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        shutil.copyfileobj(src, out)
+    os.chmod(target, member.mode & 0o755)
+
+
+def fetch_snapshot(client: Client, sha: str, dest: str) -> None:
+    """Download the job's snapshot (retrying transient failures) and unpack it into dest."""
+    with tempfile.TemporaryDirectory(prefix="sf-ingest-") as tmp:
+        archive = os.path.join(tmp, "snapshot.tar.gz")
+        _download(client, archive)
+        if _sha256(archive) != sha:
+            raise IngestError(f"snapshot checksum mismatch (expected {sha})")
+        safe_unpack(archive, dest)
+
+
+def _download(client: Client, archive: str) -> None:
+    for attempt in range(FETCH_TRIES):
+        try:
+            with open(archive, "wb") as fh:
+                client.download("/api/v1/ingest/snapshot", fh)
+            return
+        except ApiError as exc:
+            if exc.status < 500 or attempt == FETCH_TRIES - 1:
+                raise IngestError(f"snapshot download: HTTP {exc.status}: {exc.detail}") from exc
+        except ConnectError as exc:
+            if attempt == FETCH_TRIES - 1:
+                raise IngestError(f"snapshot download: {exc}") from exc
+        time.sleep(2**attempt)
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def resolve_entrypoint(argv: list[str], run_dir: str) -> list[str]:
+    """Check the entrypoint executable exists before spawning (a missing one is ingest)."""
+    exe = argv[0]
+    if "/" in exe:
+        path = os.path.join(run_dir, exe)
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise IngestError(f"entrypoint {exe!r} is not an executable file in the snapshot")
+        return argv
+    if shutil.which(exe) is None:
+        raise IngestError(f"entrypoint executable {exe!r} not found on PATH")
+    return argv
+
+
+# --- log shipping --------------------------------------------------------------------
+
+
+class LogShipper:
+    """Buffers log lines and POSTs them in batches; never drops a line while it can retry."""
+
+    def __init__(self, client: Client | None, attempt: int) -> None:
+        self.client, self.attempt = client, attempt
+        self.buffer: list[dict] = []
+        self.cond = threading.Condition()
+        self.closing_at: float | None = None
+        self.stopped = client is None
+        self.thread = threading.Thread(target=self._loop, name="sf-log-shipper", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def add(self, line: dict) -> None:
+        with self.cond:
+            if self.stopped:
+                return
+            self.buffer.append(line)
+            if len(self.buffer) >= BATCH_LINES:
+                self.cond.notify()
+
+    def close(self, timeout: float = FLUSH_GIVE_UP_S + 10) -> None:
+        """Flush what is left, giving up after FLUSH_GIVE_UP_S of failed resends."""
+        with self.cond:
+            self.closing_at = time.monotonic()
+            self.cond.notify()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    def _loop(self) -> None:
+        backoff, failing_since = 0.0, None
+        while True:
+            batch = self._next_batch(backoff)
+            if batch is None:
+                return
+            ok = self._send(batch)
+            if ok:
+                backoff, failing_since = 0.0, None
+                continue
+            failing_since = failing_since or time.monotonic()
+            backoff = min(MAX_BACKOFF_S, backoff * 2 or 0.25)
+            if self._give_up(failing_since):
+                return
+
+    def _next_batch(self, backoff: float) -> list[dict] | None:
+        with self.cond:
+            if not self.stopped and self.closing_at is None:
+                wait = backoff or BATCH_INTERVAL_S
+                if backoff or len(self.buffer) < BATCH_LINES:
+                    self.cond.wait(wait)
+            elif backoff:
+                self.cond.wait(backoff)  # closing: keep the backoff, but no batching delay
+            if self.stopped or (self.closing_at is not None and not self.buffer):
+                return None
+            return list(self.buffer[:BATCH_LINES])
+
+    def _give_up(self, failing_since: float) -> bool:
+        with self.cond:
+            if self.closing_at is None:
+                return False
+            if time.monotonic() - max(failing_since, self.closing_at) < FLUSH_GIVE_UP_S:
+                return False
+            lost = len(self.buffer)
+            self.stopped = True
+        _say(f"gave up shipping {lost} log lines after {FLUSH_GIVE_UP_S:.0f}s of failures")
+        return True
+
+    def _send(self, batch: list[dict]) -> bool:
+        if not batch:
+            return True
+        body = {"attempt": self.attempt, "lines": batch}
+        try:
+            self.client.request("POST", "/api/v1/ingest/logs", json_body=body)  # type: ignore
+        except ConnectError:
+            return False
+        except ApiError as exc:
+            return self._on_error(exc, batch)
+        self._drop_below(batch[-1]["seq"] + 1)
+        return True
+
+    def _on_error(self, exc: ApiError, batch: list[dict]) -> bool:
+        if exc.status >= 500 or exc.status in (408, 429):
+            return False
+        next_seq = exc.body.get("next_seq") if isinstance(exc.body, dict) else None
+        if exc.status == 409 and isinstance(next_seq, int) and next_seq > batch[0]["seq"]:
+            self._drop_below(next_seq)  # server already has these; continue after them
+            return True
+        self._stop(f"log shipping stopped: HTTP {exc.status}: {exc.detail}")
+        return True
+
+    def _drop_below(self, seq: int) -> None:
+        # The buffer is in seq order, so only a prefix can be dropped; no full rebuild per batch.
+        with self.cond:
+            count = 0
+            while count < len(self.buffer) and self.buffer[count]["seq"] < seq:
+                count += 1
+            del self.buffer[:count]
+
+    def _stop(self, message: str) -> None:
+        with self.cond:
+            self.stopped = True
+            self.buffer.clear()
+        _say(message)
+
+
+# --- process supervision -------------------------------------------------------------
+
+
+class LineSink:
+    """Numbers lines across both streams and fans them out to echo, console.log and shipper."""
+
+    def __init__(self, console: IO[str], shipper: LogShipper) -> None:
+        self.console, self.shipper = console, shipper
+        self.seq = 0
+        self.lock = threading.Lock()
+
+    def emit(self, stream: str, text: str) -> None:
+        with self.lock:
+            line = {"seq": self.seq, "stream": stream, "ts": time.time(), "text": text}
+            self.seq += 1
+            echo = sys.stdout if stream == "stdout" else sys.stderr
+            echo.write(text + "\n")
+            echo.flush()
+            self.console.write(text + "\n")
+            self.console.flush()
+            self.shipper.add(line)
+
+
+def _pump(pipe: IO[bytes], stream: str, sink: LineSink) -> None:
+    with pipe:
+        while raw := pipe.readline(READ_CHUNK):
+            text = raw.decode("utf-8", errors="replace")
+            sink.emit(stream, text.removesuffix("\n"))
+
+
+class Supervisor:
+    """Forwards SIGTERM/SIGINT to the child's process group, escalating to SIGKILL."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.killer: threading.Timer | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._forward)
+        signal.signal(signal.SIGINT, self._forward)
+
+    def _forward(self, signum: int, _frame: Any) -> None:
+        self._signal_group(signum)
+        if self.killer is None:
+            self.killer = threading.Timer(KILL_GRACE_S, self._signal_group, (signal.SIGKILL,))
+            self.killer.daemon = True
+            self.killer.start()
+
+    def _signal_group(self, signum: int) -> None:
+        try:
+            os.killpg(self.proc.pid, signum)
+        except ProcessLookupError:
+            pass  # group already gone
+
+    def reap_leftovers(self, readers: list[threading.Thread]) -> None:
+        # Background processes of the job can keep the pipes open; the job is over, end them.
+        for reader in readers:
+            reader.join(5.0)
+        if any(r.is_alive() for r in readers):
+            self._signal_group(signal.SIGKILL)
+            for reader in readers:
+                reader.join(5.0)
+        if self.killer:
+            self.killer.cancel()
+
+
+# --- main ----------------------------------------------------------------------------
+
+
+class RunnerEnv:
+    """The SF_* environment contract between executors and the runner."""
+
+    def __init__(self, environ: dict[str, str]) -> None:
+        self.api_url = environ.get("SF_API_URL", "")
+        self.token = environ.get("SF_JOB_TOKEN", "")
+        attempt = environ.get("SF_ATTEMPT", "")
+        self.attempt = int(attempt) if attempt.isdigit() else 1
+        self.run_dir = os.path.abspath(environ.get("SF_RUN_DIR") or "work")
+        self.output_dir = environ.get("SF_OUTPUT_DIR", "")
+        self.checkpoint_dir = environ.get("SF_CHECKPOINT_DIR", "")
+        self.entrypoint_raw = environ.get("SF_ENTRYPOINT", "")
+        self.snapshot = environ.get("SF_SNAPSHOT", "")
+        self.exit_file = os.path.abspath(environ.get("SF_EXIT_FILE") or "exit.json")
+        self.started_file = os.path.abspath(environ.get("SF_STARTED_FILE") or "started.json")
+
+    def client(self) -> Client | None:
+        return Client(self.api_url, self.token) if self.api_url else None
+
+    def entrypoint(self) -> list[str]:
+        try:
+            argv = json.loads(self.entrypoint_raw)
+        except ValueError as exc:
+            raise IngestError(f"SF_ENTRYPOINT is not valid JSON: {exc}") from exc
+        if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+            raise IngestError("SF_ENTRYPOINT must be a non-empty JSON list of strings")
+        return argv
+
+
+def prepare(env: RunnerEnv) -> list[str]:
+    """Create the directories, ingest the snapshot, and return the checked argv."""
+    try:
+        for path in (env.run_dir, env.output_dir, env.checkpoint_dir):
+            if path:
+                os.makedirs(path, exist_ok=True)
+        client = env.client()
+        if env.snapshot:
+            if client is None:
+                raise IngestError("SF_SNAPSHOT is set but SF_API_URL is empty")
+            fetch_snapshot(client, env.snapshot, env.run_dir)
+        return resolve_entrypoint(env.entrypoint(), env.run_dir)
+    except (OSError, ValueError) as exc:
+        raise IngestError(str(exc)) from exc
+
+
+def child_env(env: RunnerEnv) -> dict[str, str]:
+    out = dict(os.environ)
+    out["PYTHONPATH"] = os.pathsep.join(p for p in (env.run_dir, out.get("PYTHONPATH")) if p)
+    out["PYTHONUNBUFFERED"] = "1"
+    return out
+
+
+def run(env: RunnerEnv, argv: list[str]) -> int:
+    """Spawn the entrypoint, stream its output, and write the exit file."""
+    shipper = LogShipper(env.client(), env.attempt)
+    console_path = os.path.join(os.path.dirname(env.exit_file), "console.log")
+    with open(console_path, "a", encoding="utf-8") as console:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=env.run_dir,
+                env=child_env(env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return _ingest_failed(env, f"cannot start entrypoint {argv[0]!r}: {exc}")
+        supervisor = Supervisor(proc)
+        supervisor.install()
+        started_at = time.time()
+        write_json_atomic(env.started_file, {"started_at": started_at, "pid": proc.pid})
+        shipper.start()
+        sink = LineSink(console, shipper)
+        readers = [
+            threading.Thread(target=_pump, args=(proc.stdout, "stdout", sink), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stderr, "stderr", sink), daemon=True),
+        ]
+        for reader in readers:
+            reader.start()
+        code = proc.wait()
+        supervisor.reap_leftovers(readers)
+    shipper.close()
+    return _finish(env, code, started_at)
+
+
+def _finish(env: RunnerEnv, code: int, started_at: float | None) -> int:
+    reason = f"killed by signal {-code}" if code < 0 else ""
+    write_json_atomic(
+        env.exit_file,
+        {
+            "exit_code": code,
+            "reason": reason,
+            "started_at": started_at,
+            "ended_at": time.time(),
+        },
+    )
+    return 128 - code if code < 0 else code
+
+
+def _ingest_failed(env: RunnerEnv, why: str) -> int:
+    _say(f"ingest failed: {why}")
+    write_json_atomic(
+        env.exit_file,
+        {
+            "exit_code": None,
+            "reason": f"ingest failed: {why}",
+            "started_at": None,
+            "ended_at": time.time(),
+        },
+    )
+    return INGEST_EXIT
+
+
+def main() -> int:
+    """Run one attempt of a job as described by the SF_* environment."""
+    env = RunnerEnv(dict(os.environ))
+    # Until the child exists there is nothing to forward to: a stop must still leave an exit file.
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGINT, _raise_terminated)
+    try:
+        argv = prepare(env)
+    except IngestError as exc:
+        return _ingest_failed(env, str(exc))
+    except Terminated as exc:
+        _say(f"stopped by signal {exc.signum} before the entrypoint started")
+        return _finish(env, -exc.signum, None)
+    return run(env, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

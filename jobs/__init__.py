@@ -1,0 +1,1 @@
+"""The job ledger: models, state machine, scheduler, reconciler, executors, API and tasks."""

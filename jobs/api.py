@@ -1,0 +1,351 @@
+"""The jobs API (`/api/v1`): submit, read, control, logs, snapshots, and the runner's ingest."""
+
+import asyncio
+import json
+import time
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import FileResponse, HttpResponse
+from django.utils import timezone
+from ninja import Query, Router, Schema
+from pydantic import Field
+
+from jobs import logstore, services
+from jobs.auth import JobToken, UserToken
+from jobs.errors import BadRequest, Gone, NotFound
+from jobs.executors import executor_for
+from jobs.models import Attempt, Job, Membership
+from jobs.schemas import (
+    AttemptOut,
+    EventOut,
+    IngestResult,
+    JobIn,
+    JobOut,
+    JobPage,
+    MeOut,
+    SnapshotOut,
+)
+from jobs.snapshots import snapshot_path, store_snapshot
+from jobs.states import JobStatus
+from metering.usage import attempt_gpu_seconds, job_gpu_seconds
+
+router = Router(auth=UserToken(), tags=["jobs"])
+ingest = Router(auth=JobToken(), tags=["runner ingest"])
+INGEST_GRACE_S = 120
+
+
+def job_out(job: Job, virtual: dict[int, bool] | None = None) -> dict:
+    attempt = job.current_attempt
+    if virtual is None or job.cluster_id not in virtual:
+        virtual = {job.cluster_id: executor_for(job.cluster).capacity().virtual}
+    return {
+        "id": job.pk,
+        "run_id": job.run_id,
+        "name": job.name,
+        "team": job.team.name,
+        "user": job.user.username,
+        "cluster": job.cluster.name,
+        "backend": job.cluster.kind,
+        "status": job.status,
+        "status_reason": job.status_reason,
+        "terminal": job.status in JobStatus.terminal(),
+        "gpus": job.gpus,
+        "virtual_gpus": virtual[job.cluster_id],
+        "entrypoint": job.entrypoint,
+        "priority": job.priority,
+        "window": job.window.name if job.window else None,
+        "attempt": job.attempt_count,
+        "retry_count": job.retry_count,
+        "job_ref": attempt.job_ref if attempt else "",
+        "submitted_at": job.submitted_at,
+        "started_at": attempt.start_time if attempt else None,
+        "ended_at": attempt.end_time if attempt else None,
+        "exit_code": attempt.exit_code if attempt else None,
+        "gpu_seconds": round(job_gpu_seconds(job.attempts.all()), 3),
+        "output_dir": str(settings.SF_OUTPUT_ROOT / job.run_id),
+        "snapshot": job.snapshot_id,
+    }
+
+
+@router.get("/me", response=MeOut, summary="Who the token belongs to, and their teams")
+def me(request):
+    memberships = (
+        Membership.objects.filter(user=request.auth)
+        .select_related("team", "team__default_cluster")
+        .order_by("pk")
+    )
+    teams = [
+        {
+            "name": m.team.name,
+            "role": m.role,
+            "gpu_quota": m.team.gpu_quota,
+            "default_cluster": m.team.default_cluster.name if m.team.default_cluster else None,
+        }
+        for m in memberships
+    ]
+    return {
+        "username": request.auth.username,
+        "teams": teams,
+        "default_team": teams[0]["name"] if teams else None,
+    }
+
+
+@router.post(
+    "/snapshots",
+    response={201: SnapshotOut},
+    summary="Upload a working-directory .tar.gz",
+    openapi_extra={
+        "requestBody": {
+            "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}},
+            "required": True,
+        }
+    },
+)
+def upload_snapshot(request):
+    length = request.headers.get("Content-Length")
+    declared = int(length) if length and length.isdigit() else None
+    snapshot, created = store_snapshot(request, request.content_type or "", declared)
+    return 201, {"sha256": snapshot.sha256, "size": snapshot.size, "created": created}
+
+
+@router.post("/jobs", response={201: JobOut}, summary="Submit a job")
+def submit(request, data: JobIn):
+    job = services.submit_job(request.auth, data)
+    return 201, job_out(services.get_visible_job(request.auth, job.pk))
+
+
+class JobFilters(Schema):
+    status: str | None = None
+    team: str | None = None
+    user: str | None = None
+    mine: bool = False
+    limit: int = Field(50, ge=1, le=500)
+    before: int | None = Field(None, ge=1, description="job id to page back from")
+
+
+@router.get("/jobs", response=JobPage, summary="List jobs of your teams, newest first")
+def list_jobs(request, filters: Query[JobFilters]):
+    jobs = services.visible_jobs(request.auth)
+    if filters.status:
+        if filters.status.upper() not in JobStatus.values:
+            raise BadRequest(
+                f"unknown status {filters.status!r}; one of {', '.join(JobStatus.values)}"
+            )
+        jobs = jobs.filter(status=filters.status.upper())
+    if filters.team:
+        jobs = jobs.filter(team__name=filters.team)
+    if filters.mine:
+        jobs = jobs.filter(user=request.auth)
+    elif filters.user:
+        jobs = jobs.filter(user__username=filters.user)
+    if filters.before:
+        jobs = jobs.filter(pk__lt=filters.before)
+    page = list(
+        jobs.select_related("team", "user", "cluster", "current_attempt", "window")
+        .prefetch_related("attempts")
+        .order_by("-pk")[: filters.limit + 1]
+    )
+    more = len(page) > filters.limit
+    page = page[: filters.limit]
+    virtual = {j.cluster_id: executor_for(j.cluster).capacity().virtual for j in page}
+    return {
+        "items": [job_out(j, virtual) for j in page],
+        "next_before": page[-1].pk if more else None,
+    }
+
+
+@router.get("/jobs/{job_id}", response=JobOut, summary="One job")
+def get_job(request, job_id: int):
+    return job_out(services.get_visible_job(request.auth, job_id))
+
+
+@router.get("/jobs/{job_id}/events", response=list[EventOut], summary="The job's timeline")
+def job_events(request, job_id: int):
+    job = services.get_visible_job(request.auth, job_id)
+    return list(job.events.order_by("pk"))
+
+
+@router.get("/jobs/{job_id}/attempts", response=list[AttemptOut], summary="The job's attempts")
+def job_attempts(request, job_id: int):
+    job = services.get_visible_job(request.auth, job_id)
+    now = timezone.now()
+    return [
+        {
+            **{f: getattr(a, f) for f in AttemptOut.model_fields if f != "gpu_seconds"},
+            "gpu_seconds": attempt_gpu_seconds(a.start_time, a.end_time, a.gpus, now),
+        }
+        for a in job.attempts.order_by("number")
+    ]
+
+
+def _verb(name: str, action):
+    @router.post(
+        f"/jobs/{{job_id}}/{name}",
+        response=JobOut,
+        summary=f"{name.title()} a job",
+        operation_id=f"{name}_job",
+    )
+    def view(request, job_id: int):
+        return job_out(action(request.auth, job_id))
+
+    return view
+
+
+stop = _verb("stop", services.stop_job)
+pause = _verb("pause", services.pause_job)
+resume = _verb("resume", services.resume_job)
+retry = _verb("retry", services.retry_job)
+
+
+class LogQuery(Schema):
+    cursor: str | None = Field(None, max_length=64, description="from a previous answer")
+    tail: int | None = Field(None, ge=0, le=1_000_000, description="the last N lines (0: all)")
+    follow: bool = False
+    wait: float = Field(20.0, ge=0, le=30, description="seconds to wait for new lines")
+    limit: int = Field(10_000, ge=1, le=settings.SF_LOG_PAGE_MAX_LINES)
+
+
+@router.get(
+    "/jobs/{job_id}/logs",
+    summary="Log lines after a cursor; waits for new ones with follow",
+    response={200: dict},
+)
+async def job_logs(request, job_id: int, q: Query[LogQuery]):
+    job = await sync_to_async(services.get_visible_job)(request.auth, job_id)
+    deadline = time.monotonic() + (q.wait if q.follow else 0)
+    cursor = q.cursor
+    while True:
+        status = await sync_to_async(_status)(job.pk)  # before reading: no line can be missed
+        page = await sync_to_async(_page)(job.pk, cursor, q.tail, q.limit)
+        done = status in JobStatus.terminal() and page.at_end
+        if page.raw_lines or done or time.monotonic() >= deadline:
+            break
+        cursor, q.tail = page.cursor, None
+        await asyncio.sleep(0.25)
+    body = (
+        b'{"lines":['
+        + b",".join(page.raw_lines)
+        + b'],"cursor":'
+        + json.dumps(page.cursor).encode()
+        + b',"status":"'
+        + status.encode()
+        + b'","done":'
+        + (b"true" if done else b"false")
+        + b"}"
+    )
+    return HttpResponse(body, content_type="application/json")
+
+
+def _status(job_id: int) -> str:
+    return Job.objects.filter(pk=job_id).values_list("status", flat=True).get()
+
+
+def _page(job_id: int, cursor: str | None, tail: int | None, limit: int) -> logstore.Page:
+    try:
+        if tail:
+            return logstore.tail(job_id, min(tail, limit))
+        return logstore.read(job_id, cursor, limit)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from exc
+
+
+# -- the runner's side ---------------------------------------------------------------------------
+
+
+def _ingesting_attempt(principal) -> Attempt:
+    attempt = (
+        Attempt.objects.select_related("job")
+        .filter(job_id=principal.job_id, number=principal.attempt)
+        .first()
+    )
+    if attempt is None:
+        raise NotFound("this job token names an attempt that does not exist")
+    job = attempt.job
+    recently_ended = (timezone.now() - job.status_changed_at).total_seconds() < INGEST_GRACE_S
+    if job.current_attempt_id != attempt.pk or (
+        job.status not in JobStatus.active() and not recently_ended
+    ):
+        raise Gone(f"attempt {attempt.number} of job {job.pk} is over; its ingest is closed")
+    return attempt
+
+
+@ingest.post(
+    "/logs",
+    response=IngestResult,
+    summary="Append a batch of log lines",
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["attempt", "lines"],
+                        "properties": {
+                            "attempt": {"type": "integer"},
+                            "lines": {"type": "array", "items": {"type": "object"}},
+                        },
+                    }
+                }
+            }
+        }
+    },
+)
+def ingest_logs(request):
+    attempt = _ingesting_attempt(request.auth)
+    lines = _parse_batch(request.body, attempt.number)
+    result = logstore.append(attempt.job_id, attempt.number, lines)
+    return {
+        "accepted": result.accepted,
+        "duplicates": result.duplicates,
+        "next_seq": result.next_seq,
+    }
+
+
+def _parse_batch(body: bytes, attempt: int) -> list[dict]:
+    try:
+        batch = json.loads(body)
+    except ValueError as exc:
+        raise BadRequest(f"the body is not JSON ({exc})") from exc
+    if not isinstance(batch, dict) or batch.get("attempt") != attempt:
+        raise BadRequest(f'the body must be an object with "attempt": {attempt} (this token\'s)')
+    lines = batch.get("lines")
+    if not isinstance(lines, list):
+        raise BadRequest('"lines" must be a list')
+    if len(lines) > settings.SF_LOG_BATCH_MAX_LINES:
+        raise PayloadTooLarge(
+            f"a batch holds at most {settings.SF_LOG_BATCH_MAX_LINES} lines; "
+            f"this one has {len(lines)}"
+        )
+    for i, line in enumerate(lines):
+        if not (
+            isinstance(line, dict)
+            and type(line.get("seq")) is int
+            and line["seq"] >= 0
+            and line.get("stream") in ("stdout", "stderr")
+            and isinstance(line.get("ts"), int | float)
+            and isinstance(line.get("text"), str)
+        ):
+            raise BadRequest(
+                f"line {i} must have seq (int >= 0), stream (stdout|stderr), "
+                "ts (number) and text (string)"
+            )
+    return lines
+
+
+class PayloadTooLarge(BadRequest):
+    status = 413
+
+
+@ingest.get(
+    "/snapshot", summary="The job's working-directory snapshot (.tar.gz)", response={200: None}
+)
+def ingest_snapshot(request):
+    attempt = _ingesting_attempt(request.auth)
+    sha = attempt.job.snapshot_id
+    if not sha:
+        raise NotFound("this job was submitted without a snapshot")
+    path = snapshot_path(sha)
+    if not path.exists():
+        raise Gone("the job's working-directory snapshot was deleted")
+    return FileResponse(open(path, "rb"), content_type="application/gzip")

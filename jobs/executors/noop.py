@@ -1,0 +1,28 @@
+"""A no-op executor for benchmarks: accepts every launch and reports it PENDING forever."""
+
+from typing import ClassVar
+
+from jobs.executors.base import Capacity, LaunchSpec, Observation
+from jobs.states import JobStatus
+
+
+class NoopExecutor:
+    STATE_TABLE: ClassVar[dict[str, JobStatus]] = {"ACCEPTED": JobStatus.PENDING}
+
+    def __init__(self, cluster) -> None:
+        self.total_gpus = int(cluster.settings.get("gpus", 1_000_000))
+
+    def submit(self, spec: LaunchSpec) -> str:
+        return f"noop:{spec.name}"
+
+    def find(self, name: str) -> str | None:
+        return None
+
+    def poll(self, job_refs: list[str]) -> dict[str, Observation]:
+        return {ref: Observation("ACCEPTED") for ref in job_refs}
+
+    def cancel(self, job_ref: str) -> None:
+        return None
+
+    def capacity(self) -> Capacity:
+        return Capacity(reachable=True, total_gpus=self.total_gpus, virtual=True)

@@ -1,0 +1,149 @@
+"""Launching attempts: SUBMITTED → executor submit (idempotent by name) → PENDING with job_ref.
+
+`launch_attempts` is safe to run twice for the same attempts (a duplicated Celery delivery, a
+second beat, the reconciler repairing a crash mid-launch): an attempt that already has a
+job_ref, or whose job moved on, is skipped, and the executor adopts an existing backend
+object of the same deterministic name instead of creating a second one.
+"""
+
+import json
+import logging
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.core import signing
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from jobs.executors import LaunchError, LaunchSpec, executor_for
+from jobs.models import Attempt, Job
+from jobs.states import JobStatus
+from jobs.transitions import Change, apply_transitions, transition
+
+log = logging.getLogger(__name__)
+JOB_TOKEN_SALT = "starforge.job-token"
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    attempt_id: int
+    job_ref: str = ""
+    error: str = ""
+    permanent: bool = False
+
+
+def launch_attempts(attempt_ids: list[int]) -> list[LaunchOutcome]:
+    attempts = (
+        Attempt.objects.filter(pk__in=attempt_ids, job_ref="", end_time__isnull=True)
+        .select_related("job", "job__cluster")
+        .order_by("pk")
+    )
+    outcomes = [_launch_one(a) for a in attempts if _still_wanted(a)]
+    _record(outcomes)
+    return outcomes
+
+
+def _still_wanted(attempt: Attempt) -> bool:
+    job = attempt.job
+    return job.status == JobStatus.SUBMITTED and job.current_attempt_id == attempt.pk
+
+
+def _launch_one(attempt: Attempt) -> LaunchOutcome:
+    job = attempt.job
+    try:
+        ref = executor_for(job.cluster).submit(launch_spec(job, attempt))
+    except LaunchError as exc:
+        return LaunchOutcome(attempt.pk, error=str(exc), permanent=exc.permanent)
+    except Exception as exc:  # an executor bug or an unreachable engine: try again later
+        log.exception("launch of %s failed", attempt.backend_name)
+        return LaunchOutcome(attempt.pk, error=f"{type(exc).__name__}: {exc}")
+    return LaunchOutcome(attempt.pk, job_ref=ref)
+
+
+def _record(outcomes: list[LaunchOutcome]) -> None:
+    launched = [o for o in outcomes if o.job_ref]
+    now = timezone.now()
+    with transaction.atomic():
+        Attempt.objects.bulk_update(
+            [Attempt(pk=o.attempt_id, job_ref=o.job_ref, pending_at=now) for o in launched],
+            ["job_ref", "pending_at"],
+        )
+        by_attempt = dict(
+            Attempt.objects.filter(pk__in=[o.attempt_id for o in outcomes]).values_list(
+                "pk", "job_id"
+            )
+        )
+        changes = [Change(by_attempt[o.attempt_id], f"launched as {o.job_ref}") for o in launched]
+        changed, refused = apply_transitions(
+            JobStatus.PENDING, changes, actor="launcher", expected={JobStatus.SUBMITTED}
+        )
+    for refusal in refused:  # stopped or paused while launching: take the launch back
+        transaction.on_commit(lambda job_id=refusal.job_id: cancel_current(job_id))
+    for outcome in outcomes:
+        if outcome.error:
+            _launch_failed(by_attempt[outcome.attempt_id], outcome)
+
+
+def _launch_failed(job_id: int, outcome: LaunchOutcome) -> None:
+    target = JobStatus.FAILED if outcome.permanent else JobStatus.QUEUED
+    word = "launch failed" if outcome.permanent else "launch failed, will retry"
+    with transaction.atomic():
+        Attempt.objects.filter(pk=outcome.attempt_id, end_time__isnull=True).update(
+            end_time=timezone.now(), end_reason=f"{word}: {outcome.error}"
+        )
+        try:
+            transition(
+                job_id,
+                target,
+                reason=f"{word}: {outcome.error}",
+                actor="launcher",
+                expected={JobStatus.SUBMITTED},
+            )
+        except Exception as exc:
+            log.info("launch failure of job %s not recorded: %s", job_id, exc)
+
+
+def cancel_current(job_id: int) -> None:
+    """Ask the backend to stop the job's current attempt, if it has a backend object."""
+    attempt = (
+        Attempt.objects.select_related("job__cluster")
+        .filter(job_id=job_id, job__current_attempt=F("pk"))
+        .first()
+    )
+    if attempt is None:
+        return
+    ref = attempt.job_ref or executor_for(attempt.job.cluster).find(attempt.backend_name)
+    if ref:
+        executor_for(attempt.job.cluster).cancel(ref)
+
+
+def job_token(job_id: int, attempt: int) -> str:
+    return signing.Signer(salt=JOB_TOKEN_SALT).sign(f"{job_id}.{attempt}")
+
+
+def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
+    output_dir = settings.SF_OUTPUT_ROOT / job.run_id
+    env = {str(k): str(v) for k, v in job.env.items()}
+    env.update(
+        {
+            "SF_API_URL": settings.SF_API_URL,
+            "SF_JOB_TOKEN": job_token(job.pk, attempt.number),
+            "SF_JOB_ID": str(job.pk),
+            "SF_RUN_ID": job.run_id,
+            "SF_ATTEMPT": str(attempt.number),
+            "SF_OUTPUT_DIR": str(output_dir),
+            "SF_CHECKPOINT_DIR": str(output_dir / "checkpoints"),
+            "SF_ENTRYPOINT": json.dumps(job.entrypoint),
+            "SF_SNAPSHOT": job.snapshot_id or "",
+        }
+    )
+    return LaunchSpec(
+        name=attempt.backend_name,
+        job_id=job.pk,
+        run_id=job.run_id,
+        attempt=attempt.number,
+        gpus=attempt.gpus,
+        entrypoint=list(job.entrypoint),
+        env=env,
+    )

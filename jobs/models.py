@@ -1,0 +1,205 @@
+"""Ledger models: teams, clusters, tokens, jobs, attempts, the event timeline, log streams.
+
+`Job.status` is written only by `jobs.transitions`; everything else reads it.
+"""
+
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from jobs.states import JobStatus
+
+
+class ScheduleWindow(models.Model):
+    """A named weekly window in a time zone, e.g. ``mon-fri 20:00-08:00, sat-sun``."""
+
+    name = models.SlugField(unique=True)
+    timezone = models.CharField(max_length=64, default="UTC")
+    spec = models.CharField(max_length=500, help_text="e.g. 'mon-fri 20:00-08:00, sat-sun'")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from jobs.windows import WindowSpecError, parse_window
+
+        try:
+            parse_window(self.spec, self.timezone)
+        except WindowSpecError as exc:
+            raise ValidationError({"spec": str(exc)}) from exc
+
+
+class Cluster(models.Model):
+    """Where jobs run: an executor kind plus its connection settings."""
+
+    class Kind(models.TextChoices):
+        LOCAL = "local", "Local executor (process groups on the worker host)"
+        NOOP = "noop", "No-op executor (benchmarks: accepts launches, runs nothing)"
+
+    name = models.SlugField(unique=True)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    settings = models.JSONField(default=dict, blank=True)
+    enabled = models.BooleanField(default=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Team(models.Model):
+    name = models.SlugField(unique=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership")
+    gpu_quota = models.PositiveIntegerField(
+        default=8, help_text="GPUs the team's SUBMITTED+PENDING+RUNNING jobs may hold at once"
+    )
+    default_cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.SET_NULL)
+    window = models.ForeignKey(ScheduleWindow, null=True, blank=True, on_delete=models.SET_NULL)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        MEMBER = "member"
+        VIEWER = "viewer"
+        ADMIN = "admin"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="one_membership")]
+
+
+class ApiToken(models.Model):
+    """A user's bearer token; only its sha256 is stored, the secret is shown once."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    name = models.CharField(max_length=100, default="cli")
+    prefix = models.CharField(max_length=12)
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    @staticmethod
+    def new_secret() -> str:
+        return "sf_" + secrets.token_urlsafe(32)
+
+
+class Snapshot(models.Model):
+    """A content-addressed working-directory archive (tar.gz) on disk."""
+
+    sha256 = models.CharField(max_length=64, primary_key=True)
+    size = models.BigIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+
+class Job(models.Model):
+    run_id = models.CharField(max_length=32, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT)
+    gpus = models.PositiveIntegerField(default=1)
+    entrypoint = models.JSONField()
+    env = models.JSONField(default=dict, blank=True)
+    snapshot = models.ForeignKey(Snapshot, null=True, on_delete=models.PROTECT)
+    priority = models.IntegerField(default=0)
+    window = models.ForeignKey(ScheduleWindow, null=True, blank=True, on_delete=models.PROTECT)
+    pending_deadline_s = models.PositiveIntegerField(null=True, blank=True)
+    status = models.CharField(
+        max_length=10, choices=JobStatus.choices, default=JobStatus.QUEUED, editable=False
+    )
+    status_reason = models.TextField(blank=True)
+    status_changed_at = models.DateTimeField(default=timezone.now)
+    submitted_at = models.DateTimeField(default=timezone.now)
+    retry_count = models.PositiveIntegerField(default=0)
+    attempt_count = models.PositiveIntegerField(default=0)
+    current_attempt = models.ForeignKey(
+        "Attempt", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        indexes = [
+            # Jobs of a team by status (quota sums, team views).
+            models.Index(fields=["team", "status"], name="job_team_status"),
+            # Latest jobs of a user (`sf job list`, `sf job status` without an id).
+            models.Index(fields=["user", "-id"], name="job_user_latest"),
+            # The scheduler's queue order and the reconciler's active scan.
+            models.Index(fields=["status", "-priority", "submitted_at"], name="job_queue_order"),
+            models.Index(fields=["cluster", "status"], name="job_cluster_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} ({self.run_id})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in JobStatus.terminal()
+
+
+class Attempt(models.Model):
+    """One launch of a job: first run, each resume, each retry."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    gpus = models.PositiveIntegerField()
+    backend_name = models.CharField(max_length=100, help_text="deterministic: run_id + attempt")
+    job_ref = models.CharField(max_length=200, blank=True)
+    submitted_at = models.DateTimeField(default=timezone.now)
+    pending_at = models.DateTimeField(null=True, blank=True)
+    start_time = models.DateTimeField(null=True, blank=True)
+    end_time = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    end_reason = models.TextField(blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    native_state = models.CharField(max_length=50, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="one_attempt_number"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.backend_name}"
+
+
+class JobEvent(models.Model):
+    """Append-only timeline: status changes and notable backend observations."""
+
+    class Kind(models.TextChoices):
+        STATUS = "status"
+        OBSERVATION = "observation"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    time = models.DateTimeField(default=timezone.now)
+    kind = models.CharField(max_length=12, choices=Kind.choices)
+    from_status = models.CharField(max_length=10, blank=True)
+    to_status = models.CharField(max_length=10, blank=True)
+    reason = models.TextField(blank=True)
+    actor = models.CharField(max_length=150)
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "id"], name="event_job_order")]
+
+
+class LogStream(models.Model):
+    """Bookkeeping for one attempt's append-only log file; its row lock orders appends."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_streams")
+    attempt = models.PositiveIntegerField()
+    next_seq = models.BigIntegerField(default=0)
+    size = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt"], name="one_stream_per_attempt"),
+        ]

@@ -1,0 +1,209 @@
+"""The reconciler tick: observe each backend once, compare with the ledger, act on the difference.
+
+Per cluster: one batched `poll` of every live attempt's backend object, each native state mapped
+through the executor's explicit `STATE_TABLE`. It sets `start_time` when the process is really
+up, closes attempts (exit code, end time) exactly once, fails jobs whose backend object vanished
+for longer than the grace period or that sat PENDING past their deadline, repairs attempts left
+in SUBMITTED by a crash mid-launch, and re-cancels backend objects of stopped attempts that are
+still alive. A native state missing from the table changes nothing but is recorded.
+"""
+
+import datetime as dt
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from jobs import logstore
+from jobs.executors import Executor, Observation, executor_for
+from jobs.launcher import launch_attempts
+from jobs.models import Attempt, Cluster, JobEvent
+from jobs.states import JobStatus
+from jobs.transitions import TransitionRefused, transition
+
+log = logging.getLogger(__name__)
+S = JobStatus
+ORPHAN_SWEEP = dt.timedelta(minutes=10)
+
+
+def reconcile_all(now: dt.datetime | None = None) -> None:
+    for cluster in Cluster.objects.filter(enabled=True):
+        try:
+            reconcile_cluster(cluster, now)
+        except Exception:  # one unreachable engine must not stop the others
+            log.exception("reconcile of cluster %s failed; nothing changed for it", cluster.name)
+
+
+def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
+    now = now or timezone.now()
+    executor = executor_for(cluster)
+    live = list(
+        Attempt.objects.filter(
+            job__cluster=cluster,
+            job__status__in=S.active(),
+            job__current_attempt=F("pk"),
+            end_time__isnull=True,
+        ).select_related("job")
+    )
+    closed = list(
+        Attempt.objects.filter(job__cluster=cluster, end_time__gte=now - ORPHAN_SWEEP)
+        .exclude(job_ref="")
+        .exclude(job__status__in=S.active(), job__current_attempt=F("pk"))
+    )
+    refs = [a.job_ref for a in live + closed if a.job_ref]
+    observations = executor.poll(refs) if refs else {}
+    seen = [a.pk for a in live if a.job_ref in observations]
+    Attempt.objects.filter(pk__in=seen).update(last_seen_at=now)
+    for attempt in live:
+        try:
+            _reconcile_attempt(executor, attempt, observations.get(attempt.job_ref), now)
+        except TransitionRefused as exc:  # the job moved on (a user stop) since we read it
+            log.info("reconcile of %s skipped: %s", attempt.backend_name, exc)
+        except Exception:
+            log.exception("reconcile of %s failed; skipped this tick", attempt.backend_name)
+    for attempt in closed:
+        _sweep_orphan(executor, attempt, observations.get(attempt.job_ref))
+
+
+def _reconcile_attempt(
+    executor: Executor, attempt: Attempt, obs: Observation | None, now: dt.datetime
+) -> None:
+    if not attempt.job_ref:
+        _repair_launch(executor, attempt, now)
+        return
+    if obs is None:
+        _maybe_lost(attempt, now)
+        return
+    target = executor.STATE_TABLE.get(obs.native_state)
+    if obs.native_state != attempt.native_state:
+        _note_native_state(attempt, obs, mapped=target is not None)
+    if target is None:
+        return
+    if target == S.PENDING:
+        _advance(attempt, [S.PENDING], "on the cluster, not running yet")
+        _check_pending_deadline(executor, attempt, now)
+    elif target == S.RUNNING:
+        _mark_running(attempt, obs, now)
+    else:
+        _finish(attempt, target, obs, now)
+
+
+def _repair_launch(executor: Executor, attempt: Attempt, now: dt.datetime) -> None:
+    if (now - attempt.submitted_at).total_seconds() < settings.SF_LAUNCH_STUCK_S:
+        return  # the launch task may still be running
+    ref = executor.find(attempt.backend_name)
+    if ref is None:
+        launch_attempts([attempt.pk])  # nothing under the deterministic name: launch it now
+        return
+    with transaction.atomic():
+        Attempt.objects.filter(pk=attempt.pk, job_ref="").update(job_ref=ref, pending_at=now)
+        transition(
+            attempt.job_id,
+            S.PENDING,
+            reason=f"adopted existing backend object {ref}",
+            actor="reconciler",
+            expected={S.SUBMITTED},
+            attempt=attempt.number,
+        )
+
+
+def _maybe_lost(attempt: Attempt, now: dt.datetime) -> None:
+    last = attempt.last_seen_at or attempt.pending_at or attempt.submitted_at
+    if (now - last).total_seconds() < settings.SF_LOST_GRACE_S:
+        return
+    reason = (
+        f"lost on backend: {attempt.job_ref} is no longer known to cluster "
+        f"{attempt.job.cluster.name}"
+    )
+    _close_and_transition(attempt, S.FAILED, reason, now, exit_code=None)
+
+
+def _advance(attempt: Attempt, path: list[JobStatus], reason: str) -> None:
+    """Walk the job along `path`, skipping the states it has already passed."""
+    status = attempt.job.status
+    for target in path[path.index(status) + 1 if status in path else 0 :]:
+        transition(
+            attempt.job_id, target, reason=reason, actor="reconciler", attempt=attempt.number
+        )
+        status = target
+    attempt.job.status = status
+
+
+def _mark_running(attempt: Attempt, obs: Observation, now: dt.datetime) -> None:
+    if attempt.job.status == S.RUNNING:
+        return
+    with transaction.atomic():
+        Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(
+            start_time=obs.start_time or now
+        )
+        _advance(attempt, [S.PENDING, S.RUNNING], "the entrypoint is running")
+
+
+def _finish(attempt: Attempt, target: JobStatus, obs: Observation, now: dt.datetime) -> None:
+    if target == S.SUCCEEDED:
+        reason = "exited with code 0"
+    else:
+        reason = _failure_reason(attempt, obs)
+    Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(start_time=obs.start_time)
+    attempt.start_time = attempt.start_time or obs.start_time
+    _close_and_transition(attempt, target, reason, obs.end_time or now, exit_code=obs.exit_code)
+
+
+def _close_and_transition(
+    attempt: Attempt, target: JobStatus, reason: str, end: dt.datetime, exit_code: int | None
+) -> None:
+    path = [S.PENDING, S.RUNNING, target] if attempt.start_time else [S.PENDING, target]
+    if attempt.job.status == S.RUNNING:
+        path = [S.RUNNING, target]
+    with transaction.atomic():
+        closed = Attempt.objects.filter(pk=attempt.pk, end_time__isnull=True).update(
+            end_time=end, exit_code=exit_code, end_reason=reason
+        )
+        if closed:  # counted once, however many times the end is observed
+            _advance(attempt, path, reason)
+
+
+def _failure_reason(attempt: Attempt, obs: Observation) -> str:
+    if obs.message.startswith("ingest failed"):
+        return obs.message
+    if obs.exit_code is not None and obs.exit_code < 0:
+        head = f"killed by signal {-obs.exit_code}"
+    elif obs.exit_code is not None:
+        head = f"exited with code {obs.exit_code}"
+    else:
+        head = obs.message or f"backend reported {obs.native_state}"
+    tail = logstore.tail_text(attempt.job_id, attempt.number, 5)
+    return f"{head}; last lines:\n{tail}" if tail else head
+
+
+def _check_pending_deadline(executor: Executor, attempt: Attempt, now: dt.datetime) -> None:
+    deadline = attempt.job.pending_deadline_s or settings.SF_PENDING_DEADLINE_S
+    since = attempt.pending_at or attempt.submitted_at
+    if (now - since).total_seconds() <= deadline:
+        return
+    reason = f"pending deadline: still PENDING after {deadline} s; cancelled on the backend"
+    _close_and_transition(attempt, S.FAILED, reason, now, exit_code=None)
+    executor.cancel(attempt.job_ref)
+
+
+def _note_native_state(attempt: Attempt, obs: Observation, mapped: bool) -> None:
+    Attempt.objects.filter(pk=attempt.pk).update(native_state=obs.native_state[:50])
+    if mapped:
+        return
+    JobEvent.objects.create(
+        job_id=attempt.job_id,
+        kind=JobEvent.Kind.OBSERVATION,
+        actor="reconciler",
+        attempt=attempt.number,
+        reason=f"unmapped backend state {obs.native_state!r}; the job keeps its status",
+        data={"native_state": obs.native_state, "message": obs.message},
+    )
+
+
+def _sweep_orphan(executor: Executor, attempt: Attempt, obs: Observation | None) -> None:
+    """A closed attempt whose backend object still runs (a stop racing a launch): cancel it."""
+    if obs is not None and executor.STATE_TABLE.get(obs.native_state) in (S.PENDING, S.RUNNING):
+        log.info("cancelling orphaned backend object %s", attempt.job_ref)
+        executor.cancel(attempt.job_ref)

@@ -1,0 +1,133 @@
+"""Working-directory snapshots: content-addressed tar.gz files, checked before they are kept.
+
+An upload is streamed to a temporary file while it is hashed, then opened as a tar stream and
+refused unless every member is a plain file, directory or a symlink that stays inside the tree,
+with safe relative names, under the unpacked-size and member-count caps (a decompression bomb
+or a truncated archive ends in a refusal, not in a half-written store).
+"""
+
+import hashlib
+import os
+import posixpath
+import tarfile
+import tempfile
+import zlib
+from pathlib import Path
+from typing import BinaryIO
+
+from django.conf import settings
+
+from jobs.models import Snapshot
+
+MAX_MEMBERS = 200_000
+ACCEPTED_TYPES = {
+    "application/gzip",
+    "application/x-gzip",
+    "application/x-tar+gzip",
+    "application/octet-stream",
+}
+
+
+class SnapshotRefused(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def snapshot_path(sha256: str) -> Path:
+    return Path(settings.SF_SNAPSHOT_DIR) / sha256[:2] / f"{sha256}.tar.gz"
+
+
+def store_snapshot(
+    body: BinaryIO, content_type: str, declared_size: int | None
+) -> tuple[Snapshot, bool]:
+    """Validate and keep an uploaded archive; returns the row and whether it was new."""
+    limit = settings.SF_MAX_SNAPSHOT_BYTES
+    if content_type.split(";")[0].strip() not in ACCEPTED_TYPES:
+        raise SnapshotRefused(
+            f"a snapshot must be sent as application/gzip (a .tar.gz), not {content_type!r}", 415
+        )
+    if declared_size is not None and declared_size > limit:
+        raise SnapshotRefused(_too_big(declared_size, limit), 413)
+    Path(settings.SF_SNAPSHOT_DIR).mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=settings.SF_SNAPSHOT_DIR, delete=False) as tmp:
+        try:
+            sha, size = _copy_hashing(body, tmp, limit)
+            tmp.flush()
+            validate_archive(tmp.name)
+        except BaseException:
+            os.unlink(tmp.name)
+            raise
+    return _keep(tmp.name, sha, size)
+
+
+def _copy_hashing(body: BinaryIO, out, limit: int) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    while chunk := body.read(1024 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise SnapshotRefused(_too_big(size, limit), 413)
+        digest.update(chunk)
+        out.write(chunk)
+    if size == 0:
+        raise SnapshotRefused("the snapshot is empty; send the working directory as a .tar.gz")
+    return digest.hexdigest(), size
+
+
+def _keep(tmp_name: str, sha: str, size: int) -> tuple[Snapshot, bool]:
+    path = snapshot_path(sha)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        os.unlink(tmp_name)  # same content already stored: one blob for both
+    else:
+        os.replace(tmp_name, path)
+    return Snapshot.objects.get_or_create(sha256=sha, defaults={"size": size})
+
+
+def validate_archive(path: str) -> None:
+    unpacked_limit = settings.SF_MAX_SNAPSHOT_UNPACKED_BYTES
+    total = members = 0
+    try:
+        with tarfile.open(path, mode="r|gz") as archive:
+            for member in archive:
+                members += 1
+                total += member.size if member.isfile() else 0
+                if members > MAX_MEMBERS or total > unpacked_limit:
+                    raise SnapshotRefused(
+                        f"the snapshot unpacks to more than {unpacked_limit // 2**20} MiB or "
+                        f"{MAX_MEMBERS} files; refusing it",
+                        413,
+                    )
+                check_member(member)
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        raise SnapshotRefused(f"the snapshot is not a readable .tar.gz ({exc})") from exc
+
+
+def check_member(member: tarfile.TarInfo) -> None:
+    name = member.name
+    if name.startswith("/") or "\\" in name or ".." in name.split("/"):
+        raise SnapshotRefused(
+            f"the snapshot has an unsafe path {name!r}; paths must stay inside "
+            "the working directory"
+        )
+    if member.isdir() or member.isfile():
+        return
+    if member.issym():
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(name), member.linkname))
+        if member.linkname.startswith("/") or target == ".." or target.startswith("../"):
+            raise SnapshotRefused(
+                f"the snapshot's symlink {name!r} points outside the tree ({member.linkname!r})"
+            )
+        return
+    kind = "hard link" if member.islnk() else "device or special file"
+    raise SnapshotRefused(
+        f"the snapshot holds a {kind} {name!r}; only files, directories and "
+        "symlinks inside the tree are allowed"
+    )
+
+
+def _too_big(size: int, limit: int) -> str:
+    return (
+        f"the snapshot is {size / 2**20:.1f} MiB and the limit is {limit / 2**20:.0f} MiB; "
+        "add large files to .sfignore"
+    )

@@ -1,0 +1,113 @@
+"""The one place that writes `Job.status` (ARCHITECTURE.md invariant 1).
+
+`apply_transitions` locks the job rows, checks the allowed-transition table, updates the rows
+and writes one `JobEvent` per change, all in one transaction. `transition` is its single-job
+form that raises when the change is refused.
+"""
+
+from collections import defaultdict
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.models import Job, JobEvent
+from jobs.states import JobStatus, is_allowed
+
+
+class TransitionRefused(Exception):
+    """The table (or the caller's expectation) forbids the change; nothing was written."""
+
+    def __init__(self, job_id: int, current: str, target: str, why: str = "") -> None:
+        self.job_id, self.current, self.target = job_id, current, target
+        why = why or f"a {current} job cannot become {target}"
+        super().__init__(f"job {job_id} is {current}: {why}")
+
+
+@dataclass(frozen=True)
+class Change:
+    job_id: int
+    reason: str = ""
+    attempt: int | None = None
+    data: dict = field(default_factory=dict)
+
+
+def apply_transitions(
+    target: JobStatus,
+    changes: Sequence[Change],
+    *,
+    actor: str,
+    expected: Collection[str] | None = None,
+) -> tuple[list[Job], list[TransitionRefused]]:
+    """Move every job in `changes` to `target` where the table (and `expected`) allow it.
+
+    Returns the changed jobs (with their new status) and the refusals; refused jobs are untouched.
+    """
+    now = timezone.now()
+    by_id = {c.job_id: c for c in changes}
+    changed: list[Job] = []
+    refused: list[TransitionRefused] = []
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().filter(pk__in=by_id).order_by("pk")
+        for job in locked.only("id", "status"):
+            if expected is not None and job.status not in expected:
+                refused.append(TransitionRefused(job.pk, job.status, target, _expected(expected)))
+            elif not is_allowed(job.status, target):
+                refused.append(TransitionRefused(job.pk, job.status, target))
+            else:
+                changed.append(job)
+        _write(target, changed, by_id, actor, now)
+    return changed, refused
+
+
+def transition(
+    job_id: int,
+    target: JobStatus,
+    *,
+    reason: str = "",
+    actor: str,
+    expected: Collection[str] | None = None,
+    attempt: int | None = None,
+    data: dict | None = None,
+) -> Job:
+    change = Change(job_id, reason, attempt, data or {})
+    changed, refused = apply_transitions(target, [change], actor=actor, expected=expected)
+    if refused:
+        raise refused[0]
+    if not changed:
+        raise Job.DoesNotExist(f"job {job_id} does not exist")
+    return changed[0]
+
+
+def _write(target: JobStatus, jobs: list[Job], by_id: dict[int, Change], actor: str, now) -> None:
+    events = []
+    ids_by_reason: dict[str, list[int]] = defaultdict(list)
+    for job in jobs:
+        change = by_id[job.pk]
+        ids_by_reason[change.reason].append(job.pk)
+        events.append(
+            JobEvent(
+                job_id=job.pk,
+                time=now,
+                kind=JobEvent.Kind.STATUS,
+                from_status=job.status,
+                to_status=target,
+                reason=change.reason,
+                actor=actor,
+                attempt=change.attempt,
+                data=change.data,
+            )
+        )
+        job.status = target
+        job.status_reason = change.reason
+        job.status_changed_at = now
+    for reason, ids in ids_by_reason.items():
+        Job.objects.filter(pk__in=ids).update(
+            status=target, status_reason=reason, status_changed_at=now
+        )
+    JobEvent.objects.bulk_create(events, batch_size=1000)
+
+
+def _expected(expected: Collection[str]) -> str:
+    return "this action needs the job to be " + " or ".join(sorted(expected))

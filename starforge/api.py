@@ -1,0 +1,68 @@
+"""The project's one NinjaAPI: mounts the app routers and maps domain errors to 4xx answers."""
+
+import logging
+
+from django.http import HttpRequest
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+
+from jobs.api import ingest
+from jobs.api import router as jobs_router
+from jobs.errors import ApiError
+from jobs.logstore import LogGap
+from jobs.snapshots import SnapshotRefused
+from jobs.transitions import TransitionRefused
+
+log = logging.getLogger(__name__)
+api = NinjaAPI(title="Starforge API", version="1", urls_namespace="api", docs_url="/docs")
+api.add_router("/v1", jobs_router)
+api.add_router("/v1/ingest", ingest)
+
+
+def _answer(request: HttpRequest, status: int, detail: str, **extra):
+    return api.create_response(request, {"detail": detail, **extra}, status=status)
+
+
+@api.exception_handler(ApiError)
+def on_api_error(request, exc: ApiError):
+    return _answer(request, exc.status, exc.detail, **exc.extra)
+
+
+@api.exception_handler(TransitionRefused)
+def on_refused(request, exc: TransitionRefused):
+    return _answer(request, 409, str(exc), status=exc.current)
+
+
+@api.exception_handler(SnapshotRefused)
+def on_snapshot_refused(request, exc: SnapshotRefused):
+    return _answer(request, exc.status, str(exc))
+
+
+@api.exception_handler(LogGap)
+def on_log_gap(request, exc: LogGap):
+    return _answer(request, 409, str(exc), next_seq=exc.next_seq)
+
+
+@api.exception_handler(ValidationError)
+def on_invalid(request, exc: ValidationError):
+    sentences = []
+    for error in exc.errors:
+        where = ".".join(str(p) for p in error.get("loc", ()) if p not in ("body", "data", "query"))
+        sentences.append(f"{where or 'request'}: {error.get('msg', 'invalid')}")
+    return _answer(request, 422, "; ".join(sentences) or "invalid request", errors=exc.errors)
+
+
+@api.exception_handler(AuthenticationError)
+def on_unauthenticated(request, exc):
+    return _answer(request, 401, "missing, unknown or revoked token; run `sf login` again")
+
+
+@api.exception_handler(HttpError)
+def on_http_error(request, exc: HttpError):
+    return _answer(request, exc.status_code, str(exc))
+
+
+@api.exception_handler(Exception)
+def on_unexpected(request, exc: Exception):
+    log.exception("unhandled error in %s %s", request.method, request.path)
+    return _answer(request, 500, "internal error; the server log has the details")

@@ -1,0 +1,133 @@
+"""Settings for Starforge. Everything a deployment changes comes from the environment.
+
+DATABASE_URL   ledger database (default: embedded SQLite under var/)
+REDIS_URL      Celery broker and Channels layer (default: redis://127.0.0.1:6379/0)
+SF_VAR_DIR     root for the embedded ledger, snapshots, logs, run outputs (default: ./var)
+SF_LOCAL_GPU_SLOTS   virtual GPU slots of the local executor when NVML finds no GPU (default 4)
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("SF_VAR_DIR", BASE_DIR / "var")).resolve()
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise RuntimeError(f"{name} must be an integer, got {raw!r}") from exc
+
+
+SECRET_KEY = os.environ.get("SF_SECRET_KEY", "dev-only-insecure-key-change-me-in-production")
+DEBUG = os.environ.get("SF_DEBUG", "1") == "1"
+ALLOWED_HOSTS = [h for h in os.environ.get("SF_ALLOWED_HOSTS", "*").split(",") if h]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "jobs",
+    "metering",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "starforge.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+ASGI_APPLICATION = "starforge.asgi.application"
+WSGI_APPLICATION = None
+
+_default_db = f"sqlite:///{VAR_DIR / 'starforge.sqlite3'}"
+DATABASES = {"default": dj_database_url.parse(os.environ.get("DATABASE_URL", _default_db))}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # IMMEDIATE takes the write lock when a transaction starts, so two schedulers on the
+    # embedded ledger serialise instead of failing with "database is locked" mid-transaction.
+    DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30}
+    DATABASES["default"]["TEST"] = {"NAME": os.environ.get("SF_SQLITE_TEST_DB") or None}
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS: list[dict] = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "static"
+LOGIN_URL = "/admin/login/"
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "schedule-tick": {"task": "jobs.tasks.schedule_tick", "schedule": 2.0},
+    "reconcile-tick": {"task": "jobs.tasks.reconcile_tick", "schedule": 2.0},
+}
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
+    }
+}
+
+# Starforge's own knobs.
+SF_SNAPSHOT_DIR = VAR_DIR / "snapshots"
+SF_LOG_DIR = VAR_DIR / "logs"
+SF_OUTPUT_ROOT = Path(os.environ.get("SF_OUTPUT_ROOT", VAR_DIR / "runs")).resolve()
+SF_LOCAL_STATE_DIR = VAR_DIR / "local-executor"
+SF_LOCAL_GPU_SLOTS = _env_int("SF_LOCAL_GPU_SLOTS", 4)
+SF_MAX_SNAPSHOT_BYTES = _env_int("SF_MAX_SNAPSHOT_MB", 100) * 1024 * 1024
+SF_MAX_SNAPSHOT_UNPACKED_BYTES = _env_int("SF_MAX_SNAPSHOT_UNPACKED_MB", 1024) * 1024 * 1024
+SF_PENDING_DEADLINE_S = _env_int("SF_PENDING_DEADLINE_S", 1800)
+SF_LOST_GRACE_S = _env_int("SF_LOST_GRACE_S", 60)
+SF_LAUNCH_STUCK_S = _env_int("SF_LAUNCH_STUCK_S", 30)
+SF_LOG_BATCH_MAX_LINES = _env_int("SF_LOG_BATCH_MAX_LINES", 20000)
+SF_LOG_PAGE_MAX_LINES = 50000
+# Where runners reach the API; the local executor passes it to every job.
+SF_API_URL = os.environ.get("SF_API_URL", "http://127.0.0.1:8000")
+# Python used to start the job-side runner on the local executor.
+SF_RUNNER_PYTHON = os.environ.get("SF_RUNNER_PYTHON", "")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("SF_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,212 @@
+"""The `sf` command line: usage errors, server errors, start-up imports, and each command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sf import cli
+
+
+def run_cli(argv: list[str]) -> int:
+    try:
+        return cli.main(argv)
+    except SystemExit as exc:  # argparse usage errors
+        return int(exc.code or 0)
+
+
+JOB = {
+    "id": 7,
+    "name": "demo",
+    "run_id": "r7",
+    "team": "vision",
+    "user": "ada",
+    "cluster": "local",
+    "backend": "local",
+    "status": "RUNNING",
+    "status_reason": "",
+    "attempt": 1,
+    "retry_count": 0,
+    "job_ref": "pid 1",
+    "gpus": 2,
+    "virtual_gpus": True,
+}
+
+
+def test_sf_help_imports_no_rich() -> None:
+    code = "import sys, sf.cli; print(sorted(m for m in sys.modules if m in ('rich', 'requests')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_submit_requires_command(sf_env: Any, capsys: pytest.CaptureFixture) -> None:
+    assert run_cli(["submit", "--gpus", "1", "--"]) == 2
+    assert "missing command" in capsys.readouterr().err
+
+
+def test_submit_command_without_double_dash_is_usage_error(sf_env: Any) -> None:
+    assert run_cli(["submit", "python", "train.py"]) == 2
+
+
+def test_negative_gpus_is_usage_error(sf_env: Any, capsys: pytest.CaptureFixture) -> None:
+    assert run_cli(["submit", "--gpus", "-1", "--", "python", "x.py"]) == 2
+    assert "--gpus must be >= 0" in capsys.readouterr().err
+
+
+def test_bad_env_pair_is_usage_error(sf_env: Any) -> None:
+    assert run_cli(["submit", "--env", "NOEQUALS", "--", "true"]) == 2
+
+
+def test_missing_login_is_a_clear_error(sf_env: Any, capsys: pytest.CaptureFixture) -> None:
+    assert run_cli(["job", "status", "1"]) == 1
+    assert "sf login" in capsys.readouterr().err
+
+
+def test_server_detail_is_printed_as_error(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    fake_api.route("GET /api/v1/jobs/5", lambda r: (404, {"detail": "Job 5 does not exist."}))
+    assert run_cli(["job", "status", "5"]) == 1
+    assert capsys.readouterr().err == "error: Job 5 does not exist.\n"
+
+
+def test_unreachable_server_exits_3_naming_url(sf_env: Any, capsys: pytest.CaptureFixture) -> None:
+    sf_env("http://127.0.0.1:9")
+    assert run_cli(["job", "status", "1"]) == 3
+    assert "cannot reach the Starforge server at http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_login_verifies_and_saves_config(
+    fake_api: Any, sf_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    fake_api.route("GET /api/v1/me", lambda r: (200, {"username": "ada", "teams": ["vision"]}))
+    assert run_cli(["login", "--url", fake_api.url, "--token", "secret"]) == 0
+    assert capsys.readouterr().out == f"logged in to {fake_api.url} as ada (teams: vision)\n"
+    assert json.loads((tmp_path / "sf-config.json").read_text())["token"] == "secret"
+    assert fake_api.requests[0].headers["Authorization"] == "Bearer secret"
+
+
+def test_submit_uploads_snapshot_then_creates_job(
+    fake_api: Any, sf_env: Any, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text("print('hi')\n")
+    fake_api.route("POST /api/v1/snapshots", lambda r: (201, {"size": len(r.body)}))
+    fake_api.route("POST /api/v1/jobs", lambda r: (201, {**JOB, "status": "PENDING"}))
+    argv = [
+        "submit",
+        "--dir",
+        str(tmp_path / "proj"),
+        "--gpus",
+        "0",
+        "--env",
+        "A=1",
+        "B=x=y",
+        "--pending-deadline",
+        "60",
+        "--",
+        "python",
+        "train.py",
+        "--steps",
+        "3",
+    ]
+    assert run_cli(argv) == 0
+    upload, create = fake_api.requests
+    assert upload.headers["Content-Type"] == "application/gzip"
+    body = create.json()
+    assert body["entrypoint"] == ["python", "train.py", "--steps", "3"]
+    assert body["env"] == {"A": "1", "B": "x=y"} and body["gpus"] == 0
+    assert body["pending_deadline_s"] == 60 and body["cluster"] is None
+    import hashlib
+
+    assert body["snapshot"] == hashlib.sha256(upload.body).hexdigest()
+    assert (
+        capsys.readouterr().out == "submitted job 7 run_id r7 (PENDING)\nfollow it: sf job logs 7\n"
+    )
+
+
+def test_status_without_id_shows_latest_job(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    fake_api.route("GET /api/v1/jobs", lambda r: (200, {"items": [{"id": 7}]}))
+    fake_api.route("GET /api/v1/jobs/7", lambda r: (200, JOB))
+    assert run_cli(["job", "status"]) == 0
+    out = capsys.readouterr().out
+    assert fake_api.requests[0].query == {"mine": "true", "limit": "1"}
+    assert "2 (virtual slots)" in out and "local (local)" in out and "run_id:" in out
+
+
+def test_status_without_jobs_is_a_clear_error(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    fake_api.route("GET /api/v1/jobs", lambda r: (200, {"items": []}))
+    assert run_cli(["job", "status"]) == 1
+    assert "no jobs yet" in capsys.readouterr().err
+
+
+def test_list_all_drops_mine_filter(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    fake_api.route("GET /api/v1/jobs", lambda r: (200, {"items": [JOB]}))
+    assert run_cli(["job", "list", "--all", "--status", "RUNNING"]) == 0
+    assert fake_api.requests[0].query == {"status": "RUNNING", "limit": "20"}
+    assert "demo" in capsys.readouterr().out
+
+
+def test_stop_posts_verb_and_prints_status(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    stopped = {**JOB, "status": "STOPPED", "status_reason": "stopped by ada"}
+    fake_api.route("POST /api/v1/jobs/7/stop", lambda r: (200, stopped))
+    assert run_cli(["job", "stop", "7"]) == 0
+    assert capsys.readouterr().out == "job 7: STOPPED (stopped by ada)\n"
+
+
+def test_logs_follow_until_done_and_split_streams(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sf_env(fake_api.url)
+    pages = [
+        {"lines": [{"seq": 0, "stream": "stdout", "text": "a"}], "cursor": "c1", "done": False},
+        {"lines": [], "cursor": "c1", "done": False},
+        {
+            "lines": [
+                {"seq": 1, "stream": "stderr", "text": "oops"},
+                {"seq": 2, "stream": "stdout", "text": "b"},
+            ],
+            "cursor": "c2",
+            "done": True,
+        },
+    ]
+    fake_api.route("GET /api/v1/jobs/7/logs", lambda r: (200, pages.pop(0)))
+    assert run_cli(["job", "logs", "7"]) == 0
+    out, err = capsys.readouterr()
+    assert (out, err) == ("a\nb\n", "oops\n")
+    queries = [r.query for r in fake_api.requests]
+    follow = {"follow": "true", "wait": "20", "limit": "50000"}
+    assert queries == [
+        {"tail": "50", **follow},
+        {"cursor": "c1", **follow},
+        {"cursor": "c1", **follow},
+    ]
+
+
+def test_logs_n_zero_replays_from_first_line(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    page = {"lines": [{"seq": 0, "stream": "stdout", "text": "x"}], "cursor": "c", "done": True}
+    fake_api.route("GET /api/v1/jobs/7/logs", lambda r: (200, page))
+    assert run_cli(["job", "logs", "7", "-n", "0", "--json"]) == 0
+    assert "tail" not in fake_api.requests[0].query  # no tail: history from the first line
+    assert json.loads(capsys.readouterr().out) == page["lines"][0]

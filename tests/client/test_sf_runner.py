@@ -1,0 +1,252 @@
+"""The job-side runner: safe unpacking, log shipping through failures, exit files, signals."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sf import runner, snapshot
+
+
+def tar_with(path: Path, name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = kind, link
+        tar.addfile(info, io.BytesIO(b"") if kind == tarfile.REGTYPE else None)
+    return path
+
+
+@pytest.mark.parametrize("name", ["../evil.py", "a/../../evil.py", "/etc/evil"])
+def test_unpack_refuses_paths_leaving_the_run_dir(tmp_path: Path, name: str) -> None:
+    with pytest.raises(runner.IngestError, match="unsafe path"):
+        runner.safe_unpack(str(tar_with(tmp_path / "s.tgz", name)), str(tmp_path / "run"))
+    assert not (tmp_path / "evil.py").exists()
+
+
+def test_unpack_refuses_symlink_pointing_outside(tmp_path: Path) -> None:
+    archive = tar_with(tmp_path / "s.tgz", "link", tarfile.SYMTYPE, "../../etc/passwd")
+    with pytest.raises(runner.IngestError, match="outside"):
+        runner.safe_unpack(str(archive), str(tmp_path / "run"))
+
+
+def test_unpack_refuses_device_files(tmp_path: Path) -> None:
+    archive = tar_with(tmp_path / "s.tgz", "dev", tarfile.CHRTYPE)
+    with pytest.raises(runner.IngestError, match="unsupported member"):
+        runner.safe_unpack(str(archive), str(tmp_path / "run"))
+
+
+JOB_SCRIPT = """\
+import sys
+for i in range(40):
+    print(f"out {i}")
+    if i % 10 == 0:
+        print(f"err {i}", file=sys.stderr)
+sys.exit(7)
+"""
+
+
+def pack(tmp_path: Path, files: dict[str, str]) -> tuple[str, bytes]:
+    src = tmp_path / "src"
+    src.mkdir()
+    for rel, text in files.items():
+        (src / rel).write_text(text)
+    snap = snapshot.build(str(src))
+    data = Path(snap.path).read_bytes()
+    snap.close()
+    return snap.sha256, data
+
+
+class LogSink:
+    """Fake ingest endpoint: fails the first `fail` POSTs with 503, then dedupes by seq."""
+
+    def __init__(self, fail: int = 2) -> None:
+        self.fail, self.stored, self.posts, self.duplicates = fail, {}, 0, 0
+
+    def __call__(self, req: Any) -> tuple[int, Any]:
+        self.posts += 1
+        if self.posts <= self.fail:
+            return 503, {"detail": "database is busy."}
+        body = req.json()
+        new = [ln for ln in body["lines"] if ln["seq"] not in self.stored]
+        for line in new:
+            self.stored[line["seq"]] = line
+        self.duplicates += len(body["lines"]) - len(new)
+        next_seq = max(self.stored, default=-1) + 1
+        return 200, {
+            "accepted": len(new),
+            "duplicates": len(body["lines"]) - len(new),
+            "next_seq": next_seq,
+        }
+
+
+def runner_env(tmp_path: Path, url: str, sha: str, argv: list[str]) -> dict[str, str]:
+    attempt = tmp_path / "attempt-1"
+    attempt.mkdir()
+    return {
+        **os.environ,
+        "SF_API_URL": url,
+        "SF_JOB_TOKEN": "job-tok",
+        "SF_JOB_ID": "7",
+        "SF_RUN_ID": "r7",
+        "SF_ATTEMPT": "1",
+        "SF_RUN_DIR": str(attempt / "work"),
+        "SF_OUTPUT_DIR": str(tmp_path / "out"),
+        "SF_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+        "SF_ENTRYPOINT": json.dumps(argv),
+        "SF_SNAPSHOT": sha,
+        "SF_EXIT_FILE": str(attempt / "exit.json"),
+        "SF_STARTED_FILE": str(attempt / "started.json"),
+    }
+
+
+def run_runner(env: dict[str, str]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "sf.runner"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+def exit_record(env: dict[str, str]) -> dict:
+    return json.loads(Path(env["SF_EXIT_FILE"]).read_text())
+
+
+def test_runner_ships_every_line_once_through_503s_and_records_exit(
+    fake_api: Any, tmp_path: Path
+) -> None:
+    sha, data = pack(tmp_path, {"job.py": JOB_SCRIPT})
+    logs = LogSink(fail=2)
+    fake_api.route("GET /api/v1/ingest/snapshot", lambda r: (200, data))
+    fake_api.route("POST /api/v1/ingest/logs", logs)
+    env = runner_env(tmp_path, fake_api.url, sha, [sys.executable, "job.py"])
+    result = run_runner(env)
+    assert result.returncode == 7, result.stderr
+    record = exit_record(env)
+    assert (record["exit_code"], record["reason"]) == (7, "")
+    assert record["ended_at"] >= record["started_at"]
+    assert sorted(logs.stored) == list(range(44))  # 40 stdout + 4 stderr, no gaps
+    assert logs.posts >= 3 and logs.duplicates == 0
+    texts = [logs.stored[i]["text"] for i in range(44)]
+    assert [t for t in texts if t.startswith("out")] == [f"out {i}" for i in range(40)]
+    assert {logs.stored[i]["stream"] for i in range(44)} == {"stdout", "stderr"}
+    assert all(r.headers["Authorization"] == "Bearer job-tok" for r in fake_api.requests)
+    started = json.loads(Path(env["SF_STARTED_FILE"]).read_text())
+    assert started["pid"] > 0
+    console = (Path(env["SF_EXIT_FILE"]).parent / "console.log").read_text().splitlines()
+    assert len(console) == 44 and (tmp_path / "ckpt").is_dir() and (tmp_path / "out").is_dir()
+
+
+def test_runner_never_sends_a_line_twice_after_success(fake_api: Any, tmp_path: Path) -> None:
+    sha, data = pack(tmp_path, {"job.py": JOB_SCRIPT})
+    batches: list[list[int]] = []
+
+    def record(req: Any) -> tuple[int, Any]:
+        seqs = [ln["seq"] for ln in req.json()["lines"]]
+        batches.append(seqs)
+        return 200, {"accepted": len(seqs), "duplicates": 0, "next_seq": seqs[-1] + 1}
+
+    fake_api.route("GET /api/v1/ingest/snapshot", lambda r: (200, data))
+    fake_api.route("POST /api/v1/ingest/logs", record)
+    env = runner_env(tmp_path, fake_api.url, sha, [sys.executable, "job.py"])
+    assert run_runner(env).returncode == 7
+    assert sorted(s for b in batches for s in b) == list(range(44))
+
+
+def test_snapshot_404_is_an_ingest_failure(fake_api: Any, tmp_path: Path) -> None:
+    fake_api.route("GET /api/v1/ingest/snapshot", lambda r: (404, {"detail": "no snapshot."}))
+    env = runner_env(tmp_path, fake_api.url, "ab" * 32, [sys.executable, "job.py"])
+    result = run_runner(env)
+    assert result.returncode == runner.INGEST_EXIT
+    record = exit_record(env)
+    assert record["exit_code"] is None and record["reason"].startswith("ingest failed")
+    assert "no snapshot." in record["reason"]
+    assert not Path(env["SF_STARTED_FILE"]).exists()
+
+
+def test_missing_entrypoint_executable_is_an_ingest_failure(tmp_path: Path) -> None:
+    env = runner_env(tmp_path, "", "", ["definitely-not-a-command-sf"])
+    assert run_runner(env).returncode == runner.INGEST_EXIT
+    assert "not found" in exit_record(env)["reason"]
+
+
+def test_sigterm_is_forwarded_and_recorded(tmp_path: Path) -> None:
+    script = "import time; print('ready', flush=True); time.sleep(30)"
+    env = runner_env(tmp_path, "", "", [sys.executable, "-c", script])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sf.runner"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 5
+    record = exit_record(env)
+    assert (record["exit_code"], record["reason"]) == (-15, "killed by signal 15")
+
+
+def test_sigterm_during_ingest_still_writes_exit_file(fake_api: Any, tmp_path: Path) -> None:
+    def slow(req: Any) -> tuple[int, Any]:
+        time.sleep(5)
+        return 503, {"detail": "slow."}
+
+    fake_api.route("GET /api/v1/ingest/snapshot", slow)
+    env = runner_env(tmp_path, fake_api.url, "ab" * 32, [sys.executable, "job.py"])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sf.runner"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while not fake_api.requests and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+    assert exit_record(env)["reason"] == "killed by signal 15"
+
+
+class ScriptedClient:
+    """Stands in for sf.http.Client: raises or answers per call, recording batches."""
+
+    def __init__(self, answers: list[Any]) -> None:
+        self.answers, self.batches = answers, []
+
+    def request(self, method: str, path: str, json_body: Any = None, **_: Any) -> Any:
+        self.batches.append([ln["seq"] for ln in json_body["lines"]])
+        answer = self.answers.pop(0) if self.answers else {"next_seq": -1}
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_conflict_drops_lines_the_server_already_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sf.http import ApiError
+
+    monkeypatch.setattr(runner, "BATCH_INTERVAL_S", 0.01)
+    client = ScriptedClient([ApiError(409, "gap.", {"next_seq": 3})])
+    shipper = runner.LogShipper(client, attempt=1)  # type: ignore[arg-type]
+    for seq in range(5):
+        shipper.add({"seq": seq, "stream": "stdout", "ts": 0.0, "text": str(seq)})
+    shipper.start()
+    shipper.close()
+    assert client.batches == [[0, 1, 2, 3, 4], [3, 4]]
+    assert shipper.buffer == []
+
+
+def test_revoked_token_stops_shipping(capfd: pytest.CaptureFixture) -> None:
+    from sf.http import ApiError
+
+    client = ScriptedClient([ApiError(410, "job finished.")])
+    shipper = runner.LogShipper(client, attempt=1)  # type: ignore[arg-type]
+    shipper.add({"seq": 0, "stream": "stdout", "ts": 0.0, "text": "x"})
+    shipper.start()
+    shipper.close()
+    shipper.add({"seq": 1, "stream": "stdout", "ts": 0.0, "text": "y"})
+    assert client.batches == [[0]] and shipper.buffer == []
+    assert "HTTP 410" in capfd.readouterr().err
