@@ -127,8 +127,7 @@ def _advance(attempt: Attempt, path: list[JobStatus], reason: str) -> None:
         transition(
             attempt.job_id, target, reason=reason, actor="reconciler", attempt=attempt.number
         )
-        status = target
-    attempt.job.status = status
+    attempt.job.refresh_from_db(fields=["status"])
 
 
 def _mark_running(attempt: Attempt, obs: Observation, now: dt.datetime) -> None:

@@ -31,7 +31,7 @@ ACCEPTED_TYPES = {
 class SnapshotRefused(Exception):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
-        self.status = status
+        self.http_status = status
 
 
 def snapshot_path(sha256: str) -> Path:

@@ -35,7 +35,7 @@ def on_refused(request, exc: TransitionRefused):
 
 @api.exception_handler(SnapshotRefused)
 def on_snapshot_refused(request, exc: SnapshotRefused):
-    return _answer(request, exc.status, str(exc))
+    return _answer(request, exc.http_status, str(exc))
 
 
 @api.exception_handler(LogGap)

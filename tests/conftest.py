@@ -1,0 +1,82 @@
+"""Fixtures shared by the server suites: isolated storage dirs, teams, users, tokens, clusters."""
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from jobs.auth import issue_token
+from jobs.models import Cluster, Membership, Team
+
+
+@pytest.fixture(autouse=True)
+def _isolated_storage(settings, tmp_path):
+    """Snapshots, logs, run outputs and executor state go under this test's tmp dir."""
+    settings.SF_SNAPSHOT_DIR = tmp_path / "snapshots"
+    settings.SF_LOG_DIR = tmp_path / "logs"
+    settings.SF_OUTPUT_ROOT = tmp_path / "runs"
+    settings.SF_LOCAL_STATE_DIR = tmp_path / "local-executor"
+
+
+@pytest.fixture
+def local_cluster(db) -> Cluster:
+    return Cluster.objects.create(name="local", kind="local", settings={"gpu_slots": 4})
+
+
+@pytest.fixture
+def noop_cluster(db) -> Cluster:
+    return Cluster.objects.create(name="bench", kind="noop", settings={"gpus": 1000})
+
+
+@pytest.fixture
+def make_team(db, local_cluster):
+    def make(name: str = "vision", gpu_quota: int = 8, cluster: Cluster | None = None) -> Team:
+        return Team.objects.create(
+            name=name, gpu_quota=gpu_quota, default_cluster=cluster or local_cluster
+        )
+
+    return make
+
+
+@pytest.fixture
+def make_user(db):
+    def make(username: str, team: Team | None = None, role: str = "member") -> User:
+        user = User.objects.create_user(username=username, password="pw")
+        if team is not None:
+            Membership.objects.create(team=team, user=user, role=role)
+        return user
+
+    return make
+
+
+class ApiClient:
+    """Django's test client against the real URL map, with a user's bearer token."""
+
+    def __init__(self, user: User) -> None:
+        self.user = user
+        self.client = Client(HTTP_AUTHORIZATION=f"Bearer {issue_token(user)}")
+
+    def get(self, path: str, **params):
+        return self.client.get(f"/api/v1{path}", params)
+
+    def post(self, path: str, json=None, **extra):
+        return self.client.post(f"/api/v1{path}", json or {}, content_type="application/json",
+                                **extra)
+
+
+@pytest.fixture
+def api_as():
+    return ApiClient
+
+
+@pytest.fixture
+def team(make_team):
+    return make_team("vision", gpu_quota=8)
+
+
+@pytest.fixture
+def alice(make_user, team):
+    return make_user("alice", team)
+
+
+@pytest.fixture
+def api(alice) -> ApiClient:
+    return ApiClient(alice)
