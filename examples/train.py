@@ -44,7 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--sleep", type=float, default=0.1, help="seconds per step")
     parser.add_argument("--ckpt-every", type=int, default=5)
-    parser.add_argument("--fail-at", type=int, default=None, help="exit 3 at this step")
+    parser.add_argument(
+        "--fail-at",
+        type=int,
+        default=None,
+        help="exit 3 at this step on the first attempt only (a transient failure: a retry "
+        "resumes from the latest checkpoint and goes on)",
+    )
     return parser.parse_args(argv)
 
 
@@ -55,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if start:
         print(f"resuming from step {start}")
     for step in range(start + 1, args.steps + 1):
-        if step == args.fail_at:
+        if step == args.fail_at and os.environ.get("SF_ATTEMPT", "1") == "1":
             print(f"failing at step {step} as asked (--fail-at)", file=sys.stderr)
             return 3
         time.sleep(args.sleep)

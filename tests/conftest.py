@@ -1,4 +1,5 @@
 """Fixtures shared by the server suites: isolated storage dirs, teams, users, tokens, clusters."""
+
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
@@ -58,8 +59,9 @@ class ApiClient:
         return self.client.get(f"/api/v1{path}", params)
 
     def post(self, path: str, json=None, **extra):
-        return self.client.post(f"/api/v1{path}", json or {}, content_type="application/json",
-                                **extra)
+        return self.client.post(
+            f"/api/v1{path}", json or {}, content_type="application/json", **extra
+        )
 
 
 @pytest.fixture

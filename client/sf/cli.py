@@ -402,13 +402,25 @@ def _print_table(items: list[dict]) -> None:
 
     table = Table(box=None, header_style="bold", pad_edge=False)
     for col in ("ID", "NAME", "STATUS", "GPUS", "ATTEMPT", "TEAM", "USER", "SUBMITTED"):
-        table.add_column(col, no_wrap=True)
-    table.add_column("REASON", no_wrap=True, max_width=40, overflow="ellipsis")
+        # Only the free-text columns may shrink; ids and states must stay readable.
+        shrinks = col == "NAME"
+        table.add_column(
+            col,
+            no_wrap=True,
+            overflow="ellipsis" if shrinks else "fold",
+            max_width=32 if shrinks else None,
+            min_width=None if shrinks else len(col) + 1,
+        )
+    table.add_column("REASON", no_wrap=True, max_width=48, overflow="ellipsis")
     for job in items:
         submitted = str(job.get("submitted_at") or "-")[:16].replace("T", " ")
         row = [job.get(k) for k in ("id", "name", "status", "gpus", "attempt", "team", "user")]
-        table.add_row(*map(_name, row), submitted, _name(job.get("status_reason")))
-    Console().print(table)
+        reason = _name(job.get("status_reason")).split("\n")[0]
+        table.add_row(*map(_name, row), submitted, reason)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)  # piped output: no terminal width to fit, keep columns whole
+    console.print(table)
 
 
 def cmd_action(args: argparse.Namespace) -> None:

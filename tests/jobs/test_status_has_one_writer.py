@@ -1,4 +1,5 @@
 """Invariant 1: nothing but jobs/transitions.py assigns a job's status."""
+
 import ast
 from pathlib import Path
 
@@ -17,8 +18,7 @@ def status_writes(source: str) -> list[int]:
                 lines.append(node.lineno)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             if node.func.attr in WRITING_CALLS and (
-                any(k.arg in ("status", "defaults") for k in node.keywords)
-                and _names_status(node)
+                any(k.arg in ("status", "defaults") for k in node.keywords) and _names_status(node)
             ):
                 lines.append(node.lineno)
     return lines
@@ -26,14 +26,19 @@ def status_writes(source: str) -> list[int]:
 
 def _names_status(call: ast.Call) -> bool:
     text = ast.unparse(call)
-    return "status=" in text.replace("status_reason=", "").replace("status_changed_at=", "") \
+    return (
+        "status=" in text.replace("status_reason=", "").replace("status_changed_at=", "")
         or "'status'" in text
+    )
 
 
 def test_only_the_transition_function_assigns_status():
     offenders = []
-    for path in [*ROOT.glob("jobs/**/*.py"), *ROOT.glob("metering/**/*.py"),
-                 *ROOT.glob("starforge/**/*.py")]:
+    for path in [
+        *ROOT.glob("jobs/**/*.py"),
+        *ROOT.glob("metering/**/*.py"),
+        *ROOT.glob("starforge/**/*.py"),
+    ]:
         rel = path.relative_to(ROOT).as_posix()
         if rel in ALLOWED or "/migrations/" in rel:
             continue

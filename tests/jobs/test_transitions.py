@@ -1,4 +1,5 @@
 """The transition function against the whole table: every allowed pair, every refused one."""
+
 import itertools
 
 import pytest
@@ -13,8 +14,13 @@ REFUSED = [(a, b) for a, b in ALL_PAIRS if b not in ALLOWED_TRANSITIONS[a]]
 
 
 def _job_in(status: JobStatus, team, user) -> Job:
-    job = Job.objects.create(run_id=f"r{Job.objects.count()}", team=team, user=user,
-                             cluster=team.default_cluster, entrypoint=["true"])
+    job = Job.objects.create(
+        run_id=f"r{Job.objects.count()}",
+        team=team,
+        user=user,
+        cluster=team.default_cluster,
+        entrypoint=["true"],
+    )
     Job.objects.filter(pk=job.pk).update(status=status)  # test setup: place the job in a state
     job.refresh_from_db()
     return job
@@ -65,7 +71,8 @@ def test_batch_changes_only_the_allowed_jobs(team, alice):
     queued = _job_in(JobStatus.QUEUED, team, alice)
     done = _job_in(JobStatus.SUCCEEDED, team, alice)
     changed, refused = apply_transitions(
-        JobStatus.STOPPED, [Change(queued.pk, "a"), Change(done.pk, "b")], actor="tester")
+        JobStatus.STOPPED, [Change(queued.pk, "a"), Change(done.pk, "b")], actor="tester"
+    )
     assert [j.pk for j in changed] == [queued.pk]
     assert [r.job_id for r in refused] == [done.pk]
     assert Job.objects.get(pk=done.pk).status == JobStatus.SUCCEEDED

@@ -1,0 +1,151 @@
+"""The README walkthrough, for real: `manage.py runstack` (ASGI server, Celery worker and beat,
+Redis) on the embedded SQLite default, driven only through the `sf` CLI as a user would."""
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+SF = str(Path(sys.executable).with_name("sf"))
+
+
+def loss_at(step: int) -> float:
+    spec = importlib.util.spec_from_file_location("train", ROOT / "examples" / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    return train.loss_at(step)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    var = tmp_path_factory.mktemp("var")
+    port = free_port()
+    env = {
+        **os.environ,
+        "SF_VAR_DIR": str(var),
+        "SF_PORT": str(port),
+        "DATABASE_URL": "",
+        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/11"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("DATABASE_URL")
+    log = open(var / "stack.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "runstack"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        token = _wait_for_banner(var / "stack.log", proc)
+        yield {"url": f"http://127.0.0.1:{port}", "token": token, "var": var}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def _wait_for_banner(log: Path, proc: subprocess.Popen) -> str:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines():
+            if "sf login --url" in line:
+                time.sleep(2)  # let the worker and beat finish connecting
+                return line.split("--token")[1].strip()
+        if proc.poll() is not None:
+            break
+        time.sleep(0.3)
+    raise AssertionError("the stack did not come up:\n" + log.read_text()[-3000:])
+
+
+@pytest.fixture
+def sf(stack, tmp_path):
+    workdir = tmp_path / "project"
+    shutil.copytree(ROOT / "examples", workdir)
+    (workdir / "big.bin").write_bytes(b"x" * 1024)
+    (workdir / ".sfignore").write_text("checkpoints/\nbig.bin\n")
+    env = {**os.environ, "SF_CONFIG": str(tmp_path / "sf.json")}
+    env.pop("SF_URL", None)
+    env.pop("SF_TOKEN", None)
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [SF, *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=120
+        )
+        if check:
+            assert done.returncode == 0, done.stderr
+        return done
+
+    run("login", "--url", stack["url"], "--token", stack["token"])
+    return run
+
+
+def test_submit_follow_logs_and_succeed(sf):
+    submitted = sf(
+        "submit", "--gpus", "1", "--", "python", "train.py", "--steps", "12", "--sleep", "0.05"
+    )
+    assert "run_id" in submitted.stdout
+    logs = sf("job", "logs").stdout.splitlines()  # follows the latest job until it ends
+    assert logs == [f"step {n} loss {loss_at(n):.4f}" for n in range(1, 13)] + ["done"]
+    status = json.loads(sf("job", "status", "--json").stdout)
+    assert status["status"] == "SUCCEEDED" and status["exit_code"] == 0
+    assert status["ended_at"] and status["attempt"] == 1 and status["virtual_gpus"]
+    assert status["gpu_seconds"] > 0
+    replay = sf("job", "logs", str(status["id"]), "-n", "0").stdout.splitlines()
+    assert replay == logs
+
+
+def test_failure_is_reported_then_retry_resumes_from_checkpoint(sf):
+    sf(
+        "submit",
+        "--gpus",
+        "0",
+        "--",
+        "python",
+        "train.py",
+        "--steps",
+        "8",
+        "--sleep",
+        "0.02",
+        "--fail-at",
+        "7",
+    )
+    sf("job", "logs", check=False)
+    failed = json.loads(sf("job", "status", "--json").stdout)
+    assert failed["status"] == "FAILED" and failed["exit_code"] == 3
+    assert failed["status_reason"].startswith("exited with code 3; last lines:")
+    sf("job", "retry")
+    tail = sf("job", "logs", "-n", "0").stdout.splitlines()
+    assert "resuming from step 5" in tail and tail[-1] == "done"
+    again = json.loads(sf("job", "status", "--json").stdout)
+    assert (again["status"], again["attempt"], again["retry_count"]) == ("SUCCEEDED", 2, 1)
+    assert again["run_id"] == failed["run_id"]
+
+
+def test_list_shows_jobs_and_bad_input_is_refused(sf):
+    assert "SUCCEEDED" in sf("job", "list").stdout
+    refused = sf("job", "status", "999999", check=False)
+    assert refused.returncode != 0 and "does not exist" in refused.stderr
+    negative = sf("submit", "--gpus", "-1", "--", "python", "train.py", check=False)
+    assert negative.returncode != 0

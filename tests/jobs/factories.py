@@ -1,0 +1,40 @@
+"""Small builders for ledger rows in tests (setup may place rows in any state directly)."""
+
+import itertools
+
+from jobs.models import Attempt, Job
+
+_runs = itertools.count(1)
+
+
+def queued_job(team, user, gpus: int = 1, **fields) -> Job:
+    return Job.objects.create(
+        run_id=f"run{next(_runs):06d}",
+        team=team,
+        user=user,
+        cluster=fields.pop("cluster", team.default_cluster),
+        gpus=gpus,
+        entrypoint=fields.pop("entrypoint", ["true"]),
+        **fields,
+    )
+
+
+def place(job: Job, status: str) -> Job:
+    """Test setup only: put a job into a state without going through the table."""
+    Job.objects.filter(pk=job.pk).update(status=status)
+    job.refresh_from_db()
+    return job
+
+
+def with_attempt(job: Job, status: str, **attempt_fields) -> Attempt:
+    number = job.attempt_count + 1
+    attempt = Attempt.objects.create(
+        job=job,
+        number=number,
+        gpus=job.gpus,
+        backend_name=f"sf-{job.run_id}-a{number}",
+        **attempt_fields,
+    )
+    Job.objects.filter(pk=job.pk).update(attempt_count=number, current_attempt=attempt)
+    place(job, status)
+    return attempt

@@ -1,0 +1,147 @@
+"""The local executor for real: the runner as a process group, talking to a live API server.
+
+Covers the path scheduler → launcher → local executor → runner → log ingest → reconciler, plus
+what the executor promises on its own: one process per attempt, state that survives a new
+executor instance (a worker restart), GPU slots through CUDA_VISIBLE_DEVICES, and stop.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+from django.contrib.auth.models import User
+
+from jobs import logstore, services
+from jobs.executors.local import LocalExecutor, _alive, _read_json
+from jobs.launcher import launch_attempts, launch_spec
+from jobs.models import Attempt, Job, JobEvent
+from jobs.reconciler import reconcile_all
+from jobs.scheduler import admit_queued_jobs
+from jobs.states import JobStatus
+from tests.jobs.factories import queued_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+S = JobStatus
+
+
+@pytest.fixture(autouse=True)
+def _api_for_runners(live_server, settings):
+    settings.SF_API_URL = live_server.url
+    settings.SF_RUNNER_PYTHON = sys.executable
+
+
+def python_job(team, user, code: str, gpus: int = 1) -> Job:
+    return queued_job(team, user, gpus=gpus, entrypoint=[sys.executable, "-c", code])
+
+
+def start(*jobs: Job) -> list[Attempt]:
+    ids = admit_queued_jobs().admitted
+    launch_attempts(ids)
+    return [Job.objects.get(pk=j.pk).current_attempt for j in jobs]
+
+
+def run_until(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reconcile_all()
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not reached in time")
+
+
+def finished(job: Job) -> bool:
+    return Job.objects.get(pk=job.pk).status in S.terminal()
+
+
+def texts(job: Job) -> list[str]:
+    import json
+
+    return [json.loads(line)["text"] for line in logstore.read(job.pk, None, 10_000).raw_lines]
+
+
+def test_job_runs_to_succeeded_with_its_logs_and_a_closed_attempt(team, alice):
+    job = python_job(
+        team,
+        alice,
+        "import sys\nfor i in range(3): print('line', i)\nprint('oops', file=sys.stderr)",
+    )
+    start(job)
+    run_until(lambda: finished(job))
+    job.refresh_from_db()
+    attempt = job.current_attempt
+    assert job.status == S.SUCCEEDED
+    assert (attempt.exit_code, attempt.start_time <= attempt.end_time) == (0, True)
+    assert sorted(texts(job)) == ["line 0", "line 1", "line 2", "oops"]
+    path = list(JobEvent.objects.filter(job=job).order_by("pk").values_list("to_status", flat=True))
+    assert path == [S.SUBMITTED, S.PENDING, S.RUNNING, S.SUCCEEDED]
+
+
+def test_nonzero_exit_fails_with_the_code_and_last_lines(team, alice):
+    job = python_job(team, alice, "print('loading data')\nprint('bad shape')\nraise SystemExit(3)")
+    start(job)
+    run_until(lambda: finished(job))
+    job.refresh_from_db()
+    assert job.status == S.FAILED and job.current_attempt.exit_code == 3
+    assert job.status_reason == "exited with code 3; last lines:\nloading data\nbad shape"
+
+
+def test_missing_snapshot_is_an_ingest_failure_not_a_user_error(team, alice):
+    from jobs.models import Snapshot
+
+    snap = Snapshot.objects.create(sha256="0" * 64, size=1)  # row without a stored blob
+    job = queued_job(team, alice, snapshot=snap, entrypoint=["python", "train.py"])
+    start(job)
+    run_until(lambda: finished(job))
+    job.refresh_from_db()
+    assert job.status == S.FAILED and job.status_reason.startswith("ingest failed")
+    assert job.current_attempt.start_time is None  # user code never ran: nothing metered
+
+
+def test_each_job_gets_its_own_gpu_slots(team, alice):
+    code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+    jobs = [python_job(team, alice, code, gpus=2), python_job(team, alice, code, gpus=2)]
+    start(*jobs)
+    run_until(lambda: all(finished(j) for j in jobs))
+    slots = [texts(j)[0] for j in jobs]
+    assert sorted(slots) == ["0,1", "2,3"]
+
+
+def test_state_survives_a_new_executor_instance_and_submit_adopts(team, alice, local_cluster):
+    job = python_job(team, alice, "import time; time.sleep(30)")
+    [attempt] = start(job)
+    restarted = LocalExecutor(local_cluster)  # as a freshly started worker would build it
+    assert restarted.submit(launch_spec(job, attempt)) == attempt.job_ref
+    run_until(lambda: Job.objects.get(pk=job.pk).status == S.RUNNING)
+    assert restarted.poll([attempt.job_ref])[attempt.job_ref].native_state == "RUNNING"
+    pids = {p.name for p in (restarted.root).iterdir() if p.is_dir()}
+    assert pids == {attempt.job_ref}
+    services.stop_job(User.objects.get(username="alice"), job.pk)
+
+
+def test_stop_ends_the_process_on_the_backend(team, alice, local_cluster):
+    job = python_job(team, alice, "import time; print('up', flush=True); time.sleep(60)")
+    [attempt] = start(job)
+    run_until(lambda: Job.objects.get(pk=job.pk).status == S.RUNNING)
+    proc = _read_json(LocalExecutor(local_cluster).root / attempt.job_ref / "proc.json")
+    services.stop_job(User.objects.get(username="alice"), job.pk)
+    deadline = time.monotonic() + 15
+    while _alive(proc) and time.monotonic() < deadline:
+        reconcile_all()
+        time.sleep(0.2)
+    assert not _alive(proc)
+    assert Job.objects.get(pk=job.pk).status == S.STOPPED
+
+
+def test_runner_killed_without_exit_status_fails_the_job(team, alice, local_cluster):
+    job = python_job(team, alice, "import time; time.sleep(60)")
+    [attempt] = start(job)
+    run_until(lambda: Job.objects.get(pk=job.pk).status == S.RUNNING)
+    attempt_dir = LocalExecutor(local_cluster).root / attempt.job_ref
+    os.killpg(_read_json(attempt_dir / "proc.json")["pid"], signal.SIGKILL)
+    os.killpg(_read_json(attempt_dir / "started.json")["pid"], signal.SIGKILL)
+    run_until(lambda: finished(job))
+    job.refresh_from_db()
+    assert job.status == S.FAILED and "left no exit status" in job.status_reason

@@ -1,0 +1,140 @@
+"""The reconciler's decisions, driven by a scripted executor (a test double of a backend).
+
+The same code runs against the real local executor in test_local_executor.py; here each native
+state is scripted so every branch (unmapped, lost, deadline, crash mid-launch) is exercised.
+"""
+
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+
+from jobs import launcher
+from jobs.executors import Observation
+from jobs.models import Attempt, Job, JobEvent
+from jobs.reconciler import reconcile_all
+from jobs.states import JobStatus
+from tests.jobs.factories import queued_job, with_attempt
+
+pytestmark = pytest.mark.django_db
+S = JobStatus
+
+
+@pytest.fixture
+def pending(team, alice):
+    job = queued_job(team, alice)
+    attempt = with_attempt(job, S.PENDING, job_ref="ref-1", pending_at=timezone.now())
+    return job, attempt
+
+
+def status(job) -> str:
+    return Job.objects.get(pk=job.pk).status
+
+
+def test_running_sets_start_time_from_the_backend(backend, pending):
+    job, attempt = pending
+    started = timezone.now() - dt.timedelta(seconds=5)
+    backend.states["ref-1"] = Observation("RUN", start_time=started)
+    reconcile_all()
+    attempt.refresh_from_db()
+    assert status(job) == S.RUNNING and attempt.start_time == started
+
+
+def test_success_seen_while_pending_walks_through_running(backend, pending):
+    job, attempt = pending
+    start, end = timezone.now() - dt.timedelta(seconds=9), timezone.now()
+    backend.states["ref-1"] = Observation("OK", exit_code=0, start_time=start, end_time=end)
+    reconcile_all()
+    path = list(JobEvent.objects.filter(job=job).values_list("to_status", flat=True))
+    assert path == [S.RUNNING, S.SUCCEEDED]
+    attempt.refresh_from_db()
+    assert (attempt.exit_code, attempt.start_time, attempt.end_time) == (0, start, end)
+
+
+def test_an_end_seen_twice_closes_the_attempt_once(backend, pending):
+    job, attempt = pending
+    backend.states["ref-1"] = Observation("BAD", exit_code=3, start_time=timezone.now())
+    reconcile_all()
+    first_end = Attempt.objects.get(pk=attempt.pk).end_time
+    events = JobEvent.objects.count()
+    reconcile_all()
+    assert Attempt.objects.get(pk=attempt.pk).end_time == first_end
+    assert JobEvent.objects.count() == events
+    assert Job.objects.get(pk=job.pk).status_reason.startswith("exited with code 3")
+
+
+def test_unmapped_native_state_keeps_status_and_is_recorded_once(backend, pending):
+    job, _ = pending
+    backend.states["ref-1"] = Observation("WEIRD_NEW_STATE")
+    reconcile_all()
+    reconcile_all()
+    assert status(job) == S.PENDING
+    notes = JobEvent.objects.filter(job=job, kind=JobEvent.Kind.OBSERVATION)
+    assert [n.data["native_state"] for n in notes] == ["WEIRD_NEW_STATE"]
+
+
+def test_vanished_backend_object_fails_only_after_the_grace_period(backend, pending, settings):
+    job, attempt = pending
+    settings.SF_LOST_GRACE_S = 60
+    reconcile_all()
+    assert status(job) == S.PENDING
+    reconcile_all(now=timezone.now() + dt.timedelta(seconds=61))
+    job.refresh_from_db()
+    assert job.status == S.FAILED and job.status_reason.startswith("lost on backend")
+    assert Attempt.objects.get(pk=attempt.pk).end_time is not None
+
+
+def test_poll_error_changes_nothing(backend, pending, settings):
+    job, _ = pending
+    backend.poll_error = ConnectionError("slurmctld down")
+    reconcile_all(now=timezone.now() + dt.timedelta(hours=1))
+    assert status(job) == S.PENDING
+
+
+def test_pending_past_deadline_fails_and_cancels(backend, team, alice):
+    job = queued_job(team, alice, pending_deadline_s=30)
+    with_attempt(job, S.PENDING, job_ref="ref-9", pending_at=timezone.now())
+    backend.states["ref-9"] = Observation("QUEUED")
+    reconcile_all(now=timezone.now() + dt.timedelta(seconds=20))
+    assert status(job) == S.PENDING and backend.cancelled == []
+    reconcile_all(now=timezone.now() + dt.timedelta(seconds=31))
+    job.refresh_from_db()
+    assert job.status == S.FAILED and job.status_reason.startswith("pending deadline")
+    assert backend.cancelled == ["ref-9"]
+
+
+def test_crash_mid_launch_adopts_the_existing_backend_object(backend, team, alice, settings):
+    job = queued_job(team, alice)
+    attempt = with_attempt(job, S.SUBMITTED)
+    backend.existing.add(attempt.backend_name)  # launched, but the worker died before recording
+    reconcile_all(now=timezone.now() + dt.timedelta(seconds=settings.SF_LAUNCH_STUCK_S + 1))
+    attempt.refresh_from_db()
+    assert status(job) == S.PENDING and attempt.job_ref == attempt.backend_name
+    assert backend.submitted == []
+
+
+def test_crash_before_launch_launches_exactly_once(backend, team, alice, settings):
+    job = queued_job(team, alice)
+    attempt = with_attempt(job, S.SUBMITTED)
+    later = timezone.now() + dt.timedelta(seconds=settings.SF_LAUNCH_STUCK_S + 1)
+    reconcile_all(now=later)
+    reconcile_all(now=later)
+    launcher.launch_attempts([attempt.pk])  # a duplicated Celery delivery changes nothing
+    assert backend.submitted == [attempt.backend_name]
+    assert status(job) == S.PENDING
+
+
+def test_submitted_attempt_is_left_alone_while_its_launch_may_still_run(backend, team, alice):
+    job = queued_job(team, alice)
+    with_attempt(job, S.SUBMITTED)
+    reconcile_all()
+    assert status(job) == S.SUBMITTED and backend.submitted == []
+
+
+def test_stopped_attempt_still_alive_is_cancelled_again(backend, pending):
+    job, attempt = pending
+    Attempt.objects.filter(pk=attempt.pk).update(end_time=timezone.now())
+    Job.objects.filter(pk=job.pk).update(status=S.STOPPED)
+    backend.states["ref-1"] = Observation("RUN")
+    reconcile_all()
+    assert backend.cancelled == ["ref-1"]

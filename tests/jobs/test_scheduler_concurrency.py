@@ -1,0 +1,90 @@
+"""Invariant 3 on real PostgreSQL: two schedulers at once never over-admit a team's quota."""
+
+import random
+import threading
+
+import pytest
+from django.db import connection, connections
+from django.db.models import Sum
+
+from jobs.models import Job, Team
+from jobs.scheduler import admit_queued_jobs
+from jobs.states import JobStatus
+from jobs.transitions import Change, apply_transitions
+from tests.jobs.factories import queued_job
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+S = JobStatus
+
+
+@pytest.fixture(autouse=True)
+def _needs_postgres():
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrency is proven on PostgreSQL (run by `make test`)")
+
+
+def _usage() -> dict[str, int]:
+    rows = (
+        Job.objects.filter(status__in=S.holds_quota())
+        .values("team__name")
+        .annotate(gpus=Sum("gpus"))
+    )
+    return {r["team__name"]: r["gpus"] for r in rows}
+
+
+def _in_thread(fn, errors: list, stop: threading.Event):
+    def run():
+        try:
+            while not stop.is_set():
+                fn()
+        except Exception as exc:  # surfaced by the test, not swallowed
+            errors.append(exc)
+            stop.set()
+        finally:
+            connections.close_all()
+
+    return threading.Thread(target=run)
+
+
+def _finish_some():
+    """Churn: end a few active jobs so quota frees up and the schedulers keep admitting."""
+    active = list(Job.objects.filter(status=S.SUBMITTED).values_list("pk", flat=True)[:50])
+    done = random.sample(active, k=min(3, len(active)))
+    apply_transitions(S.STOPPED, [Change(pk, "test churn") for pk in done], actor="test")
+
+
+def test_two_schedulers_at_once_never_exceed_any_quota(make_team, make_user):
+    quotas = {"a": 3, "b": 5, "c": 2, "d": 4, "e": 1}
+    for name, quota in quotas.items():
+        team = make_team(name, gpu_quota=quota)
+        user = make_user(f"user-{name}", team)
+        for n in range(60):
+            queued_job(team, user, gpus=1 + n % 2)
+    samples, errors, stop = [], [], threading.Event()
+
+    def sample():
+        samples.append(_usage())
+
+    threads = [
+        _in_thread(admit_queued_jobs, errors, stop),
+        _in_thread(admit_queued_jobs, errors, stop),
+        _in_thread(_finish_some, errors, stop),
+        _in_thread(sample, errors, stop),
+    ]
+    for thread in threads:
+        thread.start()
+    for _ in range(200):
+        stop.wait(0.05)
+        if not Job.objects.filter(status=S.QUEUED).exists():
+            break
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    samples.append(_usage())
+    assert len(samples) > 20
+    over = [(team, used) for s in samples for team, used in s.items() if used > quotas[team]]
+    assert over == []
+    admitted = Job.objects.exclude(status=S.QUEUED).count()
+    assert admitted > sum(quotas.values())  # churn let the schedulers admit many times over
+    assert Team.objects.count() == 5
