@@ -70,7 +70,7 @@ ASGI_APPLICATION = "starforge.asgi.application"
 WSGI_APPLICATION = None
 
 _default_db = f"sqlite:///{VAR_DIR / 'starforge.sqlite3'}"
-DATABASES = {"default": dj_database_url.parse(os.environ.get("DATABASE_URL", _default_db))}
+DATABASES = {"default": dj_database_url.parse(os.environ.get("DATABASE_URL") or _default_db)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # IMMEDIATE takes the write lock when a transaction starts, so two schedulers on the
     # embedded ledger serialise instead of failing with "database is locked" mid-transaction.
@@ -93,6 +93,10 @@ LOGIN_URL = "/admin/login/"
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True
+# Every task is idempotent (keyed by job and attempt), so a redelivery after a worker crash is
+# safe and better than a launch that never happens.
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
