@@ -74,7 +74,12 @@ def _record(outcomes: list[LaunchOutcome]) -> None:
                 "pk", "job_id"
             )
         )
-        changes = [Change(by_attempt[o.attempt_id], f"launched as {o.job_ref}") for o in launched]
+        # One shared reason keeps the status update a single statement for the whole batch;
+        # each job's backend handle goes into its event's data.
+        changes = [
+            Change(by_attempt[o.attempt_id], "launched on the backend", data={"job_ref": o.job_ref})
+            for o in launched
+        ]
         changed, refused = apply_transitions(
             JobStatus.PENDING, changes, actor="launcher", expected={JobStatus.SUBMITTED}
         )

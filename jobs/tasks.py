@@ -4,7 +4,7 @@ from celery import shared_task
 
 from jobs.launcher import launch_attempts
 from jobs.reconciler import reconcile_all
-from jobs.scheduler import admit_queued_jobs
+from jobs.scheduler import MAX_ADMIT_PER_TICK, admit_queued_jobs
 
 LAUNCH_CHUNK = 200
 
@@ -14,6 +14,8 @@ def schedule_tick() -> int:
     result = admit_queued_jobs()
     for start in range(0, len(result.admitted), LAUNCH_CHUNK):
         launch.delay(result.admitted[start : start + LAUNCH_CHUNK])
+    if len(result.admitted) >= MAX_ADMIT_PER_TICK:
+        schedule_tick.delay()  # the tick stopped at its cap: go on without waiting for beat
     return len(result.admitted)
 
 
