@@ -1,0 +1,125 @@
+"""Scheduler benchmarks: admission throughput, and the cost of one tick against queue depth.
+
+Both run the real code path in-process against this child's own PostgreSQL database:
+`jobs.scheduler.admit_queued_jobs()`, then `jobs.launcher.launch_attempts()` in chunks of
+`jobs.tasks.LAUNCH_CHUNK` (what the Celery `schedule_tick` / `launch` tasks do, minus the broker).
+"""
+
+from __future__ import annotations
+
+import time
+
+from bench import common
+
+N_TEAMS = 100
+
+
+def throughput(n_jobs: int, quota: int) -> dict:
+    """`n_jobs` QUEUED over 100 teams of `quota` GPUs each; tick until nothing more is admitted.
+
+    The clock runs from the first tick until the last admitted job is PENDING (the final tick
+    that finds nothing more to admit is reported apart, as `idle_tick_s`).
+    """
+    from django.db.models import Count, Q
+
+    from jobs.launcher import launch_attempts
+    from jobs.models import Job
+    from jobs.scheduler import admit_queued_jobs
+    from jobs.tasks import LAUNCH_CHUNK
+
+    user = common.make_user()
+    cluster = common.make_cluster(gpus=n_jobs * 2)
+    teams = common.make_teams(N_TEAMS, quota, cluster)
+    t = time.perf_counter()
+    common.queue_jobs(n_jobs, teams, cluster, user)
+    common.analyze()
+    setup_s = time.perf_counter() - t
+
+    ticks, admitted, admit_s, launch_s, launched = [], 0, 0.0, 0.0, 0
+    start = time.perf_counter()
+    done_at = start
+    while True:
+        t0 = time.perf_counter()
+        result = admit_queued_jobs()
+        t1 = time.perf_counter()
+        if result.skipped:
+            raise RuntimeError("the scheduler lock was taken: is another scheduler running?")
+        for i in range(0, len(result.admitted), LAUNCH_CHUNK):
+            outcomes = launch_attempts(result.admitted[i : i + LAUNCH_CHUNK])
+            launched += sum(1 for o in outcomes if o.job_ref)
+        t2 = time.perf_counter()
+        ticks.append({"admitted": len(result.admitted), "admit_s": t1 - t0, "launch_s": t2 - t1})
+        if not result.admitted:
+            break
+        admitted += len(result.admitted)
+        admit_s += t1 - t0
+        launch_s += t2 - t1
+        done_at = t2
+        if not Job.objects.filter(status="QUEUED").exists():
+            break
+    elapsed = done_at - start
+
+    counts = dict(Job.objects.values_list("status").annotate(n=Count("id")))
+    over = (
+        Job.objects.filter(status__in=["SUBMITTED", "PENDING", "RUNNING"])
+        .values("team")
+        .annotate(n=Count("id"))
+        .filter(~Q(n__lte=quota))
+        .count()
+    )
+    if counts.get("PENDING", 0) != admitted or launched != admitted or over:
+        raise RuntimeError(f"inconsistent end state: {counts}, launched {launched}, over {over}")
+    return {
+        "jobs": n_jobs,
+        "teams": N_TEAMS,
+        "team_quota_gpus": quota,
+        "admitted": admitted,
+        "left_queued": counts.get("QUEUED", 0),
+        "ticks_with_admissions": sum(1 for x in ticks if x["admitted"]),
+        "seconds": round(elapsed, 3),
+        "jobs_per_s": round(admitted / elapsed, 1) if elapsed else None,
+        "admit_s": round(admit_s, 3),
+        "launch_s": round(launch_s, 3),
+        "idle_tick_s": round(ticks[-1]["admit_s"], 3) if not ticks[-1]["admitted"] else None,
+        "setup_s": round(setup_s, 2),
+    }
+
+
+def one_tick(depth: int, quota: int = 1) -> dict:
+    """One tick over `depth` QUEUED jobs where only `quota` per team fit, then a second one.
+
+    The first tick admits N_TEAMS * quota jobs and writes a waiting reason on every other row;
+    the second (steady state) finds the same reasons and admits nothing.
+    """
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.scheduler import admit_queued_jobs
+
+    user = common.make_user()
+    cluster = common.make_cluster(gpus=depth * 2)
+    teams = common.make_teams(N_TEAMS, quota, cluster)
+    t = time.perf_counter()
+    common.queue_jobs(depth, teams, cluster, user)
+    common.analyze()
+    setup_s = time.perf_counter() - t
+
+    out = {"queued": depth, "teams": N_TEAMS, "team_quota_gpus": quota}
+    out["setup_s"] = round(setup_s, 2)
+    for label in ("first", "steady"):
+        with CaptureQueriesContext(connection) as ctx:
+            t0 = time.perf_counter()
+            result = admit_queued_jobs()
+            wall = time.perf_counter() - t0
+        sql_times = [float(q["time"]) for q in ctx.captured_queries]
+        slowest = max(ctx.captured_queries, key=lambda q: float(q["time"]))
+        out[label] = {
+            "queries": len(ctx.captured_queries),
+            "wall_s": round(wall, 3),
+            "sql_s": round(sum(sql_times), 3),
+            "slowest_sql_s": round(float(slowest["time"]), 3),
+            "slowest_sql": slowest["sql"][:120],
+            "admitted": len(result.admitted),
+            "waiting_reasons_written": result.waiting,
+        }
+    return out
