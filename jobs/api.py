@@ -8,7 +8,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import FileResponse, HttpResponse
 from django.utils import timezone
-from ninja import Query, Router, Schema
+from ninja import Query, Router, Schema, Status
 from pydantic import Field
 
 from jobs import logstore, services
@@ -25,6 +25,7 @@ from jobs.schemas import (
     JobPage,
     MeOut,
     SnapshotOut,
+    Text,
 )
 from jobs.snapshots import snapshot_path, store_snapshot
 from jobs.states import JobStatus
@@ -106,19 +107,19 @@ def upload_snapshot(request):
     length = request.headers.get("Content-Length")
     declared = int(length) if length and length.isdigit() else None
     snapshot, created = store_snapshot(request, request.content_type or "", declared)
-    return 201, {"sha256": snapshot.sha256, "size": snapshot.size, "created": created}
+    return Status(201, {"sha256": snapshot.sha256, "size": snapshot.size, "created": created})
 
 
 @router.post("/jobs", response={201: JobOut}, summary="Submit a job")
 def submit(request, data: JobIn):
     job = services.submit_job(request.auth, data)
-    return 201, job_out(services.get_visible_job(request.auth, job.pk))
+    return Status(201, job_out(services.get_visible_job(request.auth, job.pk)))
 
 
 class JobFilters(Schema):
-    status: str | None = None
-    team: str | None = None
-    user: str | None = None
+    status: Text | None = None
+    team: Text | None = None
+    user: Text | None = None
     mine: bool = False
     limit: int = Field(50, ge=1, le=500)
     before: int | None = Field(None, ge=1, description="job id to page back from")
@@ -304,10 +305,11 @@ def ingest_logs(request):
 
 def _parse_batch(body: bytes, attempt: int) -> list[dict]:
     try:
-        batch = json.loads(body)
+        batch = json.loads(body, parse_constant=_refuse_constant)
     except ValueError as exc:
         raise BadRequest(f"the body is not JSON ({exc})") from exc
-    if not isinstance(batch, dict) or batch.get("attempt") != attempt:
+    sent = batch.get("attempt") if isinstance(batch, dict) else None
+    if type(sent) is not int or sent != attempt:
         raise BadRequest(f'the body must be an object with "attempt": {attempt} (this token\'s)')
     lines = batch.get("lines")
     if not isinstance(lines, list):
@@ -323,7 +325,7 @@ def _parse_batch(body: bytes, attempt: int) -> list[dict]:
             and type(line.get("seq")) is int
             and line["seq"] >= 0
             and line.get("stream") in ("stdout", "stderr")
-            and isinstance(line.get("ts"), int | float)
+            and type(line.get("ts")) in (int, float)
             and isinstance(line.get("text"), str)
         ):
             raise BadRequest(
@@ -331,6 +333,11 @@ def _parse_batch(body: bytes, attempt: int) -> list[dict]:
                 "ts (number) and text (string)"
             )
     return lines
+
+
+def _refuse_constant(name: str) -> float:
+    # NaN and Infinity are not JSON: stored, they would break every reader of the log.
+    raise ValueError(f"{name} is not a JSON number")
 
 
 class PayloadTooLarge(BadRequest):

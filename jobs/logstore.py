@@ -10,7 +10,6 @@ Cursors are ``"<attempt>:<byte offset>"``.
 """
 
 import json
-import os
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,8 @@ from django.conf import settings
 from django.db import transaction
 
 from jobs.models import LogStream
+
+READ_BLOCK = 1024 * 1024
 
 
 class LogGap(Exception):
@@ -92,7 +93,7 @@ def _write(path: Path, committed: int, attempt: int, lines: list[dict]) -> int:
         )
         + "\n"
         for ln in lines
-    ).encode()
+    ).encode(errors="replace")  # a lone surrogate in a line's text becomes "?"
     with open(path, "ab") as handle:
         if handle.tell() != committed:
             handle.truncate(committed)  # bytes of a transaction that did not commit
@@ -110,6 +111,7 @@ def read(job_id: int, cursor: str | None, limit: int) -> Page:
     """Up to `limit` lines after `cursor` (from the very first line when it is None)."""
     streams = _streams(job_id)
     attempt, offset = parse_cursor(cursor) if cursor else (0, 0)
+    _check_stored(cursor, attempt, offset, streams)
     out: list[bytes] = []
     for number, size in streams:
         if number < attempt:
@@ -120,14 +122,38 @@ def read(job_id: int, cursor: str | None, limit: int) -> Page:
             continue
         with open(log_path(job_id, number), "rb") as handle:
             _check_boundary(handle, start, cursor)
-            chunk = handle.read(size - start)
-        lines = chunk.splitlines(keepends=True)[: limit - len(out)]
-        out.extend(line.rstrip(b"\n") for line in lines)
-        attempt, offset = number, start + sum(len(line) for line in lines)
+            lines, consumed = _read_lines(handle, size - start, limit - len(out))
+        out.extend(lines)
+        attempt, offset = number, start + consumed
         if len(out) >= limit:
             break
     at_end = not streams or (attempt, offset) == streams[-1]
     return Page(out, f"{attempt}:{offset}", at_end)
+
+
+def _read_lines(handle, available: int, want: int) -> tuple[list[bytes], int]:
+    """Up to `want` whole lines from the handle's position, reading no more than it needs."""
+    lines: list[bytes] = []
+    consumed = 0
+    pending = b""
+    while len(lines) < want and available > 0:
+        block = handle.read(min(READ_BLOCK, available))
+        available -= len(block)
+        *complete, pending = (pending + block).split(b"\n")
+        for line in complete[: want - len(lines)]:
+            lines.append(line)
+            consumed += len(line) + 1
+    return lines, consumed
+
+
+def _check_stored(
+    cursor: str | None, attempt: int, offset: int, streams: list[tuple[int, int]]
+) -> None:
+    """A cursor names a stored position; one past the end would skip lines written later."""
+    last_attempt = streams[-1][0] if streams else 0
+    if attempt <= last_attempt and offset <= dict(streams).get(attempt, 0):
+        return
+    raise ValueError(f"cursor {cursor!r} points past the end of the stored log")
 
 
 def _check_boundary(handle, offset: int, cursor: str | None) -> None:
@@ -185,11 +211,3 @@ def parse_cursor(cursor: str) -> tuple[int, int]:
     if attempt < 0 or offset < 0:
         raise ValueError(f"cursor {cursor!r} has a negative part")
     return attempt, offset
-
-
-def delete_job_logs(job_id: int) -> None:
-    for number, _ in _streams(job_id):
-        try:
-            os.remove(log_path(job_id, number))
-        except FileNotFoundError:
-            pass

@@ -1,34 +1,52 @@
 """API schemas: explicit fields in and out."""
 
 import datetime as dt
-from typing import Annotated
+from typing import Annotated, Any
 
 from ninja import Schema
-from pydantic import Field, StringConstraints
+from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
-NonEmpty = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+
+def _no_nul(value: str) -> str:
+    # NUL cannot reach argv or the environment, and PostgreSQL text cannot store it.
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+NonEmpty = Annotated[Text, StringConstraints(min_length=1, max_length=4096)]
 
 
 class JobIn(Schema):
+    @model_validator(mode="before")
+    @classmethod
+    def _an_object(cls, data: Any) -> Any:
+        body = getattr(data, "_obj", data)  # ninja hands validators its DjangoGetter wrapper
+        if isinstance(body, list | str | int | float | bool) or body is None:
+            raise ValueError("the body must be a JSON object with at least an entrypoint")
+        return data
+
     entrypoint: list[NonEmpty] = Field(
         ...,
         min_length=1,
         max_length=1000,
         description="argv of the command to run, e.g. ['python', 'train.py']",
     )
-    snapshot: str | None = Field(
-        None, description="sha256 of an uploaded working-directory snapshot"
+    snapshot: Text | None = Field(
+        None, max_length=64, description="sha256 of an uploaded working-directory snapshot"
     )
-    gpus: int = Field(1, ge=0, le=1024)
-    cluster: str | None = Field(None, max_length=50)
-    team: str | None = Field(None, max_length=50)
-    name: str | None = Field(None, max_length=200)
-    env: dict[str, Annotated[str, StringConstraints(max_length=65536)]] = Field(
+    # Strict: a JSON boolean or string is a client bug, not a count.
+    gpus: int = Field(1, ge=0, le=1024, strict=True)
+    cluster: Text | None = Field(None, max_length=50)
+    team: Text | None = Field(None, max_length=50)
+    name: Text | None = Field(None, max_length=200)
+    env: dict[Text, Annotated[Text, StringConstraints(max_length=65536)]] = Field(
         default_factory=dict
     )
-    priority: int = Field(0, ge=-100, le=100)
-    window: str | None = Field(None, max_length=50)
-    pending_deadline_s: int | None = Field(None, ge=1, le=7 * 24 * 3600)
+    priority: int = Field(0, ge=-100, le=100, strict=True)
+    window: Text | None = Field(None, max_length=50)
+    pending_deadline_s: int | None = Field(None, ge=1, le=7 * 24 * 3600, strict=True)
 
 
 class JobOut(Schema):

@@ -10,7 +10,7 @@ import secrets
 
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from jobs.errors import BadRequest, Conflict, Forbidden, NotFound
@@ -24,7 +24,7 @@ from jobs.transitions import TransitionRefused, transition
 
 log = logging.getLogger(__name__)
 S = JobStatus
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def visible_jobs(user: User) -> QuerySet[Job]:
@@ -119,7 +119,7 @@ def retry_job(user: User, job_id: int) -> Job:
             actor=user.username,
             expected={S.FAILED, S.STOPPED},
         )
-        Job.objects.filter(pk=job.pk).update(retry_count=job.retry_count + 1)
+        Job.objects.filter(pk=job.pk).update(retry_count=F("retry_count") + 1)
     transaction.on_commit(kick_scheduler)
     return get_visible_job(user, job_id)
 
@@ -220,7 +220,7 @@ def _check_fits(team: Team, cluster: Cluster, gpus: int) -> None:
 
 def _check_env(env: dict[str, str]) -> None:
     for key in env:
-        if not ENV_NAME.match(key):
+        if not ENV_NAME.fullmatch(key):
             raise BadRequest(f"environment variable name {key!r} is not valid")
         if key.startswith("SF_") or key == "CUDA_VISIBLE_DEVICES":
             raise BadRequest(

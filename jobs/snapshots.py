@@ -6,6 +6,7 @@ with safe relative names, under the unpacked-size and member-count caps (a decom
 or a truncated archive ends in a refusal, not in a half-written store).
 """
 
+import gzip
 import hashlib
 import os
 import posixpath
@@ -20,6 +21,10 @@ from django.conf import settings
 from jobs.models import Snapshot
 
 MAX_MEMBERS = 200_000
+# Decompressed bytes allowed beyond the members' declared sizes: headers, long-name and pax
+# records, padding, the end-of-archive record. Anything more is data nobody will unpack.
+HEADROOM_BYTES = 1024 * 1024
+MEMBER_OVERHEAD_BYTES = 4096
 ACCEPTED_TYPES = {
     "application/gzip",
     "application/x-gzip",
@@ -85,22 +90,67 @@ def _keep(tmp_name: str, sha: str, size: int) -> tuple[Snapshot, bool]:
 
 
 def validate_archive(path: str) -> None:
+    """Refuse the archive unless it is a complete gzip stream of a tar of safe members.
+
+    Decompressed bytes are counted as they are read, so a bomb hidden in a long-name or pax
+    record, or in bytes after the end of the tar, is refused before it is inflated; reading
+    the gzip stream to its end checks its length and CRC, so a truncated upload is refused.
+    """
     unpacked_limit = settings.SF_MAX_SNAPSHOT_UNPACKED_BYTES
     total = members = 0
+    links: set[str] = set()
     try:
-        with tarfile.open(path, mode="r|gz") as archive:
-            for member in archive:
-                members += 1
-                total += member.size if member.isfile() else 0
-                if members > MAX_MEMBERS or total > unpacked_limit:
-                    raise SnapshotRefused(
-                        f"the snapshot unpacks to more than {unpacked_limit // 2**20} MiB or "
-                        f"{MAX_MEMBERS} files; refusing it",
-                        413,
-                    )
-                check_member(member)
+        with gzip.open(path, "rb") as raw:
+            stream = _CountingReader(raw, unpacked_limit)
+            with tarfile.open(fileobj=stream, mode="r|") as archive:
+                for member in archive:
+                    members += 1
+                    total += member.size if member.isfile() else 0
+                    if members > MAX_MEMBERS or total > unpacked_limit:
+                        raise SnapshotRefused(_too_big_unpacked(unpacked_limit), 413)
+                    stream.allowed = HEADROOM_BYTES + total + members * MEMBER_OVERHEAD_BYTES
+                    check_member(member)
+                    _check_not_under_symlink(member, links)
+            while stream.read(1024 * 1024):
+                pass
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         raise SnapshotRefused(f"the snapshot is not a readable .tar.gz ({exc})") from exc
+
+
+class _CountingReader:
+    """A file-like view of the decompressed stream that refuses bytes past `allowed`."""
+
+    def __init__(self, raw: BinaryIO, unpacked_limit: int) -> None:
+        self.raw, self.unpacked_limit = raw, unpacked_limit
+        self.seen, self.allowed = 0, HEADROOM_BYTES
+
+    def read(self, size: int) -> bytes:
+        data = self.raw.read(size)
+        self.seen += len(data)
+        if self.seen > self.allowed:
+            raise SnapshotRefused(_too_big_unpacked(self.unpacked_limit), 413)
+        return data
+
+
+def _too_big_unpacked(limit: int) -> str:
+    return (
+        f"the snapshot unpacks to more than {limit / 2**20:.1f} MiB or {MAX_MEMBERS} files; "
+        "refusing it"
+    )
+
+
+def _check_not_under_symlink(member: tarfile.TarInfo, links: set[str]) -> None:
+    """A member below a symlink of the same archive would be written wherever the link points."""
+    parts = posixpath.normpath(member.name).split("/")
+    for depth in range(1, len(parts)):
+        parent = "/".join(parts[:depth])
+        if parent in links:
+            raise SnapshotRefused(
+                f"the snapshot's member {member.name!r} lies under its symlink {parent!r}; "
+                "paths must stay inside the working directory"
+            )
+    if member.issym():
+        links.add(posixpath.normpath(member.name))
 
 
 def check_member(member: tarfile.TarInfo) -> None:

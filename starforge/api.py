@@ -19,8 +19,9 @@ api.add_router("/v1", jobs_router)
 api.add_router("/v1/ingest", ingest)
 
 
-def _answer(request: HttpRequest, status: int, detail: str, **extra):
-    return api.create_response(request, {"detail": detail, **extra}, status=status)
+def _answer(request: HttpRequest, http_status: int, detail: str, /, **extra):
+    # Positional-only: `extra` may carry a body field named "status" (the job's).
+    return api.create_response(request, {"detail": detail, **extra}, status=http_status)
 
 
 @api.exception_handler(ApiError)
@@ -48,7 +49,8 @@ def on_invalid(request, exc: ValidationError):
     sentences = []
     for error in exc.errors:
         where = ".".join(str(p) for p in error.get("loc", ()) if p not in ("body", "data", "query"))
-        sentences.append(f"{where or 'request'}: {error.get('msg', 'invalid')}")
+        msg = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        sentences.append(f"{where or 'request'}: {msg}")
     return _answer(request, 422, "; ".join(sentences) or "invalid request", errors=exc.errors)
 
 
