@@ -134,6 +134,9 @@ class LocalExecutor:
             }
         )
         python = settings.SF_RUNNER_PYTHON or sys.executable
+        # Jobs run in the server's Python environment: `python train.py` means this
+        # interpreter even on machines where only `python3` is on the PATH.
+        env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")])
         with open(attempt_dir / "runner.log", "ab") as out:
             try:
                 return subprocess.Popen(

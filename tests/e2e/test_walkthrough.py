@@ -149,3 +149,31 @@ def test_list_shows_jobs_and_bad_input_is_refused(sf):
     assert refused.returncode != 0 and "does not exist" in refused.stderr
     negative = sf("submit", "--gpus", "-1", "--", "python", "train.py", check=False)
     assert negative.returncode != 0
+
+
+def test_ctrl_c_stops_every_process_make_run_started(tmp_path):
+    import psutil
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "SF_VAR_DIR": str(tmp_path),
+        "SF_PORT": str(port),
+        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/11"),
+    }
+    env.pop("DATABASE_URL", None)
+    with open(tmp_path / "stack.log", "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runstack"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        _wait_for_banner(tmp_path / "stack.log", proc)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) >= 3  # uvicorn, celery worker (+ pool), celery beat
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the foreground process
+        assert proc.wait(timeout=30) == 0
+    gone, alive = psutil.wait_procs(children, timeout=15)
+    assert alive == []

@@ -145,3 +145,12 @@ def test_runner_killed_without_exit_status_fails_the_job(team, alice, local_clus
     run_until(lambda: finished(job))
     job.refresh_from_db()
     assert job.status == S.FAILED and "left no exit status" in job.status_reason
+
+
+def test_python_on_the_path_is_the_servers_interpreter(team, alice):
+    job = queued_job(
+        team, alice, gpus=0, entrypoint=["python", "-c", "import sys; print(sys.executable)"]
+    )
+    start(job)
+    run_until(lambda: finished(job))
+    assert texts(job) == [sys.executable]
