@@ -77,7 +77,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30}
     DATABASES["default"]["TEST"] = {"NAME": os.environ.get("SF_SQLITE_TEST_DB") or None}
 else:
-    DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
+    # A connection pool: under ASGI every request runs in a fresh context, so persistent
+    # connections (CONN_MAX_AGE) would open a new PostgreSQL session per request.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 8}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS: list[dict] = []
