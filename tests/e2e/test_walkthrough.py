@@ -32,38 +32,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    var = tmp_path_factory.mktemp("var")
+def start_stack(var: Path) -> tuple[subprocess.Popen, str, str]:
+    """`manage.py runstack` on the embedded default; returns the process, URL and demo token."""
     port = free_port()
     env = {
         **os.environ,
         "SF_VAR_DIR": str(var),
         "SF_PORT": str(port),
-        "DATABASE_URL": "",
-        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/11"),
         "PYTHONUNBUFFERED": "1",
+        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/11"),
     }
-    env.pop("DATABASE_URL")
-    log = open(var / "stack.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "runstack"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    env.pop("DATABASE_URL", None)  # the embedded SQLite ledger, as `make run` uses
+    with open(var / "stack.log", "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runstack"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    token = _wait_for_banner(var / "stack.log", proc)
+    return proc, f"http://127.0.0.1:{port}", token
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    var = tmp_path_factory.mktemp("var")
+    proc, url, token = start_stack(var)
     try:
-        token = _wait_for_banner(var / "stack.log", proc)
-        yield {"url": f"http://127.0.0.1:{port}", "token": token, "var": var}
+        yield {"url": url, "token": token, "var": var}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 def _wait_for_banner(log: Path, proc: subprocess.Popen) -> str:
@@ -154,26 +158,10 @@ def test_list_shows_jobs_and_bad_input_is_refused(sf):
 def test_ctrl_c_stops_every_process_make_run_started(tmp_path):
     import psutil
 
-    port = free_port()
-    env = {
-        **os.environ,
-        "SF_VAR_DIR": str(tmp_path),
-        "SF_PORT": str(port),
-        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/11"),
-    }
-    env.pop("DATABASE_URL", None)
-    with open(tmp_path / "stack.log", "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "manage.py", "runstack"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        _wait_for_banner(tmp_path / "stack.log", proc)
-        children = psutil.Process(proc.pid).children(recursive=True)
-        assert len(children) >= 3  # uvicorn, celery worker (+ pool), celery beat
-        proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the foreground process
-        assert proc.wait(timeout=30) == 0
+    proc, _, _ = start_stack(tmp_path)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 3  # uvicorn, celery worker (+ pool), celery beat
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the foreground process
+    assert proc.wait(timeout=30) == 0
     gone, alive = psutil.wait_procs(children, timeout=15)
     assert alive == []

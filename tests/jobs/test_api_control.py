@@ -1,21 +1,12 @@
 """The control verbs over the API: stop, pause, resume, retry; who may, and from which states."""
 
-import gzip
-import io
-import tarfile
-
 import pytest
 
 from jobs.models import Attempt, Job, JobEvent
 from jobs.snapshots import snapshot_path
+from tests.jobs.api_helpers import assert_refused, submit, upload_snapshot
 
 pytestmark = pytest.mark.django_db
-
-
-def submit(client, **fields) -> int:
-    response = client.post("/jobs", {"entrypoint": ["python", "train.py"], **fields})
-    assert response.status_code == 201, response.content
-    return response.json()["id"]
 
 
 def put_in(job_id: int, status: str) -> None:
@@ -29,28 +20,6 @@ def ledger() -> tuple[list, list, list]:
     events = JobEvent.objects.order_by("pk").values_list("pk", flat=True)
     attempts = Attempt.objects.order_by("pk").values_list("pk", "end_time", "end_reason")
     return list(jobs), list(events), list(attempts)
-
-
-def assert_refused(response, status: int, *fragments: str) -> dict:
-    assert response.status_code == status, response.content
-    body = response.json()
-    assert isinstance(body["detail"], str) and body["detail"]
-    for fragment in fragments:
-        assert fragment in body["detail"]
-    return body
-
-
-def upload_snapshot(api) -> str:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
-        info = tarfile.TarInfo("train.py")
-        info.size = 5
-        tar.addfile(info, io.BytesIO(b"pass\n"))
-    response = api.client.post(
-        "/api/v1/snapshots", gzip.compress(raw.getvalue()), content_type="application/gzip"
-    )
-    assert response.status_code == 201
-    return response.json()["sha256"]
 
 
 def start_attempt(job_id: int, status: str = "RUNNING") -> Attempt:

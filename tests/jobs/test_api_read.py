@@ -4,22 +4,9 @@ import pytest
 from django.test import Client
 
 from jobs.models import Attempt, Job, JobEvent, Membership
+from tests.jobs.api_helpers import assert_refused, submit
 
 pytestmark = pytest.mark.django_db
-
-
-def submit(client, **fields) -> int:
-    response = client.post("/jobs", {"entrypoint": ["python", "train.py"], **fields})
-    assert response.status_code == 201, response.content
-    return response.json()["id"]
-
-
-def assert_refused(response, status: int, *fragments: str) -> None:
-    assert response.status_code == status, response.content
-    detail = response.json()["detail"]
-    assert isinstance(detail, str) and detail
-    for fragment in fragments:
-        assert fragment in detail
 
 
 def ids(response) -> list[int]:

@@ -1,15 +1,12 @@
 """POST /api/v1/jobs: what a good request creates, and how every bad one is refused unchanged."""
 
-import gzip
-import io
-import tarfile
-
 import pytest
 from django.test import Client
 
 from jobs.auth import hash_token, issue_token
 from jobs.models import ApiToken, Cluster, Job, JobEvent, ScheduleWindow
 from jobs.snapshots import snapshot_path
+from tests.jobs.api_helpers import assert_refused, upload_snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -17,16 +14,6 @@ pytestmark = pytest.mark.django_db
 def ledger() -> tuple[list, list]:
     jobs = Job.objects.order_by("pk").values_list("pk", "status", "status_reason", "retry_count")
     return list(jobs), list(JobEvent.objects.order_by("pk").values_list("pk", flat=True))
-
-
-def assert_refused(response, status: int, *fragments: str) -> str:
-    assert response.status_code == status, response.content
-    assert response["Content-Type"].startswith("application/json")
-    detail = response.json()["detail"]
-    assert isinstance(detail, str) and detail
-    for fragment in fragments:
-        assert fragment in detail
-    return detail
 
 
 def post_raw(api, body: bytes, content_type: str = "application/json"):
@@ -38,19 +25,6 @@ def before(api):
     """The ledger as it stands before the request under test (with one earlier job in it)."""
     assert api.post("/jobs", {"entrypoint": ["python", "earlier.py"]}).status_code == 201
     return ledger()
-
-
-def upload_snapshot(api) -> str:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
-        info = tarfile.TarInfo("train.py")
-        info.size = 5
-        tar.addfile(info, io.BytesIO(b"pass\n"))
-    response = api.client.post(
-        "/api/v1/snapshots", gzip.compress(raw.getvalue()), content_type="application/gzip"
-    )
-    assert response.status_code == 201
-    return response.json()["sha256"]
 
 
 # -- the happy path ------------------------------------------------------------------------------
@@ -165,7 +139,7 @@ def test_an_unknown_cluster_is_refused_with_400_naming_the_known_ones(api, befor
     Cluster.objects.create(name="bench", kind="noop")
     detail = assert_refused(
         api.post("/jobs", {"entrypoint": ["a"], "cluster": "nowhere"}), 400, "'nowhere'"
-    )
+    )["detail"]
     assert "local" in detail and "bench" in detail
     assert ledger() == before
 

@@ -1,4 +1,5 @@
 """The first console pages: sign-in, the jobs list and a job page, limited to the user's teams."""
+
 import pytest
 from django.test import Client
 

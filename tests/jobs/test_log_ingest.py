@@ -12,15 +12,10 @@ from django.utils import timezone
 from jobs import logstore
 from jobs.launcher import job_token
 from jobs.models import Attempt, Job, JobEvent, LogStream
+from tests.jobs.api_helpers import assert_refused, submit
 
 pytestmark = pytest.mark.django_db
 T0 = 1_700_000_000.0
-
-
-def submit(client) -> int:
-    response = client.post("/jobs", {"entrypoint": ["python", "train.py"]})
-    assert response.status_code == 201, response.content
-    return response.json()["id"]
 
 
 def attach_attempt(job_id: int, number: int, status: str = "RUNNING") -> Attempt:
@@ -74,15 +69,6 @@ def ledger(job_id: int) -> tuple:
         LogStream.objects.filter(job_id=job_id).values_list("attempt", "next_seq", "size")
     )
     return job, JobEvent.objects.filter(job_id=job_id).count(), streams, stored(job_id)
-
-
-def assert_refused(response, status: int, *fragments: str) -> dict:
-    assert response.status_code == status, response.content
-    body = response.json()
-    assert isinstance(body["detail"], str) and body["detail"]
-    for fragment in fragments:
-        assert fragment in body["detail"]
-    return body
 
 
 def logs(api, job_id: int, **params) -> dict:
