@@ -38,6 +38,7 @@ INGEST_GRACE_S = 120
 
 def job_out(job: Job, virtual: dict[int, bool] | None = None) -> dict:
     attempt = job.current_attempt
+    why_not_retry = services.retry_unavailable_reason(job)
     if virtual is None or job.cluster_id not in virtual:
         virtual = {job.cluster_id: executor_for(job.cluster).capacity().virtual}
     return {
@@ -66,6 +67,15 @@ def job_out(job: Job, virtual: dict[int, bool] | None = None) -> dict:
         "gpu_seconds": round(job_gpu_seconds(job.attempts.all()), 3),
         "output_dir": str(settings.SF_OUTPUT_ROOT / job.run_id),
         "snapshot": job.snapshot_id,
+        "max_retries": job.max_retries,
+        "retries_left": max(0, job.max_retries - job.retry_count),
+        "retry_cooldown_s": job.retry_cooldown_s,
+        "next_attempt_at": job.next_attempt_at,
+        "retry_available": not why_not_retry,
+        "retry_unavailable_reason": why_not_retry,
+        "parent": job.parent_id,
+        "follow_on_name": job.follow_on_name,
+        "then": job.then,
     }
 
 
@@ -143,7 +153,7 @@ def list_jobs(request, filters: Query[JobFilters]):
     if filters.before:
         jobs = jobs.filter(pk__lt=filters.before)
     page = list(
-        jobs.select_related("team", "user", "cluster", "current_attempt", "window")
+        jobs.select_related("team", "user", "cluster", "current_attempt", "window", "snapshot")
         .prefetch_related("attempts")
         .order_by("-pk")[: filters.limit + 1]
     )
@@ -159,6 +169,12 @@ def list_jobs(request, filters: Query[JobFilters]):
 @router.get("/jobs/{job_id}", response=JobOut, summary="One job")
 def get_job(request, job_id: int):
     return job_out(services.get_visible_job(request.auth, job_id))
+
+
+@router.delete("/jobs/{job_id}", response={204: None}, summary="Delete a finished job")
+def delete_job(request, job_id: int):
+    services.delete_job(request.auth, job_id)
+    return Status(204, None)
 
 
 @router.get("/jobs/{job_id}/events", response=list[EventOut], summary="The job's timeline")

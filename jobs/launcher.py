@@ -17,9 +17,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from jobs.executors import LaunchError, LaunchSpec, executor_for
+from jobs.lifecycle import after_failure
 from jobs.models import Attempt, Job
 from jobs.states import JobStatus
-from jobs.transitions import Change, apply_transitions, transition
+from jobs.transitions import Change, TransitionRefused, apply_transitions, transition
 
 log = logging.getLogger(__name__)
 JOB_TOKEN_SALT = "starforge.job-token"
@@ -105,8 +106,11 @@ def _launch_failed(job_id: int, outcome: LaunchOutcome) -> None:
                 actor="launcher",
                 expected={JobStatus.SUBMITTED},
             )
-        except Exception as exc:
+        except TransitionRefused as exc:  # stopped or paused meanwhile: nothing to record
             log.info("launch failure of job %s not recorded: %s", job_id, exc)
+            return
+        if outcome.permanent:
+            after_failure(job_id, "rejected", timezone.now())
 
 
 def cancel_current(job_id: int) -> None:
@@ -143,6 +147,10 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
             "SF_SNAPSHOT": job.snapshot_id or "",
         }
     )
+    if job.parent_id:  # a follow-on job reads its parent's outputs
+        parent_run = Job.objects.values_list("run_id", flat=True).get(pk=job.parent_id)
+        env["SF_PARENT_RUN_ID"] = parent_run
+        env["SF_PARENT_OUTPUT_DIR"] = str(settings.SF_OUTPUT_ROOT / parent_run)
     return LaunchSpec(
         name=attempt.backend_name,
         job_id=job.pk,

@@ -10,6 +10,7 @@ Cursors are ``"<attempt>:<byte offset>"``.
 """
 
 import json
+import shutil
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,3 +212,8 @@ def parse_cursor(cursor: str) -> tuple[int, int]:
     if attempt < 0 or offset < 0:
         raise ValueError(f"cursor {cursor!r} has a negative part")
     return attempt, offset
+
+
+def delete_logs(job_id: int) -> None:
+    """Remove a deleted job's log files (its LogStream rows went with the job row)."""
+    shutil.rmtree(log_path(job_id, 0).parent, ignore_errors=True)

@@ -57,6 +57,12 @@ class Team(models.Model):
     )
     default_cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.SET_NULL)
     window = models.ForeignKey(ScheduleWindow, null=True, blank=True, on_delete=models.SET_NULL)
+    default_max_retries = models.PositiveIntegerField(
+        default=0, help_text="automatic retries of a failed job when its submit does not say"
+    )
+    default_retry_cooldown_s = models.PositiveIntegerField(
+        default=30, help_text="seconds before the first automatic retry; doubles each retry"
+    )
 
     def __str__(self) -> str:
         return self.name
@@ -93,11 +99,17 @@ class ApiToken(models.Model):
 
 
 class Snapshot(models.Model):
-    """A content-addressed working-directory archive (tar.gz) on disk."""
+    """A content-addressed working-directory archive (tar.gz) on disk.
+
+    Deleted with the last job row that references it; a blob pruned earlier keeps its row with
+    `deleted_reason`, so a retry can say why it cannot run.
+    """
 
     sha256 = models.CharField(max_length=64, primary_key=True)
     size = models.BigIntegerField()
     created_at = models.DateTimeField(default=timezone.now)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+    deleted_reason = models.CharField(max_length=300, blank=True)
 
 
 class Job(models.Model):
@@ -124,8 +136,27 @@ class Job(models.Model):
     current_attempt = models.ForeignKey(
         "Attempt", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    max_retries = models.PositiveIntegerField(default=0)
+    retry_cooldown_s = models.PositiveIntegerField(default=30)
+    # Set while a FAILED job waits out its cooldown before the next automatic attempt.
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # Follow-on jobs (`--then eval`): the names asked for and their specs from starforge.toml.
+    then = models.JSONField(default=list, blank=True)
+    follow_on_specs = models.JSONField(default=dict, blank=True)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="follow_ons"
+    )
+    follow_on_name = models.CharField(max_length=50, blank=True)
 
     class Meta:
+        constraints = [
+            # A parent's follow-on of a given name is created exactly once.
+            models.UniqueConstraint(
+                fields=["parent", "follow_on_name"],
+                condition=models.Q(parent__isnull=False),
+                name="one_follow_on_per_name",
+            ),
+        ]
         indexes = [
             # Jobs of a team by status (quota sums, team views).
             models.Index(fields=["team", "status"], name="job_team_status"),
@@ -134,6 +165,7 @@ class Job(models.Model):
             # The scheduler's queue order and the reconciler's active scan.
             models.Index(fields=["status", "-priority", "submitted_at"], name="job_queue_order"),
             models.Index(fields=["cluster", "status"], name="job_cluster_status"),
+            models.Index(fields=["status", "next_attempt_at"], name="job_retry_due"),
         ]
 
     def __str__(self) -> str:
@@ -160,6 +192,9 @@ class Attempt(models.Model):
     end_reason = models.TextField(blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     native_state = models.CharField(max_length=50, blank=True)
+    # Why a failed attempt failed: exit, oom, lost, preempted (retryable); ingest, deadline,
+    # rejected (not retried automatically).
+    failure = models.CharField(max_length=20, blank=True)
 
     class Meta:
         constraints = [
@@ -176,6 +211,7 @@ class JobEvent(models.Model):
     class Kind(models.TextChoices):
         STATUS = "status"
         OBSERVATION = "observation"
+        NOTE = "note"  # lifecycle decisions: auto-retry planned, follow-ons created or not
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     time = models.DateTimeField(default=timezone.now)

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs import logstore
+from jobs import lifecycle, logstore
 from jobs.executors import Executor, Observation, executor_for
 from jobs.launcher import launch_attempts
 from jobs.models import Attempt, Cluster, JobEvent
@@ -117,7 +117,7 @@ def _maybe_lost(attempt: Attempt, now: dt.datetime) -> None:
         f"lost on backend: {attempt.job_ref} is no longer known to cluster "
         f"{attempt.job.cluster.name}"
     )
-    _close_and_transition(attempt, S.FAILED, reason, now, exit_code=None)
+    _close_and_transition(attempt, S.FAILED, reason, now, exit_code=None, failure="lost")
 
 
 def _advance(attempt: Attempt, path: list[JobStatus], reason: str) -> None:
@@ -147,21 +147,33 @@ def _finish(attempt: Attempt, target: JobStatus, obs: Observation, now: dt.datet
         reason = _failure_reason(attempt, obs)
     Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(start_time=obs.start_time)
     attempt.start_time = attempt.start_time or obs.start_time
-    _close_and_transition(attempt, target, reason, obs.end_time or now, exit_code=obs.exit_code)
+    failure = "" if target == S.SUCCEEDED else obs.failure or "exit"
+    _close_and_transition(
+        attempt, target, reason, obs.end_time or now, exit_code=obs.exit_code, failure=failure
+    )
 
 
 def _close_and_transition(
-    attempt: Attempt, target: JobStatus, reason: str, end: dt.datetime, exit_code: int | None
+    attempt: Attempt,
+    target: JobStatus,
+    reason: str,
+    end: dt.datetime,
+    exit_code: int | None,
+    failure: str = "",
 ) -> None:
     path = [S.PENDING, S.RUNNING, target] if attempt.start_time else [S.PENDING, target]
     if attempt.job.status == S.RUNNING:
         path = [S.RUNNING, target]
     with transaction.atomic():
         closed = Attempt.objects.filter(pk=attempt.pk, end_time__isnull=True).update(
-            end_time=end, exit_code=exit_code, end_reason=reason
+            end_time=end, exit_code=exit_code, end_reason=reason, failure=failure
         )
         if closed:  # counted once, however many times the end is observed
             _advance(attempt, path, reason)
+            if target == S.FAILED:
+                lifecycle.after_failure(attempt.job_id, failure, timezone.now())
+            elif target == S.SUCCEEDED:
+                lifecycle.after_success(attempt.job_id)
 
 
 def _failure_reason(attempt: Attempt, obs: Observation) -> str:
@@ -183,7 +195,7 @@ def _check_pending_deadline(executor: Executor, attempt: Attempt, now: dt.dateti
     if (now - since).total_seconds() <= deadline:
         return
     reason = f"pending deadline: still PENDING after {deadline} s; cancelled on the backend"
-    _close_and_transition(attempt, S.FAILED, reason, now, exit_code=None)
+    _close_and_transition(attempt, S.FAILED, reason, now, exit_code=None, failure="deadline")
     executor.cancel(attempt.job_ref)
 
 

@@ -17,6 +17,7 @@ from django.db.models import Count, F, OuterRef, Subquery, Sum
 from django.utils import timezone
 
 from jobs.executors import Capacity, executor_for
+from jobs.lifecycle import requeue_due_retries
 from jobs.models import Attempt, Cluster, Job, ScheduleWindow, Team
 from jobs.states import JobStatus
 from jobs.transitions import Change, apply_transitions
@@ -45,6 +46,7 @@ class _Usage:
 def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
     """One scheduler tick. Safe to run concurrently and repeatedly."""
     now = now or timezone.now()
+    requeue_due_retries(now)  # cooled-down FAILED jobs join this tick's queue
     capacities = _cluster_capacities()  # asks the engines, outside any transaction
     with transaction.atomic():
         if not _take_scheduler_lock():

@@ -47,6 +47,27 @@ class JobIn(Schema):
     priority: int = Field(0, ge=-100, le=100, strict=True)
     window: Text | None = Field(None, max_length=50)
     pending_deadline_s: int | None = Field(None, ge=1, le=7 * 24 * 3600, strict=True)
+    max_retries: int | None = Field(
+        None, ge=0, le=100, strict=True, description="automatic retries (default: the team's)"
+    )
+    retry_cooldown_s: int | None = Field(
+        None,
+        ge=0,
+        le=24 * 3600,
+        strict=True,
+        description="seconds before the first automatic retry; doubles each retry",
+    )
+    then: list[Annotated[Text, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,50}$")]] = Field(
+        default_factory=list,
+        max_length=10,
+        description="follow-on jobs from starforge.toml [then.<name>], run when this succeeds",
+    )
+
+    @model_validator(mode="after")
+    def _distinct_follow_ons(self) -> "JobIn":
+        if len(set(self.then)) != len(self.then):
+            raise ValueError("each --then name may be given once")
+        return self
 
 
 class JobOut(Schema):
@@ -75,6 +96,15 @@ class JobOut(Schema):
     gpu_seconds: float
     output_dir: str
     snapshot: str | None
+    max_retries: int
+    retries_left: int
+    retry_cooldown_s: int
+    next_attempt_at: dt.datetime | None = Field(description="when a pending automatic retry starts")
+    retry_available: bool
+    retry_unavailable_reason: str
+    parent: int | None
+    follow_on_name: str
+    then: list[str]
 
 
 class JobPage(Schema):

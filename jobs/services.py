@@ -13,12 +13,13 @@ from django.db import transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
+from jobs import lifecycle, logstore
 from jobs.errors import BadRequest, Conflict, Forbidden, NotFound
 from jobs.executors import executor_for
 from jobs.launcher import cancel_current
 from jobs.models import Attempt, Cluster, Job, JobEvent, Membership, ScheduleWindow, Snapshot, Team
 from jobs.schemas import JobIn
-from jobs.snapshots import snapshot_path
+from jobs.snapshots import SnapshotRefused, read_project_file, snapshot_path
 from jobs.states import JobStatus
 from jobs.transitions import TransitionRefused, transition
 
@@ -36,7 +37,7 @@ def visible_jobs(user: User) -> QuerySet[Job]:
 def get_visible_job(user: User, job_id: int) -> Job:
     job = (
         visible_jobs(user)
-        .select_related("team", "user", "cluster", "current_attempt", "window")
+        .select_related("team", "user", "cluster", "current_attempt", "window", "snapshot")
         .filter(pk=job_id)
         .first()
     )
@@ -50,9 +51,11 @@ def submit_job(user: User, data: JobIn) -> Job:
     cluster = _resolve_cluster(team, data.cluster)
     _check_fits(team, cluster, data.gpus)
     _check_env(data.env)
-    snapshot = _resolve_snapshot(data.snapshot)
     window = _resolve_window(data.window)
     with transaction.atomic():
+        # Locking the snapshot row keeps a concurrent job deletion from removing the blob.
+        snapshot = _resolve_snapshot(data.snapshot)
+        follow_ons = _follow_on_specs(team, data.then, snapshot)
         job = Job.objects.create(
             run_id=secrets.token_hex(8),
             name=data.name or " ".join(data.entrypoint)[:200],
@@ -66,6 +69,10 @@ def submit_job(user: User, data: JobIn) -> Job:
             priority=data.priority,
             window=window,
             pending_deadline_s=data.pending_deadline_s,
+            max_retries=_or(data.max_retries, team.default_max_retries),
+            retry_cooldown_s=_or(data.retry_cooldown_s, team.default_retry_cooldown_s),
+            then=list(follow_ons),
+            follow_on_specs=follow_ons,
             status_reason="waiting for the scheduler's next tick",
         )
         JobEvent.objects.create(
@@ -77,6 +84,10 @@ def submit_job(user: User, data: JobIn) -> Job:
         )
         transaction.on_commit(kick_scheduler)
     return job
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def stop_job(user: User, job_id: int) -> Job:
@@ -102,14 +113,10 @@ def resume_job(user: User, job_id: int) -> Job:
 
 def retry_job(user: User, job_id: int) -> Job:
     job = _controllable(user, job_id)
-    if (
-        job.status in (S.FAILED, S.STOPPED)
-        and job.snapshot_id
-        and not snapshot_path(job.snapshot_id).exists()
-    ):
+    why_not = retry_unavailable_reason(job)
+    if why_not and job.status in (S.FAILED, S.STOPPED):  # other states: the table refuses
         raise Conflict(
-            f"job {job_id} cannot be retried: the working-directory snapshot was "
-            "deleted; submit again"
+            f"job {job_id} is {job.status}: it cannot be retried: {why_not}", status=job.status
         )
     with transaction.atomic():
         transition(
@@ -119,9 +126,38 @@ def retry_job(user: User, job_id: int) -> Job:
             actor=user.username,
             expected={S.FAILED, S.STOPPED},
         )
-        Job.objects.filter(pk=job.pk).update(retry_count=F("retry_count") + 1)
+        Job.objects.filter(pk=job.pk).update(retry_count=F("retry_count") + 1, next_attempt_at=None)
     transaction.on_commit(kick_scheduler)
     return get_visible_job(user, job_id)
+
+
+def retry_unavailable_reason(job: Job) -> str:
+    """Why `retry` would be refused right now, or "" when it would be accepted."""
+    if job.status not in (S.FAILED, S.STOPPED):
+        return f"only FAILED or STOPPED jobs can be retried; this one is {job.status}"
+    snapshot = job.snapshot
+    if snapshot is None or snapshot_path(snapshot.sha256).exists():
+        return ""
+    how = snapshot.deleted_reason or "outside Starforge (the file is missing)"
+    return f"the working-directory snapshot was deleted {how}; submit again"
+
+
+def delete_job(user: User, job_id: int) -> None:
+    """Delete a finished job's row, timeline and logs; its snapshot goes with its last job."""
+    job = _controllable(user, job_id)
+    if job.status in S.active() or job.status == S.QUEUED:
+        raise Conflict(
+            f"job {job_id} is {job.status}: stop it before deleting it", status=job.status
+        )
+    with transaction.atomic():
+        snapshot = _lock_snapshot(job.snapshot_id)
+        job.delete()
+        orphaned = snapshot is not None and not Job.objects.filter(snapshot=snapshot).exists()
+        if orphaned:
+            snapshot.delete()
+        transaction.on_commit(lambda: logstore.delete_logs(job_id))
+        if orphaned:
+            transaction.on_commit(lambda: snapshot_path(snapshot.sha256).unlink(missing_ok=True))
 
 
 def _halt(user: User, job_id: int, target: JobStatus, reason: str) -> Job:
@@ -130,9 +166,13 @@ def _halt(user: User, job_id: int, target: JobStatus, reason: str) -> Job:
         changed = transition(
             job.pk, target, reason=reason, actor=user.username, attempt=job.attempt_count or None
         )
+        # A stop also cancels a pending automatic retry.
+        Job.objects.filter(pk=job.pk).update(next_attempt_at=None)
         had_attempt = Attempt.objects.filter(
             pk=job.current_attempt_id, end_time__isnull=True
         ).update(end_time=timezone.now(), end_reason=reason)
+        if target == S.STOPPED and job.status != S.FAILED:
+            lifecycle.not_succeeded(job, S.STOPPED)
     if had_attempt and changed.status == target:
         _cancel_after_commit(job.pk)
     return get_visible_job(user, job_id)
@@ -231,10 +271,56 @@ def _check_env(env: dict[str, str]) -> None:
 def _resolve_snapshot(sha: str | None) -> Snapshot | None:
     if sha is None:
         return None
-    snapshot = Snapshot.objects.filter(pk=sha).first()
+    snapshot = _lock_snapshot(sha)
     if snapshot is None or not snapshot_path(sha).exists():
         raise BadRequest(f"snapshot {sha[:64]!r} is unknown; upload it to /api/v1/snapshots first")
     return snapshot
+
+
+def _lock_snapshot(sha: str | None) -> Snapshot | None:
+    if sha is None:
+        return None
+    return Snapshot.objects.select_for_update().filter(pk=sha).first()
+
+
+def _follow_on_specs(team: Team, names: list[str], snapshot: Snapshot | None) -> dict:
+    if not names:
+        return {}
+    if snapshot is None:
+        raise BadRequest("--then needs a snapshot holding starforge.toml with [then.<name>]")
+    try:
+        project = read_project_file(snapshot_path(snapshot.sha256))
+    except SnapshotRefused as exc:
+        raise BadRequest(str(exc)) from exc
+    specs = {}
+    for name in names:
+        spec = project.get("then", {}).get(name)
+        if not isinstance(spec, dict):
+            raise BadRequest(
+                f"--then {name} needs a [then.{name}] table in starforge.toml at "
+                "the root of the submitted directory"
+            )
+        specs[name] = _check_follow_on(team, name, spec)
+    return specs
+
+
+def _check_follow_on(team: Team, name: str, spec: dict) -> dict:
+    entrypoint = spec.get("entrypoint")
+    ok = (isinstance(entrypoint, str) and entrypoint.strip()) or (
+        isinstance(entrypoint, list) and entrypoint and all(isinstance(a, str) for a in entrypoint)
+    )
+    if not ok:
+        raise BadRequest(
+            f"[then.{name}] in starforge.toml needs an entrypoint: a command string "
+            "or a list of strings"
+        )
+    gpus = spec.get("gpus", 0)
+    if type(gpus) is not int or not 0 <= gpus <= team.gpu_quota:
+        raise BadRequest(
+            f"[then.{name}] gpus must be an integer from 0 to team "
+            f"{team.name}'s quota of {team.gpu_quota}"
+        )
+    return {"entrypoint": entrypoint, "gpus": gpus}
 
 
 def _resolve_window(name: str | None) -> ScheduleWindow | None:
@@ -248,6 +334,7 @@ def _resolve_window(name: str | None) -> ScheduleWindow | None:
 
 __all__ = [
     "TransitionRefused",
+    "delete_job",
     "get_visible_job",
     "pause_job",
     "resume_job",

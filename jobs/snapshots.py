@@ -12,6 +12,7 @@ import os
 import posixpath
 import tarfile
 import tempfile
+import tomllib
 import zlib
 from pathlib import Path
 from typing import BinaryIO
@@ -181,3 +182,31 @@ def _too_big(size: int, limit: int) -> str:
         f"the snapshot is {size / 2**20:.1f} MiB and the limit is {limit / 2**20:.0f} MiB; "
         "add large files to .sfignore"
     )
+
+
+PROJECT_FILE = "starforge.toml"
+PROJECT_FILE_MAX_BYTES = 64 * 1024
+
+
+def read_project_file(path: Path) -> dict:
+    """The parsed starforge.toml at the root of a stored snapshot ({} when there is none)."""
+    try:
+        with tarfile.open(path, mode="r:gz") as archive:
+            member = next(
+                (
+                    m
+                    for m in archive.getmembers()
+                    if m.isfile() and m.name.removeprefix("./") == PROJECT_FILE
+                ),
+                None,
+            )
+            if member is None:
+                return {}
+            if member.size > PROJECT_FILE_MAX_BYTES:
+                raise SnapshotRefused(f"{PROJECT_FILE} is over {PROJECT_FILE_MAX_BYTES} bytes")
+            raw = archive.extractfile(member).read()
+        return tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SnapshotRefused(f"{PROJECT_FILE} is not valid TOML ({exc})") from exc
+    except (tarfile.TarError, OSError) as exc:
+        raise SnapshotRefused(f"the snapshot cannot be read ({exc})") from exc

@@ -122,6 +122,25 @@ def _add_submit(sub: Any, common: argparse.ArgumentParser) -> None:
         help="give up if not started within SECONDS",
     )
     p.add_argument(
+        "--max-retries",
+        type=int,
+        metavar="N",
+        help="retry automatically up to N times after a retryable failure (default: team's)",
+    )
+    p.add_argument(
+        "--retry-cooldown",
+        type=int,
+        metavar="SECONDS",
+        help="wait before the first automatic retry; doubles each retry (default: team's)",
+    )
+    p.add_argument(
+        "--then",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="after success, run the follow-on job [then.NAME] of starforge.toml (repeatable)",
+    )
+    p.add_argument(
         "--max-snapshot-mb",
         type=float,
         metavar="N",
@@ -147,6 +166,9 @@ def _add_job(sub: Any, common: argparse.ArgumentParser) -> None:
         p.add_argument("id", nargs="?", help="job id (default: your latest job)")
         p.add_argument("--json", action="store_true")
         p.set_defaults(handler=cmd_action, parser=p, verb=verb)
+    delete = verbs.add_parser("delete", parents=[common], help="delete a finished job")
+    delete.add_argument("id", help="job id (required: deleting is not undone)")
+    delete.set_defaults(handler=cmd_delete, parser=delete)
     job.set_defaults(handler=None, parser=job)
 
 
@@ -266,6 +288,10 @@ def _submit_payload(args: argparse.Namespace) -> dict:
         _usage(args.parser, "--gpus must be >= 0")
     if args.pending_deadline is not None and args.pending_deadline <= 0:
         _usage(args.parser, "--pending-deadline must be a positive number of seconds")
+    if args.max_retries is not None and args.max_retries < 0:
+        _usage(args.parser, "--max-retries must be >= 0")
+    if args.retry_cooldown is not None and args.retry_cooldown < 0:
+        _usage(args.parser, "--retry-cooldown must be >= 0 seconds")
     env = {}
     for item in args.env:
         key, sep, value = item.partition("=")
@@ -283,6 +309,9 @@ def _submit_payload(args: argparse.Namespace) -> dict:
         "priority": args.priority,
         "window": args.window,
         "pending_deadline_s": args.pending_deadline,
+        "max_retries": args.max_retries,
+        "retry_cooldown_s": args.retry_cooldown,
+        "then": args.then,
     }
 
 
@@ -353,6 +382,9 @@ STATUS_FIELDS = (
     "status_reason",
     "attempt",
     "retry_count",
+    "retries_left",
+    "next_attempt_at",
+    "retry_available",
     "job_ref",
     "gpus",
     "submitted_at",
@@ -361,6 +393,8 @@ STATUS_FIELDS = (
     "exit_code",
     "gpu_seconds",
     "output_dir",
+    "parent",
+    "then",
 )
 
 
@@ -380,6 +414,10 @@ def _status_value(job: dict, key: str) -> str:
         return f"{_name(job.get('cluster'))} ({job['backend']})"
     if key == "gpus" and job.get("virtual_gpus"):
         return f"{_name(job.get('gpus'))} (virtual slots)"
+    if key == "retry_available":
+        return "yes" if job.get(key) else f"no ({job.get('retry_unavailable_reason', '')})"
+    if key == "then":
+        return ", ".join(job.get(key) or []) or "-"
     return _name(job.get(key))
 
 
@@ -432,6 +470,12 @@ def cmd_action(args: argparse.Namespace) -> None:
         return
     reason = job.get("status_reason")
     print(f"job {job.get('id')}: {job.get('status')}" + (f" ({reason})" if reason else ""))
+
+
+def cmd_delete(args: argparse.Namespace) -> None:
+    """DELETE a finished job; its snapshot goes with the last job that used it."""
+    _client(args).request("DELETE", f"/api/v1/jobs/{args.id}")
+    print(f"job {args.id} deleted")
 
 
 def cmd_logs(args: argparse.Namespace) -> None:

@@ -33,6 +33,8 @@ class Observation:
     start_time: dt.datetime | None = None
     end_time: dt.datetime | None = None
     message: str = ""
+    # For failed ends: exit, oom, lost, preempted (retryable) or ingest, rejected (not).
+    failure: str = ""
     details: dict = field(default_factory=dict)
 
 

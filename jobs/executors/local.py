@@ -165,6 +165,7 @@ class LocalExecutor:
             return Observation("STARTING")  # directory claimed, launch still being recorded
         return Observation(
             "DIED",
+            failure="lost",
             start_time=start_time,
             end_time=dt.datetime.now(dt.UTC),
             message="the runner process is gone and left no exit status",
@@ -174,15 +175,16 @@ class LocalExecutor:
 def _exited(done: dict, start_time: dt.datetime | None) -> Observation:
     code, reason = done.get("exit_code"), done.get("reason", "")
     if reason.startswith("ingest failed"):
-        state = "INGEST_FAILED"
+        state, failure = "INGEST_FAILED", "ingest"
     elif code == 0:
-        state = "SUCCEEDED"
+        state, failure = "SUCCEEDED", ""
     elif code is not None and code < 0:
-        state = "KILLED"
+        state, failure = "KILLED", "exit"
     else:
-        state = "FAILED"
+        state, failure = "FAILED", "exit"
     return Observation(
         state,
+        failure=failure,
         exit_code=code,
         message=reason,
         start_time=start_time or _ts(done.get("started_at")),

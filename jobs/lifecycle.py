@@ -1,0 +1,134 @@
+"""What happens after an attempt ends: automatic retries, follow-on jobs, and their notes.
+
+Called by the reconciler inside the transaction that closes the attempt and moves the job, so
+each decision is taken exactly once however many times the end is observed.
+"""
+
+import datetime as dt
+import secrets
+import shlex
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from jobs.models import Job, JobEvent
+from jobs.states import JobStatus
+from jobs.transitions import Change, apply_transitions
+
+RETRYABLE = frozenset({"exit", "oom", "lost", "preempted"})
+
+
+def cooldown_s(job: Job) -> int:
+    """Seconds before the next automatic attempt: doubles with each retry, up to a cap."""
+    return min(settings.SF_RETRY_COOLDOWN_CAP_S, job.retry_cooldown_s * 2**job.retry_count)
+
+
+def after_failure(job_id: int, failure: str, now: dt.datetime) -> None:
+    job = Job.objects.select_for_update().get(pk=job_id)
+    if failure in RETRYABLE and job.retry_count < job.max_retries:
+        delay = cooldown_s(job)
+        at = now + dt.timedelta(seconds=delay)
+        number = job.retry_count + 1
+        plan = f"automatic retry {number} of {job.max_retries} at {at:%H:%M:%S} UTC"
+        Job.objects.filter(pk=job_id).update(
+            next_attempt_at=at, status_reason=f"{job.status_reason}\n{plan}"
+        )
+        _note(job_id, f"{plan} (cooldown {delay} s)", retry_at=at.isoformat())
+        return
+    if job.max_retries:
+        why = (
+            f"{failure or 'this'} failures are not retried automatically"
+            if failure not in RETRYABLE
+            else f"the retry budget of {job.max_retries} is used"
+        )
+        _note(job_id, f"no automatic retry: {why}")
+    not_succeeded(job, "FAILED")
+
+
+def not_succeeded(job: Job, status: str) -> None:
+    if job.then:
+        _note(
+            job.pk,
+            f"follow-on jobs {', '.join(job.then)} were not created: the job ended "
+            f"{status}, not SUCCEEDED",
+        )
+
+
+def requeue_due_retries(now: dt.datetime | None = None) -> list[int]:
+    """FAILED jobs whose cooldown has passed go back on the queue (retry count + 1)."""
+    now = now or timezone.now()
+    due = list(
+        Job.objects.filter(status=JobStatus.FAILED, next_attempt_at__lte=now).values_list(
+            "pk", flat=True
+        )
+    )
+    if not due:
+        return []
+    with transaction.atomic():
+        changed, _ = apply_transitions(
+            JobStatus.QUEUED,
+            [Change(pk, "automatic retry; waiting for the scheduler") for pk in due],
+            actor="auto-retry",
+            expected={JobStatus.FAILED},
+        )
+        ids = [job.pk for job in changed]
+        Job.objects.filter(pk__in=ids).update(
+            retry_count=F("retry_count") + 1, next_attempt_at=None
+        )
+    return ids
+
+
+def after_success(job_id: int) -> list[Job]:
+    """Create the job's follow-on jobs, once each (a unique constraint backs the check)."""
+    parent = Job.objects.select_for_update().get(pk=job_id)
+    made = []
+    for name in parent.then:
+        if Job.objects.filter(parent=parent, follow_on_name=name).exists():
+            continue
+        child = _follow_on(parent, name, parent.follow_on_specs[name])
+        JobEvent.objects.create(
+            job=child,
+            kind=JobEvent.Kind.STATUS,
+            to_status=JobStatus.QUEUED,
+            reason=f"follow-on {name} of job {parent.pk}",
+            actor="follow-on",
+        )
+        _note(parent.pk, f"follow-on {name} created as job {child.pk}", job=child.pk)
+        made.append(child)
+    if made:
+        from jobs.services import kick_scheduler
+
+        transaction.on_commit(kick_scheduler)
+    return made
+
+
+def _follow_on(parent: Job, name: str, spec: dict) -> Job:
+    entrypoint = spec["entrypoint"]
+    if isinstance(entrypoint, str):
+        entrypoint = shlex.split(entrypoint)
+    return Job.objects.create(
+        run_id=secrets.token_hex(8),
+        name=f"{parent.name[:150]} → {name}",
+        team=parent.team,
+        user=parent.user,
+        cluster=parent.cluster,
+        gpus=spec.get("gpus", parent.gpus),
+        entrypoint=entrypoint,
+        env=parent.env,
+        snapshot=parent.snapshot,
+        priority=parent.priority,
+        window=parent.window,
+        max_retries=parent.max_retries,
+        retry_cooldown_s=parent.retry_cooldown_s,
+        parent=parent,
+        follow_on_name=name,
+        status_reason="waiting for the scheduler's next tick",
+    )
+
+
+def _note(job_id: int, reason: str, **data) -> None:
+    JobEvent.objects.create(
+        job_id=job_id, kind=JobEvent.Kind.NOTE, actor="lifecycle", reason=reason, data=data
+    )
