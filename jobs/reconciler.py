@@ -214,7 +214,18 @@ def _note_native_state(attempt: Attempt, obs: Observation, mapped: bool) -> None
 
 
 def _sweep_orphan(executor: Executor, attempt: Attempt, obs: Observation | None) -> None:
-    """A closed attempt whose backend object still runs (a stop racing a launch): cancel it."""
-    if obs is not None and executor.STATE_TABLE.get(obs.native_state) in (S.PENDING, S.RUNNING):
+    """A closed attempt (stopped or paused): make sure its backend object is gone.
+
+    It may still run (a stop racing a launch): cancel it again. And if it was closed before
+    the reconciler saw it start, take the start time the backend reports, so the GPU-seconds
+    up to the stop are counted.
+    """
+    if obs is None:
+        return
+    if executor.STATE_TABLE.get(obs.native_state) in (S.PENDING, S.RUNNING):
         log.info("cancelling orphaned backend object %s", attempt.job_ref)
         executor.cancel(attempt.job_ref)
+    if attempt.start_time is None and obs.start_time and obs.start_time < attempt.end_time:
+        Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(
+            start_time=obs.start_time
+        )

@@ -138,3 +138,15 @@ def test_stopped_attempt_still_alive_is_cancelled_again(backend, pending):
     backend.states["ref-1"] = Observation("RUN")
     reconcile_all()
     assert backend.cancelled == ["ref-1"]
+
+
+def test_attempt_closed_before_its_start_was_seen_gets_the_backend_start_time(backend, pending):
+    job, attempt = pending
+    started = timezone.now() - dt.timedelta(seconds=30)
+    stopped = timezone.now() - dt.timedelta(seconds=10)
+    Attempt.objects.filter(pk=attempt.pk).update(end_time=stopped)
+    Job.objects.filter(pk=job.pk).update(status=S.PAUSED)
+    backend.states["ref-1"] = Observation("BAD", exit_code=-15, start_time=started)
+    reconcile_all()
+    attempt.refresh_from_db()
+    assert (attempt.start_time, attempt.end_time) == (started, stopped)  # 20 s metered
