@@ -40,8 +40,10 @@ test-sqlite:
 	DATABASE_URL= SF_SQLITE_TEST_DB=$(CURDIR)/var/test-sqlite.db $(PYTEST) -q -m "not postgres and not e2e" tests/jobs; \
 	rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests ran"; exit 1; fi; exit $$rc
 
-lint: venv ## ruff lint + format check
+lint: venv ## ruff lint and format check, mypy (django-stubs) on the server code
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy jobs starforge metering
 
 bench: venv ## Benchmarks: scheduling throughput, log ingest/replay, sf job status latency
 	@.ci/services.sh start

@@ -9,6 +9,7 @@ object of the same deterministic name instead of creating a second one.
 import json
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 from django.conf import settings
 from django.core import signing
@@ -85,7 +86,7 @@ def _record(outcomes: list[LaunchOutcome]) -> None:
             JobStatus.PENDING, changes, actor="launcher", expected={JobStatus.SUBMITTED}
         )
     for refusal in refused:  # stopped or paused while launching: take the launch back
-        transaction.on_commit(lambda job_id=refusal.job_id: cancel_current(job_id))
+        transaction.on_commit(partial(cancel_current, refusal.job_id))
     for outcome in outcomes:
         if outcome.error:
             _launch_failed(by_attempt[outcome.attempt_id], outcome)

@@ -122,7 +122,7 @@ def _maybe_lost(attempt: Attempt, now: dt.datetime) -> None:
 
 def _advance(attempt: Attempt, path: list[JobStatus], reason: str) -> None:
     """Walk the job along `path`, skipping the states it has already passed."""
-    status = attempt.job.status
+    status = JobStatus(attempt.job.status)
     for target in path[path.index(status) + 1 if status in path else 0 :]:
         transition(
             attempt.job_id, target, reason=reason, actor="reconciler", attempt=attempt.number
@@ -225,7 +225,8 @@ def _sweep_orphan(executor: Executor, attempt: Attempt, obs: Observation | None)
     if executor.STATE_TABLE.get(obs.native_state) in (S.PENDING, S.RUNNING):
         log.info("cancelling orphaned backend object %s", attempt.job_ref)
         executor.cancel(attempt.job_ref)
-    if attempt.start_time is None and obs.start_time and obs.start_time < attempt.end_time:
+    ended = attempt.end_time
+    if attempt.start_time is None and obs.start_time and ended and obs.start_time < ended:
         Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(
             start_time=obs.start_time
         )

@@ -69,7 +69,8 @@ def _admit(now: dt.datetime, capacities: dict[int, tuple[Cluster, Capacity]]) ->
     reasons: dict[str, list[int]] = defaultdict(list)
     for job_id, team_id, cluster_id, gpus, window_id, old_reason in queue:
         team = teams[team_id]
-        window = windows.get(window_id or team.window_id)
+        window_key = window_id or team.window_id
+        window = windows.get(window_key) if window_key else None
         reason = _gate(
             now,
             team,

@@ -7,6 +7,7 @@ talks to executors and Celery only after commit.
 import logging
 import re
 import secrets
+from functools import partial
 
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -152,12 +153,10 @@ def delete_job(user: User, job_id: int) -> None:
     with transaction.atomic():
         snapshot = _lock_snapshot(job.snapshot_id)
         job.delete()
-        orphaned = snapshot is not None and not Job.objects.filter(snapshot=snapshot).exists()
-        if orphaned:
+        transaction.on_commit(partial(logstore.delete_logs, job_id))
+        if snapshot is not None and not Job.objects.filter(snapshot=snapshot).exists():
             snapshot.delete()
-        transaction.on_commit(lambda: logstore.delete_logs(job_id))
-        if orphaned:
-            transaction.on_commit(lambda: snapshot_path(snapshot.sha256).unlink(missing_ok=True))
+            transaction.on_commit(partial(snapshot_path(snapshot.sha256).unlink, missing_ok=True))
 
 
 def _halt(user: User, job_id: int, target: JobStatus, reason: str) -> Job:
@@ -169,7 +168,7 @@ def _halt(user: User, job_id: int, target: JobStatus, reason: str) -> Job:
         # A stop also cancels a pending automatic retry.
         Job.objects.filter(pk=job.pk).update(next_attempt_at=None)
         had_attempt = Attempt.objects.filter(
-            pk=job.current_attempt_id, end_time__isnull=True
+            job_id=job.pk, number=job.attempt_count, end_time__isnull=True
         ).update(end_time=timezone.now(), end_reason=reason)
         if target == S.STOPPED and job.status != S.FAILED:
             lifecycle.not_succeeded(job, S.STOPPED)

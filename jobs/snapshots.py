@@ -103,7 +103,7 @@ def validate_archive(path: str) -> None:
     try:
         with gzip.open(path, "rb") as raw:
             stream = _CountingReader(raw, unpacked_limit)
-            with tarfile.open(fileobj=stream, mode="r|") as archive:
+            with tarfile.open(fileobj=stream, mode="r|") as archive:  # type: ignore[call-overload]
                 for member in archive:
                     members += 1
                     total += member.size if member.isfile() else 0
@@ -121,7 +121,7 @@ def validate_archive(path: str) -> None:
 class _CountingReader:
     """A file-like view of the decompressed stream that refuses bytes past `allowed`."""
 
-    def __init__(self, raw: BinaryIO, unpacked_limit: int) -> None:
+    def __init__(self, raw: gzip.GzipFile, unpacked_limit: int) -> None:
         self.raw, self.unpacked_limit = raw, unpacked_limit
         self.seen, self.allowed = 0, HEADROOM_BYTES
 
@@ -204,7 +204,8 @@ def read_project_file(path: Path) -> dict:
                 return {}
             if member.size > PROJECT_FILE_MAX_BYTES:
                 raise SnapshotRefused(f"{PROJECT_FILE} is over {PROJECT_FILE_MAX_BYTES} bytes")
-            raw = archive.extractfile(member).read()
+            handle = archive.extractfile(member)
+            raw = handle.read() if handle else b""
         return tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SnapshotRefused(f"{PROJECT_FILE} is not valid TOML ({exc})") from exc

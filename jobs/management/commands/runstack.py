@@ -181,7 +181,7 @@ def _supervise(children: list[subprocess.Popen]) -> None:
         while not stop:
             for child in children:
                 if child.poll() is not None:
-                    raise CommandError(f"{child.args[2:4]} exited with {child.returncode}")
+                    raise CommandError(f"{child.args!r} exited with {child.returncode}")
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
