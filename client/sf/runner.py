@@ -462,8 +462,19 @@ def _ingest_failed(env: RunnerEnv, why: str) -> int:
     return INGEST_EXIT
 
 
+def record_process(path: str) -> None:
+    """Write this runner's pid where the executor asked for it.
+
+    The local executor also writes it after spawning us; writing it here first closes the gap
+    in which a worker crash would leave a live runner that nobody could signal.
+    """
+    write_json_atomic(path, {"pid": os.getpid()})
+
+
 def main() -> int:
     """Run one attempt of a job as described by the SF_* environment."""
+    if os.environ.get("SF_PROC_FILE"):
+        record_process(os.environ["SF_PROC_FILE"])
     env = RunnerEnv(dict(os.environ))
     # Until the child exists there is nothing to forward to: a stop must still leave an exit file.
     signal.signal(signal.SIGTERM, _raise_terminated)

@@ -1,14 +1,16 @@
 """Local executor: each attempt is the job-side runner in its own process group on this host.
 
 State lives on disk, not in memory, so it survives a worker restart: one directory per attempt
-(named deterministically from run_id + attempt) holds `proc.json` (pid, kernel start time,
-GPU slots), and the runner writes `started.json` and `exit.json` there.
+(named deterministically from run_id + attempt) holds `slots.json` (its GPU slots),
+`proc.json` (the runner's pid) and `alive.lock`, which the runner holds locked for as long as it
+lives; the runner writes `started.json` and `exit.json` there.
 """
 
 import datetime as dt
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +27,7 @@ from jobs.executors.base import Capacity, LaunchError, LaunchSpec, Observation
 from jobs.states import JobStatus
 
 KILL_AFTER_S = 10.0
+LIVENESS_LOCK = "alive.lock"
 
 
 class LocalExecutor:
@@ -47,25 +50,25 @@ class LocalExecutor:
     def submit(self, spec: LaunchSpec) -> str:
         with self._lock():
             attempt_dir = self.root / spec.name
-            if attempt_dir.exists():
+            if _launched(attempt_dir):
                 return spec.name  # launched before (perhaps by a worker that crashed): adopt
+            if attempt_dir.exists():
+                # A worker died after claiming the directory but before the runner started
+                # (no runner holds its lock, none ever wrote proc.json): launch it now.
+                shutil.rmtree(attempt_dir)
             slots = self._free_slots(spec.gpus)
             attempt_dir.mkdir(parents=True)
+            _write_json(attempt_dir / "slots.json", {"gpus": slots})
             proc = self._spawn(spec, attempt_dir, slots)
             _write_json(
                 attempt_dir / "proc.json",
-                {
-                    "pid": proc.pid,
-                    "start_ticks": _start_ticks(proc.pid),
-                    "gpus": slots,
-                    "launched_at": time.time(),
-                },
+                {"pid": proc.pid, "gpus": slots},
             )
         threading.Thread(target=proc.wait, daemon=True).start()  # reap; state is on disk
         return spec.name
 
     def find(self, name: str) -> str | None:
-        return name if (self.root / name).exists() else None
+        return name if _launched(self.root / name) else None
 
     def poll(self, job_refs: list[str]) -> dict[str, Observation]:
         found = {}
@@ -83,7 +86,8 @@ class LocalExecutor:
         first = _read_json(attempt_dir / "cancel.json")
         if not first:
             _write_json(attempt_dir / "cancel.json", {"at": time.time()})
-            _signal_group(proc["pid"], signal.SIGTERM)
+            if _runner_alive(attempt_dir):
+                _signal_group(proc["pid"], signal.SIGTERM)
         elif time.time() - first["at"] > KILL_AFTER_S:
             started = _read_json(attempt_dir / "started.json")
             for pid in (proc["pid"], started.get("pid")):
@@ -112,9 +116,8 @@ class LocalExecutor:
             return []
         held = set()
         for attempt_dir in self.root.iterdir():
-            proc = _read_json(attempt_dir / "proc.json") if attempt_dir.is_dir() else {}
-            if proc and _alive(proc) and not (attempt_dir / "exit.json").exists():
-                held.update(proc.get("gpus", []))
+            if attempt_dir.is_dir() and _runner_alive(attempt_dir):
+                held.update(_read_json(attempt_dir / "slots.json").get("gpus", []))
         free = [s for s in range(self.capacity().total_gpus) if s not in held]
         if len(free) < wanted:
             raise LaunchError(
@@ -137,8 +140,13 @@ class LocalExecutor:
         # Jobs run in the server's Python environment: `python train.py` means this
         # interpreter even on machines where only `python3` is on the PATH.
         env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")])
-        with open(attempt_dir / "runner.log", "ab") as out:
-            try:
+        env["SF_PROC_FILE"] = str(attempt_dir / "proc.json")
+        # The runner inherits a locked descriptor and holds the lock as long as it lives: a
+        # held lock means "a runner is alive here", whatever happened to the worker.
+        lock = os.open(attempt_dir / LIVENESS_LOCK, os.O_CREAT | os.O_RDWR)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(attempt_dir / "runner.log", "ab") as out:
                 return subprocess.Popen(
                     [python, "-m", "sf.runner"],
                     env=env,
@@ -147,22 +155,22 @@ class LocalExecutor:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    pass_fds=(lock,),
                 )
-            except OSError as exc:
-                raise LaunchError(f"could not start the runner: {exc}", permanent=True) from exc
+        except OSError as exc:
+            raise LaunchError(f"could not start the runner: {exc}", permanent=True) from exc
+        finally:
+            os.close(lock)
 
     def _observe(self, attempt_dir: Path) -> Observation:
-        proc = _read_json(attempt_dir / "proc.json")
         started = _read_json(attempt_dir / "started.json")
         start_time = _ts(started.get("started_at"))
         done = _read_json(attempt_dir / "exit.json")
         if done:
             return _exited(done, start_time)
-        if proc and _alive(proc):
+        if _runner_alive(attempt_dir):
             state = "RUNNING" if started else "STARTING"
-            return Observation(state, start_time=start_time, details={"pid": proc["pid"]})
-        if not proc and time.time() - attempt_dir.stat().st_mtime < 30:
-            return Observation("STARTING")  # directory claimed, launch still being recorded
+            return Observation(state, start_time=start_time)
         return Observation(
             "DIED",
             failure="lost",
@@ -203,19 +211,28 @@ def nvml_gpu_count() -> int:
         return 0
 
 
-def _start_ticks(pid: int) -> int | None:
+def _runner_alive(attempt_dir: Path) -> bool:
+    """True while a runner holds the attempt's liveness lock (immune to pid reuse)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[19]) if fields[0] != "Z" else None
+        handle = os.open(attempt_dir / LIVENESS_LOCK, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(handle)  # closing also drops the lock if we just took it
+    return False
 
 
-def _alive(proc: dict) -> bool:
-    """True when the recorded pid still runs and is the same process (not a reused pid)."""
-    ticks = _start_ticks(proc["pid"])
-    return ticks is not None and ticks == proc.get("start_ticks")
+def _launched(attempt_dir: Path) -> bool:
+    """A runner was started here: it lives, or it recorded itself, or it finished."""
+    return attempt_dir.is_dir() and (
+        _runner_alive(attempt_dir)
+        or (attempt_dir / "proc.json").exists()
+        or (attempt_dir / "exit.json").exists()
+    )
 
 
 def _signal_group(pid: int, sig: int) -> None:

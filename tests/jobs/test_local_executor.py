@@ -14,7 +14,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from jobs import logstore, services
-from jobs.executors.local import LocalExecutor, _alive, _read_json
+from jobs.executors.local import LocalExecutor, _read_json
 from jobs.launcher import launch_attempts, launch_spec
 from jobs.models import Attempt, Job, JobEvent
 from jobs.reconciler import reconcile_all
@@ -50,6 +50,14 @@ def run_until(predicate, timeout: float = 30.0) -> None:
             return
         time.sleep(0.2)
     raise AssertionError("condition not reached in time")
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def finished(job: Job) -> bool:
@@ -128,10 +136,10 @@ def test_stop_ends_the_process_on_the_backend(team, alice, local_cluster):
     proc = _read_json(LocalExecutor(local_cluster).root / attempt.job_ref / "proc.json")
     services.stop_job(User.objects.get(username="alice"), job.pk)
     deadline = time.monotonic() + 15
-    while _alive(proc) and time.monotonic() < deadline:
+    while process_alive(proc["pid"]) and time.monotonic() < deadline:
         reconcile_all()
         time.sleep(0.2)
-    assert not _alive(proc)
+    assert not process_alive(proc["pid"])
     assert Job.objects.get(pk=job.pk).status == S.STOPPED
 
 
@@ -154,3 +162,53 @@ def test_python_on_the_path_is_the_servers_interpreter(team, alice):
     start(job)
     run_until(lambda: finished(job))
     assert texts(job) == [sys.executable]
+
+
+def test_directory_abandoned_before_the_runner_started_is_launched_not_adopted(
+    team, alice, local_cluster
+):
+    job = python_job(team, alice, "print('ran')", gpus=0)
+    [attempt_id] = admit_queued_jobs().admitted
+    attempt = Attempt.objects.get(pk=attempt_id)
+    executor = LocalExecutor(local_cluster)
+    (executor.root / attempt.backend_name).mkdir()  # a worker died right after claiming it
+    assert executor.find(attempt.backend_name) is None
+    launch_attempts([attempt_id])
+    run_until(lambda: finished(job))
+    assert Job.objects.get(pk=job.pk).status == S.SUCCEEDED
+
+
+def test_live_runner_not_yet_recorded_is_adopted_not_launched_twice(team, alice, local_cluster):
+    import subprocess
+
+    job = python_job(team, alice, "print('never')", gpus=0)
+    [attempt_id] = admit_queued_jobs().admitted
+    attempt = Attempt.objects.get(pk=attempt_id)
+    attempt_dir = LocalExecutor(local_cluster).root / attempt.backend_name
+    attempt_dir.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import fcntl, sys, time\n"
+                f"f = open({str(attempt_dir / 'alive.lock')!r}, 'w'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+                "print('locked', flush=True); time.sleep(30)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"  # a runner that has not written yet
+        executor = LocalExecutor(local_cluster)
+        assert executor.find(attempt.backend_name) == attempt.backend_name
+        assert executor.submit(launch_spec(job, attempt)) == attempt.backend_name
+        assert not (attempt_dir / "proc.json").exists()  # nothing was launched a second time
+        assert (
+            executor.poll([attempt.backend_name])[attempt.backend_name].native_state == "STARTING"
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert executor.poll([attempt.backend_name])[attempt.backend_name].native_state == "DIED"
