@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.stack import ROOT, free_port, sf_command, stack_env
+
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
-SF = str(Path(sys.executable).with_name("sf"))
 
 
 def loss_at(step: int) -> float:
@@ -26,23 +25,10 @@ def loss_at(step: int) -> float:
     return train.loss_at(step)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_stack(var: Path) -> tuple[subprocess.Popen, str, str]:
     """`manage.py runstack` on the embedded default; returns the process, URL and demo token."""
     port = free_port()
-    env = {
-        **os.environ,
-        "SF_VAR_DIR": str(var),
-        "SF_PORT": str(port),
-        "PYTHONUNBUFFERED": "1",
-        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/11"),
-    }
-    env.pop("DATABASE_URL", None)  # the embedded SQLite ledger, as `make run` uses
+    env = stack_env(var, port)  # the embedded SQLite ledger, as `make run` uses
     with open(var / "stack.log", "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "runstack"],
@@ -89,18 +75,7 @@ def sf(stack, tmp_path):
     shutil.copytree(ROOT / "examples", workdir)
     (workdir / "big.bin").write_bytes(b"x" * 1024)
     (workdir / ".sfignore").write_text("checkpoints/\nbig.bin\n")
-    env = {**os.environ, "SF_CONFIG": str(tmp_path / "sf.json")}
-    env.pop("SF_URL", None)
-    env.pop("SF_TOKEN", None)
-
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run(
-            [SF, *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=120
-        )
-        if check:
-            assert done.returncode == 0, done.stderr
-        return done
-
+    run = sf_command(workdir, tmp_path / "sf.json")
     run("login", "--url", stack["url"], "--token", stack["token"])
     return run
 

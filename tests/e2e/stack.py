@@ -1,0 +1,272 @@
+"""Starting and driving the real stack for the end-to-end suites.
+
+Two ways to start it: `manage.py runstack` in one process group (what `make run` does), or
+`Stack`, which starts the ASGI server, the Celery worker and beat as separate process groups
+so a test can kill the worker alone. Both use the embedded SQLite ledger under a temporary
+SF_VAR_DIR and the Redis named by REDIS_URL. Helpers here never mock anything: they run the
+`sf` CLI, call the HTTP API with the demo token, and look at real processes with psutil.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+SF = str(Path(sys.executable).with_name("sf"))
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/11")
+STEP = re.compile(r"^step (\d+) loss ")
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stack_env(var: Path, port: int, **extra: str) -> dict[str, str]:
+    """The environment of every stack process: embedded SQLite in `var`, Redis from REDIS_URL."""
+    env = {
+        **os.environ,
+        "SF_VAR_DIR": str(var),
+        "SF_PORT": str(port),
+        "SF_API_URL": f"http://127.0.0.1:{port}",
+        "PYTHONUNBUFFERED": "1",
+        "REDIS_URL": REDIS_URL,
+        **extra,
+    }
+    for name in ("DATABASE_URL", "SF_OUTPUT_ROOT"):  # everything under `var`, SQLite ledger
+        env.pop(name, None)
+    return env
+
+
+def wait_until(
+    check: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    diagnose: Callable[[], str] = lambda: "",
+    interval: float = 0.2,
+) -> T:
+    """Poll `check` until it returns something truthy; fail with `what` and `diagnose()`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout:.0f} s waiting for {what}\n{diagnose()}"
+            )
+        time.sleep(interval)
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, wait: float = 15) -> None:
+    """Signal the process group `proc` leads; escalate to SIGKILL if it outlives `wait`."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+    try:
+        proc.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def sf_command(workdir: Path, config: Path) -> Callable[..., subprocess.CompletedProcess]:
+    """A function that runs `sf ARGS` in `workdir` with its own config file."""
+    env = {**os.environ, "SF_CONFIG": str(config)}
+    env.pop("SF_URL", None)
+    env.pop("SF_TOKEN", None)
+
+    def run(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [SF, *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        if check:
+            assert done.returncode == 0, f"sf {' '.join(args)}: {done.stderr}"
+        return done
+
+    return run
+
+
+def steps_printed(lines: list[str]) -> list[int]:
+    """The step numbers `examples/train.py` printed, in order."""
+    return [int(m.group(1)) for line in lines if (m := STEP.match(line))]
+
+
+def running(pid: int | None) -> bool:
+    """True while `pid` is a live process (a zombie waiting to be reaped counts as gone)."""
+    if not pid:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def live_runners(run_id: str) -> dict[int, list[int]]:
+    """Live job-side runner processes of a run, by SF_ATTEMPT: {attempt: [pid, ...]}."""
+    found: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if "sf.runner" not in (proc.info["cmdline"] or []):
+                continue
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            env = proc.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if env.get("SF_RUN_ID") == run_id:
+            found.setdefault(int(env.get("SF_ATTEMPT", "0")), []).append(proc.pid)
+    return found
+
+
+class Stack:
+    """ASGI server, Celery worker and Celery beat as separate process groups, logs in `var`."""
+
+    def __init__(self, var: Path, **extra_env: str) -> None:
+        self.var = var
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = stack_env(var, self.port, **extra_env)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.token = ""
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> Stack:
+        self._manage("migrate", "--no-input", "-v", "0")
+        code = "from jobs.bootstrap import ensure_demo; print(ensure_demo().token)"
+        self.token = self._manage("shell", "-c", code).stdout.strip().splitlines()[-1]
+        # The Redis DB may hold tasks of an earlier run that point at another ledger.
+        self._run([sys.executable, "-m", "celery", "-A", "starforge", "purge", "-f"])
+        self._spawn(
+            "uvicorn", "-m", "uvicorn", "starforge.asgi:application", "--port", str(self.port)
+        )
+        self.start_worker()
+        self._spawn(
+            "beat",
+            *("-m", "celery", "-A", "starforge", "beat", "--loglevel", "INFO"),
+            *("--schedule", str(self.var / "beat")),
+        )
+        wait_until(self._answers, 60, "the API to answer /api/v1/me", self.diagnostics, 0.3)
+        return self
+
+    def start_worker(self) -> None:
+        self._spawn(
+            "worker",
+            *("-m", "celery", "-A", "starforge", "worker", "--concurrency", "2"),
+            *("--loglevel", "INFO"),
+        )
+
+    def kill_worker(self) -> None:
+        """SIGKILL the worker's whole process group (main process and pool), like a crash."""
+        worker = self.procs.pop("worker")
+        kill_group(worker, signal.SIGKILL)
+
+    def close(self) -> None:
+        try:
+            while self.procs:
+                kill_group(self.procs.popitem()[1])
+        finally:
+            self._kill_leftover_jobs()
+
+    def _kill_leftover_jobs(self) -> None:
+        """Runners and their entrypoints run in their own sessions: end any still in `var`."""
+        state = str(self.var / "local-executor")
+        for proc in psutil.process_iter(["pid", "cwd"]):
+            if (proc.info["cwd"] or "").startswith(state):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
+
+    # -- reading it -------------------------------------------------------------------------
+    def api(self, path: str) -> Any:
+        request = urllib.request.Request(
+            f"{self.url}/api/v1{path}", headers={"Authorization": f"Bearer {self.token}"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.loads(answer.read())
+
+    def job(self, job_id: int) -> dict:
+        return self.api(f"/jobs/{job_id}")
+
+    def attempts(self, job_id: int) -> list[dict]:
+        return self.api(f"/jobs/{job_id}/attempts")
+
+    def attempt_dir(self, job_ref: str) -> Path:
+        return self.var / "local-executor" / "local" / job_ref
+
+    def wait_job(
+        self, job_id: int, ready: Callable[[dict], bool], timeout: float, what: str
+    ) -> dict:
+        """Poll the job through the API until `ready(job)`; fail with the stack's logs."""
+        seen: list[dict] = []
+
+        def check() -> dict | None:
+            seen[:] = [self.job(job_id)]
+            return seen[0] if ready(seen[0]) else None
+
+        def diagnose() -> str:
+            last = json.dumps(seen[-1], indent=1) if seen else "(no answer)"
+            return f"job {job_id} last seen as:\n{last}\n{self.diagnostics()}"
+
+        return wait_until(check, timeout, f"job {job_id}: {what}", diagnose)
+
+    def diagnostics(self, lines: int = 40) -> str:
+        """Tails of the stack's and runners' logs and each attempt's state files, for a report."""
+        logs = sorted(self.var.glob("*.log")) + sorted(self.var.glob("local-executor/*/*/*.log"))
+        parts = []
+        for log in logs:
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(
+                f"----- {log.relative_to(self.var)} (last {len(tail)} lines)\n" + "\n".join(tail)
+            )
+        for attempt_dir in sorted(self.var.glob("local-executor/*/sf-*")):
+            state = {f.name: f.read_text(errors="replace") for f in attempt_dir.glob("*.json")}
+            parts.append(f"----- {attempt_dir.relative_to(self.var)}: {state}")
+        return "\n".join(parts)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _answers(self) -> bool:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise AssertionError(f"{name} exited with {proc.returncode}\n{self.diagnostics()}")
+        try:
+            return bool(self.api("/me"))
+        except OSError:
+            return False
+
+    def _manage(self, *args: str) -> subprocess.CompletedProcess:
+        return self._run([sys.executable, "manage.py", *args])
+
+    def _run(self, argv: list[str]) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            argv, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, f"{argv[1:]} failed:\n{done.stdout}\n{done.stderr}"
+        return done
+
+    def _spawn(self, name: str, *args: str) -> None:
+        with open(self.var / f"{name}.log", "a") as log:  # a restarted worker appends
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, *args],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
