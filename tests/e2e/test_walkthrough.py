@@ -122,6 +122,42 @@ def test_failure_is_reported_then_retry_resumes_from_checkpoint(sf):
     assert again["run_id"] == failed["run_id"]
 
 
+def test_follow_on_jobs_run_after_success_and_read_the_parent_outputs(sf):
+    sf(
+        "submit",
+        "--gpus",
+        "1",
+        "--then",
+        "eval",
+        "--then",
+        "export",
+        "--",
+        "python",
+        "train.py",
+        "--steps",
+        "6",
+        "--sleep",
+        "0.02",
+    )
+    parent = json.loads(sf("job", "status", "--json").stdout)
+    sf("job", "logs", str(parent["id"]), check=False)  # follows the parent until it ends
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        jobs = json.loads(sf("job", "list", "--json").stdout)
+        children = {j["follow_on_name"]: j for j in jobs if j["parent"] == parent["id"]}
+        if len(children) == 2 and all(j["terminal"] for j in children.values()):
+            break
+        time.sleep(0.5)
+    assert {name: j["status"] for name, j in children.items()} == {
+        "eval": "SUCCEEDED",
+        "export": "SUCCEEDED",
+    }
+    eval_log = sf("job", "logs", str(children["eval"]["id"]), "-n", "0").stdout
+    assert eval_log.startswith("eval step 5 accuracy")
+    export_log = sf("job", "logs", str(children["export"]["id"]), "-n", "0").stdout
+    assert export_log.startswith("exported step 5 to ")
+
+
 def test_list_shows_jobs_and_bad_input_is_refused(sf):
     assert "SUCCEEDED" in sf("job", "list").stdout
     refused = sf("job", "status", "999999", check=False)
