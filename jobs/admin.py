@@ -1,8 +1,20 @@
-"""Django admin: clusters, teams and quotas, windows, tokens; jobs are read-only here."""
+"""Django admin: clusters, teams and quotas, windows, tokens; jobs are read-only here.
 
-from django.contrib import admin
+Deleting a job here goes through `jobs.services.delete_job`, like the API: an active or queued
+job is refused (stop it first), and its logs and last-referenced snapshot go with it.
+"""
 
+from django.contrib import admin, messages
+from django.contrib.admin.actions import delete_selected
+from django.contrib.admin.utils import unquote
+from django.http import HttpResponseRedirect
+from django.urls import reverse
+
+from jobs import services
 from jobs.models import ApiToken, Attempt, Cluster, Job, JobEvent, Membership, ScheduleWindow, Team
+from jobs.states import JobStatus
+
+UNDELETABLE = JobStatus.active() | {JobStatus.QUEUED}
 
 
 class MembershipInline(admin.TabularInline):
@@ -56,3 +68,39 @@ class JobAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False  # jobs are submitted through the API, which runs the checks
+
+    def delete_view(self, request, object_id, extra_context=None):
+        job = self.get_object(request, unquote(object_id))
+        if job is not None and job.status in UNDELETABLE:
+            self.message_user(request, _refusal(job.pk, job.status), messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[job.pk]))
+        return super().delete_view(request, object_id, extra_context)
+
+    def delete_model(self, request, obj: Job) -> None:
+        services.delete_job(request.user, obj.pk)
+
+    def delete_queryset(self, request, queryset) -> None:
+        for pk in queryset.order_by("pk").values_list("pk", flat=True):
+            services.delete_job(request.user, pk)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        default = actions.get("delete_selected")
+        if default is not None:
+            # Same name: the confirmation page posts back action=delete_selected.
+            actions["delete_selected"] = (delete_finished_jobs, "delete_selected", default[2])
+        return actions
+
+
+def _refusal(job_id: int, status: str) -> str:
+    return f"job {job_id} is {status}: stop it before deleting it"
+
+
+def delete_finished_jobs(modeladmin: JobAdmin, request, queryset):
+    """Django's delete action (with its confirmation page), refused while any job is active."""
+    busy = list(queryset.filter(status__in=UNDELETABLE).order_by("pk").values_list("pk", "status"))
+    if busy:
+        refusals = "; ".join(_refusal(pk, status) for pk, status in busy)
+        modeladmin.message_user(request, f"nothing was deleted: {refusals}", messages.ERROR)
+        return None
+    return delete_selected(modeladmin, request, queryset)

@@ -6,7 +6,6 @@ each decision is taken exactly once however many times the end is observed.
 
 import datetime as dt
 import secrets
-import shlex
 
 from django.conf import settings
 from django.db import transaction
@@ -105,23 +104,22 @@ def after_success(job_id: int) -> list[Job]:
 
 
 def _follow_on(parent: Job, name: str, spec: dict) -> Job:
-    entrypoint = spec["entrypoint"]
-    if isinstance(entrypoint, str):
-        entrypoint = shlex.split(entrypoint)
+    """The follow-on's argv and GPUs were checked and normalised at submit."""
     return Job.objects.create(
         run_id=secrets.token_hex(8),
         name=f"{parent.name[:150]} → {name}",
         team=parent.team,
         user=parent.user,
         cluster=parent.cluster,
-        gpus=spec.get("gpus", parent.gpus),
-        entrypoint=entrypoint,
+        gpus=spec["gpus"],
+        entrypoint=spec["entrypoint"],
         env=parent.env,
         snapshot=parent.snapshot,
         priority=parent.priority,
         window=parent.window,
         max_retries=parent.max_retries,
         retry_cooldown_s=parent.retry_cooldown_s,
+        pending_deadline_s=parent.pending_deadline_s,
         parent=parent,
         follow_on_name=name,
         status_reason="waiting for the scheduler's next tick",

@@ -7,6 +7,7 @@ talks to executors and Celery only after commit.
 import logging
 import re
 import secrets
+import shlex
 from functools import partial
 
 from django.contrib.auth.models import User
@@ -16,7 +17,7 @@ from django.utils import timezone
 
 from jobs import lifecycle, logstore
 from jobs.errors import BadRequest, Conflict, Forbidden, NotFound
-from jobs.executors import executor_for
+from jobs.executors import Capacity, executor_for
 from jobs.launcher import cancel_current
 from jobs.models import Attempt, Cluster, Job, JobEvent, Membership, ScheduleWindow, Snapshot, Team
 from jobs.schemas import JobIn
@@ -56,7 +57,7 @@ def submit_job(user: User, data: JobIn) -> Job:
     with transaction.atomic():
         # Locking the snapshot row keeps a concurrent job deletion from removing the blob.
         snapshot = _resolve_snapshot(data.snapshot)
-        follow_ons = _follow_on_specs(team, data.then, snapshot)
+        follow_ons = _follow_on_specs(team, cluster, data.then, snapshot)
         job = Job.objects.create(
             run_id=secrets.token_hex(8),
             name=data.name or " ".join(data.entrypoint)[:200],
@@ -155,8 +156,9 @@ def delete_job(user: User, job_id: int) -> None:
         job.delete()
         transaction.on_commit(partial(logstore.delete_logs, job_id))
         if snapshot is not None and not Job.objects.filter(snapshot=snapshot).exists():
+            blob = snapshot_path(snapshot.sha256)  # before delete(), which clears the pk
             snapshot.delete()
-            transaction.on_commit(partial(snapshot_path(snapshot.sha256).unlink, missing_ok=True))
+            transaction.on_commit(partial(blob.unlink, missing_ok=True))
 
 
 def _halt(user: User, job_id: int, target: JobStatus, reason: str) -> Job:
@@ -170,7 +172,9 @@ def _halt(user: User, job_id: int, target: JobStatus, reason: str) -> Job:
         had_attempt = Attempt.objects.filter(
             job_id=job.pk, number=job.attempt_count, end_time__isnull=True
         ).update(end_time=timezone.now(), end_reason=reason)
-        if target == S.STOPPED and job.status != S.FAILED:
+        # A FAILED job already said its follow-ons were not created, unless it was waiting
+        # for an automatic retry (which could still have succeeded): then the stop decides.
+        if target == S.STOPPED and (job.status != S.FAILED or job.next_attempt_at is not None):
             lifecycle.not_succeeded(job, S.STOPPED)
     if had_attempt and changed.status == target:
         _cancel_after_commit(job.pk)
@@ -282,7 +286,9 @@ def _lock_snapshot(sha: str | None) -> Snapshot | None:
     return Snapshot.objects.select_for_update().filter(pk=sha).first()
 
 
-def _follow_on_specs(team: Team, names: list[str], snapshot: Snapshot | None) -> dict:
+def _follow_on_specs(
+    team: Team, cluster: Cluster, names: list[str], snapshot: Snapshot | None
+) -> dict:
     if not names:
         return {}
     if snapshot is None:
@@ -291,6 +297,7 @@ def _follow_on_specs(team: Team, names: list[str], snapshot: Snapshot | None) ->
         project = read_project_file(snapshot_path(snapshot.sha256))
     except SnapshotRefused as exc:
         raise BadRequest(str(exc)) from exc
+    capacity = executor_for(cluster).capacity()
     specs = {}
     for name in names:
         spec = project.get("then", {}).get(name)
@@ -299,19 +306,19 @@ def _follow_on_specs(team: Team, names: list[str], snapshot: Snapshot | None) ->
                 f"--then {name} needs a [then.{name}] table in starforge.toml at "
                 "the root of the submitted directory"
             )
-        specs[name] = _check_follow_on(team, name, spec)
+        specs[name] = _check_follow_on(team, cluster, capacity, name, spec)
     return specs
 
 
-def _check_follow_on(team: Team, name: str, spec: dict) -> dict:
+def _check_follow_on(
+    team: Team, cluster: Cluster, capacity: Capacity, name: str, spec: dict
+) -> dict:
     entrypoint = spec.get("entrypoint")
-    ok = (isinstance(entrypoint, str) and entrypoint.strip()) or (
-        isinstance(entrypoint, list) and entrypoint and all(isinstance(a, str) for a in entrypoint)
-    )
-    if not ok:
+    argv = _follow_on_argv(entrypoint)
+    if argv is None:
         raise BadRequest(
             f"[then.{name}] in starforge.toml needs an entrypoint: a command string "
-            "or a list of strings"
+            "or a list of non-empty strings, without NUL characters and with balanced quotes"
         )
     gpus = spec.get("gpus", 0)
     if type(gpus) is not int or not 0 <= gpus <= team.gpu_quota:
@@ -319,7 +326,32 @@ def _check_follow_on(team: Team, name: str, spec: dict) -> dict:
             f"[then.{name}] gpus must be an integer from 0 to team "
             f"{team.name}'s quota of {team.gpu_quota}"
         )
-    return {"entrypoint": entrypoint, "gpus": gpus}
+    if capacity.reachable and gpus > capacity.total_gpus:
+        raise BadRequest(
+            f"[then.{name}] asks for {gpus} GPUs but cluster {cluster.name} has "
+            f"{capacity.total_gpus}; it could never start"
+        )
+    return {"entrypoint": argv, "gpus": gpus}
+
+
+def _follow_on_argv(entrypoint: object) -> list[str] | None:
+    """The argv a follow-on's entrypoint becomes; None if unusable.
+
+    Split and checked at submit, so creating the follow-on inside the reconciler's transaction
+    that ends the parent cannot fail on it.
+    """
+    if isinstance(entrypoint, str):
+        try:
+            argv = shlex.split(entrypoint)
+        except ValueError:
+            return None
+    elif isinstance(entrypoint, list) and all(isinstance(a, str) for a in entrypoint):
+        argv = entrypoint
+    else:
+        return None
+    if not argv or any(not a or "\x00" in a for a in argv):
+        return None
+    return argv
 
 
 def _resolve_window(name: str | None) -> ScheduleWindow | None:

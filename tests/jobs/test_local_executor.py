@@ -192,7 +192,8 @@ def test_live_runner_not_yet_recorded_is_adopted_not_launched_twice(team, alice,
             "-c",
             (
                 "import fcntl, sys, time\n"
-                f"f = open({str(attempt_dir / 'alive.lock')!r}, 'w'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+                f"f = open({str(attempt_dir / 'alive.lock')!r}, 'w')\n"
+                "fcntl.flock(f, fcntl.LOCK_EX)\n"
                 "print('locked', flush=True); time.sleep(30)"
             ),
         ],
