@@ -1,40 +1,138 @@
-"""A first server-rendered console: the jobs list and a job page, read from the ledger."""
+"""The server-rendered console: jobs list, job page with its tabs, control buttons, states help.
+
+Views read the ledger through the same service functions as the API and call the same actions.
+"""
 
 import json
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404
+from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
 
-from jobs import logstore, services
-from jobs.errors import NotFound
-from jobs.states import JobStatus
+from jobs import diagnostics, logstore, services
+from jobs.errors import ApiError, NotFound
+from jobs.models import Cluster, Membership
+from jobs.states import ALLOWED_TRANSITIONS, JobStatus
+from jobs.transitions import TransitionRefused
+from metering.usage import attempt_gpu_seconds
+
+PAGE_SIZE = 50
+VERBS = {
+    "stop": JobStatus.STOPPED,
+    "pause": JobStatus.PAUSED,
+    "resume": JobStatus.QUEUED,
+    "retry": JobStatus.QUEUED,
+}
+ACTIONS = {
+    "stop": services.stop_job,
+    "pause": services.pause_job,
+    "resume": services.resume_job,
+    "retry": services.retry_job,
+}
 
 
 @login_required
 def job_list(request):
-    jobs = (
-        services.visible_jobs(request.user)
-        .select_related("team", "user", "cluster")
-        .order_by("-pk")[:100]
+    filters = {
+        k: request.GET.get(k, "").strip() for k in ("status", "team", "user", "backend", "q")
+    }
+    jobs = services.visible_jobs(request.user).select_related("team", "user", "cluster")
+    if filters["status"].upper() in JobStatus.values:
+        jobs = jobs.filter(status=filters["status"].upper())
+    if filters["team"]:
+        jobs = jobs.filter(team__name=filters["team"])
+    if filters["user"]:
+        jobs = jobs.filter(user__username=filters["user"])
+    if filters["backend"]:
+        jobs = jobs.filter(cluster__kind=filters["backend"])
+    if filters["q"]:
+        jobs = jobs.filter(name__icontains=filters["q"])
+    before = request.GET.get("before", "")
+    if before.isdigit():
+        jobs = jobs.filter(pk__lt=int(before))
+    page = list(jobs.order_by("-pk")[: PAGE_SIZE + 1])  # keyset: newest first, by id
+    more = len(page) > PAGE_SIZE
+    page = page[:PAGE_SIZE]
+    return render(
+        request,
+        "jobs/list.html",
+        {
+            "jobs": page,
+            "filters": filters,
+            "states": JobStatus.values,
+            "teams": Membership.objects.filter(user=request.user).values_list(
+                "team__name", flat=True
+            ),
+            "backends": Cluster.Kind.values,
+            "next_before": page[-1].pk if more else None,
+        },
     )
-    return render(request, "jobs/list.html", {"jobs": jobs, "states": JobStatus.values})
 
 
 @login_required
 def job_detail(request, job_id: int):
-    try:
-        job = services.get_visible_job(request.user, job_id)
-    except NotFound as exc:
-        raise Http404(exc.detail) from exc
-    page = logstore.tail(job.pk, 200)
+    job = _visible(request, job_id)
+    now = timezone.now()
+    attempts = [
+        {"a": a, "gpu_seconds": attempt_gpu_seconds(a.start_time, a.end_time, a.gpus, now)}
+        for a in job.attempts.order_by("number")
+    ]
     return render(
         request,
         "jobs/detail.html",
         {
             "job": job,
+            "attempts": attempts,
             "events": job.events.order_by("pk"),
-            "attempts": job.attempts.order_by("number"),
-            "log_lines": [json.loads(line)["text"] for line in page.raw_lines],
+            "diagnostics": diagnostics.explain(job, now),
+            "actions": _actions(job),
+            "log_lines": [json.loads(line) for line in logstore.tail(job.pk, 200).raw_lines],
+            "terminal": job.status in JobStatus.terminal(),
         },
     )
+
+
+@login_required
+@require_POST
+def job_action(request, job_id: int, verb: str):
+    if verb not in ACTIONS:
+        raise Http404(f"unknown action {verb!r}")
+    try:
+        job = ACTIONS[verb](request.user, job_id)
+        messages.success(request, f"job {job_id}: {job.status}")
+    except NotFound as exc:
+        raise Http404(exc.detail) from exc
+    except (ApiError, TransitionRefused) as exc:
+        messages.error(request, str(exc))
+    return HttpResponseRedirect(reverse("job-detail", args=[job_id]))
+
+
+def states_help(request):
+    return render(request, "jobs/states.html", {"states": JobStatus.values})
+
+
+def _visible(request, job_id: int):
+    try:
+        return services.get_visible_job(request.user, job_id)
+    except NotFound as exc:
+        raise Http404(exc.detail) from exc
+
+
+def _actions(job) -> list[dict]:
+    """The control buttons: shown where the table allows the verb, disabled with a reason."""
+    allowed = ALLOWED_TRANSITIONS[JobStatus(job.status)]
+    shown = []
+    for verb, target in VERBS.items():
+        if verb == "resume" and job.status != JobStatus.PAUSED:
+            continue
+        if verb == "retry" and job.status not in (JobStatus.FAILED, JobStatus.STOPPED):
+            continue
+        if target not in allowed:
+            continue
+        why_not = services.retry_unavailable_reason(job) if verb == "retry" else ""
+        shown.append({"verb": verb, "disabled": bool(why_not), "why_not": why_not})
+    return shown

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+import plotly
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SF_VAR_DIR", BASE_DIR / "var")).resolve()
@@ -89,7 +90,11 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [
+    BASE_DIR / "static",
+    # Plotly's own bundle, shipped inside the plotly package: /static/vendor/plotly.min.js
+    ("vendor", Path(plotly.__file__).parent / "package_data"),
+]
 STATIC_ROOT = VAR_DIR / "static"
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"

@@ -1,0 +1,108 @@
+"""Why a job is where it is, in sentences computed from the ledger (the Diagnostics tab)."""
+
+import datetime as dt
+
+from django.conf import settings
+from django.utils import timezone
+
+from jobs import logstore
+from jobs.models import Attempt, Job, JobEvent
+from jobs.services import retry_unavailable_reason
+from jobs.states import JobStatus
+from metering.usage import attempt_gpu_seconds
+
+S = JobStatus
+
+
+def explain(job: Job, now: dt.datetime | None = None) -> list[str]:
+    now = now or timezone.now()
+    attempt = job.current_attempt
+    sentences = _by_status(job, attempt, now)
+    if job.status in (S.FAILED, S.STOPPED):
+        why_not = retry_unavailable_reason(job)
+        sentences.append(
+            f"Retry is not possible: {why_not}."
+            if why_not
+            else "`sf job retry` puts it back on the queue under the same run_id."
+        )
+    unmapped = (
+        JobEvent.objects.filter(job=job, kind=JobEvent.Kind.OBSERVATION)
+        .values_list("data__native_state", flat=True)
+        .distinct()
+    )
+    for state in unmapped:
+        sentences.append(
+            f"The backend reported a state Starforge does not map: {state!r}; "
+            "it did not change the job's status."
+        )
+    return sentences
+
+
+def _by_status(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str]:
+    status = job.status
+    if status == S.QUEUED:
+        return [
+            f"Waiting to be admitted: {job.status_reason}.",
+            "Quota and the schedule window are checked before cluster capacity.",
+        ]
+    if status == S.SUBMITTED:
+        since = (now - job.status_changed_at).total_seconds()
+        text = (
+            f"Quota reserved; attempt {job.attempt_count} is being launched on "
+            f"{job.cluster.name} ({since:.0f} s so far)."
+        )
+        if since > settings.SF_LAUNCH_STUCK_S:
+            text += (
+                " The launch was not recorded in time: the reconciler adopts the backend "
+                "object of the same name or launches it once."
+            )
+        return [text]
+    if status == S.PENDING and attempt is not None:
+        return _pending(job, attempt, now)
+    if status == S.RUNNING and attempt is not None and attempt.start_time:
+        used = attempt_gpu_seconds(attempt.start_time, None, attempt.gpus, now)
+        return [
+            f"Running since {attempt.start_time:%Y-%m-%d %H:%M:%S} UTC on {job.gpus} GPU(s) "
+            f"of {job.cluster.name} as {attempt.job_ref}; {used:.0f} GPU-seconds so far."
+        ]
+    if status == S.FAILED and attempt is not None:
+        return _failed(job, attempt)
+    if status == S.SUCCEEDED:
+        children = list(job.follow_ons.values_list("follow_on_name", "pk"))
+        made = ", ".join(f"{name} (job {pk})" for name, pk in children)
+        return ["Exited with code 0."] + ([f"Follow-on jobs: {made}."] if made else [])
+    return [f"{status.title()}: {job.status_reason}."]
+
+
+def _pending(job: Job, attempt: Attempt, now: dt.datetime) -> list[str]:
+    deadline = job.pending_deadline_s or settings.SF_PENDING_DEADLINE_S
+    since = attempt.pending_at or attempt.submitted_at
+    left = deadline - (now - since).total_seconds()
+    native = f" (backend state {attempt.native_state})" if attempt.native_state else ""
+    return [
+        f"On cluster {job.cluster.name} as {attempt.job_ref}, not running yet{native}.",
+        f"It fails with a pending deadline in {max(left, 0):.0f} s unless it starts "
+        f"(deadline {deadline} s).",
+    ]
+
+
+def _failed(job: Job, attempt: Attempt) -> list[str]:
+    cause = {
+        "exit": f"the entrypoint exited with code {attempt.exit_code}",
+        "oom": "the process ran out of memory",
+        "lost": "the backend lost the job",
+        "preempted": "the backend preempted the job",
+        "ingest": "the snapshot could not be fetched or unpacked (the code never ran)",
+        "deadline": "it stayed PENDING past its deadline",
+        "rejected": "the backend rejected the launch",
+    }.get(attempt.failure, attempt.end_reason.split(";")[0] or "unknown")
+    sentences = [f"Attempt {attempt.number} failed: {cause}."]
+    tail = logstore.tail_text(job.pk, attempt.number, 5)
+    if tail:
+        sentences.append("Last lines:\n" + tail)
+    if job.next_attempt_at:
+        sentences.append(
+            f"Automatic retry {job.retry_count + 1} of {job.max_retries} starts "
+            f"at {job.next_attempt_at:%H:%M:%S} UTC."
+        )
+    return sentences
