@@ -25,3 +25,24 @@ def attempt_gpu_seconds(
 def job_gpu_seconds(attempts: Iterable, now: dt.datetime | None = None) -> float:
     now = now or timezone.now()
     return sum(attempt_gpu_seconds(a.start_time, a.end_time, a.gpus, now) for a in attempts)
+
+
+def gpu_seconds_by_day(
+    attempts: Iterable[tuple[str, str, dt.datetime | None, dt.datetime | None, int]],
+    start: dt.datetime,
+    end: dt.datetime,
+    now: dt.datetime,
+) -> dict[tuple[dt.date, str, str], float]:
+    """GPU-seconds per (UTC day, team, user) inside [start, end), an attempt split at midnight."""
+    totals: dict[tuple[dt.date, str, str], float] = {}
+    for team, user, began, ended, gpus in attempts:
+        if began is None:
+            continue  # never ran: queued and pending time is not billed
+        lo, hi = max(began, start), min(ended or now, end)
+        while lo < hi:
+            midnight = dt.datetime.combine(lo.date() + dt.timedelta(days=1), dt.time(), dt.UTC)
+            piece_end = min(hi, midnight)
+            key = (lo.date(), team, user)
+            totals[key] = totals.get(key, 0.0) + (piece_end - lo).total_seconds() * gpus
+            lo = piece_end
+    return totals
