@@ -7,7 +7,7 @@ import json
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponseRedirect
+from django.http import Http404, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
@@ -99,15 +99,22 @@ def job_detail(request, job_id: int):
 @login_required
 @require_POST
 def job_action(request, job_id: int, verb: str):
+    """A control button. Forms get a redirect; the page's script (fetch) gets JSON."""
+    wants_json = request.headers.get("Accept", "").startswith("application/json")
     if verb not in ACTIONS:
         raise Http404(f"unknown action {verb!r}")
     try:
         job = ACTIONS[verb](request.user, job_id)
-        messages.success(request, f"job {job_id}: {job.status}")
     except NotFound as exc:
         raise Http404(exc.detail) from exc
     except (ApiError, TransitionRefused) as exc:
+        if wants_json:
+            return JsonResponse({"detail": str(exc)}, status=409)
         messages.error(request, str(exc))
+        return HttpResponseRedirect(reverse("job-detail", args=[job_id]))
+    if wants_json:
+        return JsonResponse({"status": job.status, "reason": job.status_reason})
+    messages.success(request, f"job {job_id}: {job.status}")
     return HttpResponseRedirect(reverse("job-detail", args=[job_id]))
 
 

@@ -156,3 +156,12 @@ def test_states_page_explains_every_state_and_plotly_is_served_locally(alice):
     assert all(f'id="{s}"' in page for s in JobStatus.values)
     bundle = client.get("/static/vendor/plotly.min.js")
     assert bundle.status_code == 200
+
+
+def test_buttons_answer_json_to_the_page_script(team, alice):
+    job = job_in("RUNNING", team, alice)
+    client = signed_in(alice)
+    answer = client.post(f"/jobs/{job.pk}/pause/", HTTP_ACCEPT="application/json")
+    assert answer.status_code == 200 and answer.json()["status"] == "PAUSED"
+    again = client.post(f"/jobs/{job.pk}/pause/", HTTP_ACCEPT="application/json")
+    assert again.status_code == 409 and "job" in again.json()["detail"]
