@@ -24,6 +24,8 @@ run: venv ## Start the whole product (SQLite, local executor, Redis if none is r
 	$(PY) manage.py runstack
 
 test: venv ## Run the whole suite (starts PostgreSQL/Redis if they are not running)
+	@command -v chromium >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@.ci/services.sh start
 	@trap '.ci/services.sh stop' EXIT; \
 	export REDIS_URL=redis://127.0.0.1:$$(cat var/ci-redis-port)/11; \
