@@ -2,6 +2,8 @@
 
 Standard library only, so it runs anywhere the runner does. Checkpoints go to
 $SF_CHECKPOINT_DIR (shared by every attempt of a run) or ./checkpoints when run by hand.
+Metrics go to the job's Charts and Validation tabs through the `sf` SDK when the client package
+is importable; without it the script runs the same, logging nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +22,20 @@ CKPT_RE = re.compile(r"ckpt-(\d+)\.json$")
 def loss_at(step: int) -> float:
     """Deterministic loss curve: exponential decay towards 0.05 with a small wiggle."""
     return 0.05 + 2.0 * math.exp(-0.15 * step) + 0.01 * math.sin(step)
+
+
+def accuracy_at(step: int) -> float:
+    """Deterministic validation accuracy: rises from 0.5 towards 0.95."""
+    return 0.95 - 0.45 * math.exp(-0.1 * step)
+
+
+def metrics_sdk():
+    """The `sf` module for sf.log / sf.log_validation, or None when it is not installed."""
+    try:
+        import sf
+    except ImportError:
+        return None
+    return sf
 
 
 def latest_checkpoint(ckpt_dir: str) -> int:
@@ -58,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ckpt_dir = os.environ.get("SF_CHECKPOINT_DIR") or "checkpoints"
     start = latest_checkpoint(ckpt_dir)
+    sf = metrics_sdk()
     if start:
         print(f"resuming from step {start}")
     for step in range(start + 1, args.steps + 1):
@@ -67,8 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.sleep)
         loss = loss_at(step)
         print(f"step {step} loss {loss:.4f}")
+        if sf:
+            sf.log({"loss": loss}, step=step)
         if args.ckpt_every > 0 and step % args.ckpt_every == 0:
             save_checkpoint(ckpt_dir, step, loss)
+            if sf:
+                sf.log_validation({"accuracy": accuracy_at(step)}, step=step)
     print("done")
     return 0
 

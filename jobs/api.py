@@ -6,13 +6,13 @@ import time
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import FileResponse, HttpResponse
+from django.http import FileResponse, HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 from ninja import Query, Router, Schema, Status
 from pydantic import Field
 
 from jobs import logstore, services
-from jobs.auth import JobToken, UserToken
+from jobs.auth import ConsoleSession, JobToken, UserToken
 from jobs.errors import BadRequest, Gone, NotFound
 from jobs.executors import executor_for
 from jobs.models import Attempt, Job, Membership
@@ -31,9 +31,11 @@ from jobs.snapshots import snapshot_path, store_snapshot
 from jobs.states import JobStatus
 from metering.usage import attempt_gpu_seconds, job_gpu_seconds
 
-router = Router(auth=UserToken(), tags=["jobs"])
+# The CLI sends a token; the console its session (CSRF-checked on POST and DELETE).
+router = Router(auth=[UserToken(), ConsoleSession()], tags=["jobs"])
 ingest = Router(auth=JobToken(), tags=["runner ingest"])
 INGEST_GRACE_S = 120
+DOWNLOAD_PAGE_LINES = 10_000
 
 
 def job_out(job: Job, virtual: dict[int, bool] | None = None) -> dict:
@@ -256,6 +258,37 @@ async def job_logs(request, job_id: int, q: Query[LogQuery]):
 
 def _status(job_id: int) -> str:
     return Job.objects.filter(pk=job_id).values_list("status", flat=True).get()
+
+
+@router.get(
+    "/jobs/{job_id}/logs/download",
+    summary="The whole log of every attempt as plain text",
+    response={200: None},
+)
+async def download_logs(request, job_id: int):
+    job = await sync_to_async(services.get_visible_job)(request.auth, job_id)
+    response = StreamingHttpResponse(_log_text(job.pk), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-{job.run_id}.log"'
+    return response
+
+
+async def _log_text(job_id: int):
+    """Every stored line, page by page, with an `==> attempt N <==` line before each attempt."""
+    cursor, attempt = None, None
+    while True:
+        page = await sync_to_async(logstore.read)(job_id, cursor, DOWNLOAD_PAGE_LINES)
+        chunk = []
+        for raw in page.raw_lines:
+            line = json.loads(raw)
+            if line["attempt"] != attempt:
+                attempt = line["attempt"]
+                chunk.append(f"==> attempt {attempt} <==\n")
+            chunk.append(line["text"] + "\n")
+        if chunk:
+            yield "".join(chunk).encode()
+        if page.at_end or not page.raw_lines:
+            return
+        cursor = page.cursor
 
 
 def _page(job_id: int, cursor: str | None, tail: int | None, limit: int) -> logstore.Page:

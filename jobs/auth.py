@@ -1,4 +1,4 @@
-"""Bearer authentication: users by hashed API token, runners by a signed job-scoped token."""
+"""API authentication: users by hashed API token or console session, runners by a job token."""
 
 import datetime as dt
 import hashlib
@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 from django.contrib.auth.models import User
 from django.core import signing
+from django.http import HttpRequest
 from django.utils import timezone
-from ninja.security import HttpBearer
+from ninja.security import HttpBearer, SessionAuth
 
 from jobs.launcher import JOB_TOKEN_SALT
 from jobs.models import ApiToken
@@ -54,3 +55,16 @@ class JobToken(HttpBearer):
             return JobPrincipal(int(job_id), int(attempt))
         except (signing.BadSignature, ValueError):
             return None
+
+
+class ConsoleSession(SessionAuth):
+    """The console's signed-in user (Django session), with CSRF checked on unsafe methods.
+
+    Without a signed-in session it declines before the CSRF check, so a request carrying a
+    missing or revoked token still gets the token's 401, not a 403 about CSRF.
+    """
+
+    def __call__(self, request: HttpRequest) -> User | None:
+        if not request.user.is_authenticated:
+            return None
+        return super().__call__(request)

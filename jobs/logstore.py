@@ -6,7 +6,8 @@ and advance both in one transaction; readers never read past the committed size,
 first truncates anything a failed transaction left behind. Lines are stored in their wire form,
 so a replay splices stored bytes into the response without decoding them.
 
-Cursors are ``"<attempt>:<byte offset>"``.
+Cursors are ``"<attempt>:<byte offset>"``. Each stored batch is also pushed, after commit, to
+the job's live group (`jobs.live`) with the cursor just after it.
 """
 
 import json
@@ -18,6 +19,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
+from jobs import live
 from jobs.models import LogStream
 
 READ_BLOCK = 1024 * 1024
@@ -63,6 +65,7 @@ def append(job_id: int, attempt: int, lines: list[dict]) -> AppendResult:
             stream.size = _write(log_path(job_id, attempt), stream.size, attempt, fresh)
             stream.next_seq = fresh[-1]["seq"] + 1
             stream.save(update_fields=["size", "next_seq"])
+            live.publish_lines(job_id, attempt, fresh, f"{attempt}:{stream.size}")
     return AppendResult(len(fresh), len(lines) - len(fresh), stream.next_seq)
 
 

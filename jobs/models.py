@@ -239,3 +239,33 @@ class LogStream(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job", "attempt"], name="one_stream_per_attempt"),
         ]
+
+
+class MetricPoint(models.Model):
+    """One value the job logged through the SDK (`sf.log` / `sf.log_validation`).
+
+    `seq` numbers the points of one attempt as the runner shipped them: a resent batch hits the
+    unique constraint and is dropped. `ts` is the runner's wall clock in epoch seconds, kept as a
+    float so reading a million points never builds a million datetimes.
+    """
+
+    class Kind(models.TextChoices):
+        TRAIN = "train"  # sf.log: loss, learning rate, throughput ...
+        VALIDATION = "validation"  # sf.log_validation, and eval follow-on jobs
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_points")
+    attempt = models.PositiveIntegerField()
+    seq = models.BigIntegerField()
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    name = models.CharField(max_length=100)
+    step = models.BigIntegerField()
+    value = models.FloatField()
+    ts = models.FloatField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "seq"], name="one_metric_point_per_seq"
+            ),
+        ]
+        indexes = [models.Index(fields=["job", "kind", "name", "step"], name="metric_series")]

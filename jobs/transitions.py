@@ -2,7 +2,8 @@
 
 `apply_transitions` locks the job rows, checks the allowed-transition table, updates the rows
 and writes one `JobEvent` per change, all in one transaction. `transition` is its single-job
-form that raises when the change is refused.
+form that raises when the change is refused. Each change is also pushed, after commit, to the
+job's live group and the jobs list group (`jobs.live`).
 """
 
 from collections import defaultdict
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.utils import timezone
 
+from jobs import live
 from jobs.models import Job, JobEvent
 from jobs.states import JobStatus, is_allowed
 
@@ -50,7 +52,7 @@ def apply_transitions(
     refused: list[TransitionRefused] = []
     with transaction.atomic():
         locked = Job.objects.select_for_update().filter(pk__in=by_id).order_by("pk")
-        for job in locked.only("id", "status"):
+        for job in locked.only("id", "status", "team_id"):
             if expected is not None and job.status not in expected:
                 refused.append(TransitionRefused(job.pk, job.status, target, _expected(expected)))
             elif not is_allowed(job.status, target):
@@ -82,6 +84,7 @@ def transition(
 
 def _write(target: JobStatus, jobs: list[Job], by_id: dict[int, Change], actor: str, now) -> None:
     events = []
+    pushed = []
     ids_by_reason: dict[str, list[int]] = defaultdict(list)
     for job in jobs:
         change = by_id[job.pk]
@@ -99,6 +102,9 @@ def _write(target: JobStatus, jobs: list[Job], by_id: dict[int, Change], actor: 
                 data=change.data,
             )
         )
+        pushed.append(
+            live.status_message(job.pk, job.team_id, job.status, target, change.reason, now)
+        )
         job.status = target
         job.status_reason = change.reason
         job.status_changed_at = now
@@ -107,6 +113,7 @@ def _write(target: JobStatus, jobs: list[Job], by_id: dict[int, Change], actor: 
             status=target, status_reason=reason, status_changed_at=now
         )
     JobEvent.objects.bulk_create(events, batch_size=1000)
+    live.publish_statuses(pushed)
 
 
 def _expected(expected: Collection[str]) -> str:

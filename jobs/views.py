@@ -3,8 +3,6 @@
 Views read the ledger through the same service functions as the API and call the same actions.
 """
 
-import json
-
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponseRedirect, JsonResponse
@@ -13,7 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from jobs import diagnostics, logstore, services
+from jobs import diagnostics, services
 from jobs.errors import ApiError, NotFound
 from jobs.models import Cluster, Membership
 from jobs.states import ALLOWED_TRANSITIONS, JobStatus
@@ -90,7 +88,6 @@ def job_detail(request, job_id: int):
             "events": job.events.order_by("pk"),
             "diagnostics": diagnostics.explain(job, now),
             "actions": _actions(job),
-            "log_lines": [json.loads(line) for line in logstore.tail(job.pk, 200).raw_lines],
             "terminal": job.status in JobStatus.terminal(),
         },
     )

@@ -10,6 +10,7 @@ from jobs.api import ingest
 from jobs.api import router as jobs_router
 from jobs.errors import ApiError
 from jobs.logstore import LogGap
+from jobs.metrics_api import router as metrics_router
 from jobs.snapshots import SnapshotRefused
 from jobs.transitions import TransitionRefused
 
@@ -17,6 +18,7 @@ log = logging.getLogger(__name__)
 api = NinjaAPI(title="Starforge API", version="1", urls_namespace="api", docs_url="/docs")
 api.add_router("/v1", jobs_router)
 api.add_router("/v1/ingest", ingest)
+api.add_router("/v1", metrics_router)
 
 
 def _answer(request: HttpRequest, http_status: int, detail: str, /, **extra):

@@ -1,4 +1,4 @@
-"""ASGI entry point: Django over HTTP; Channels routing for websockets comes with the console."""
+"""ASGI entry point: Django over HTTP, Channels websockets for the console's live pages."""
 
 import os
 
@@ -7,6 +7,24 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "starforge.settings")
 django_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402  (after Django is set up)
+# After Django is set up: these import models.
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import path  # noqa: E402
 
-application = ProtocolTypeRouter({"http": django_app})
+from jobs.consumers import JobConsumer, JobListConsumer  # noqa: E402
+
+websocket_urlpatterns = [
+    path("ws/jobs/", JobListConsumer.as_asgi()),
+    path("ws/jobs/<int:job_id>/", JobConsumer.as_asgi()),
+]
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_app,
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        ),
+    }
+)

@@ -132,6 +132,7 @@ SF_LOST_GRACE_S = _env_int("SF_LOST_GRACE_S", 60)
 SF_RETRY_COOLDOWN_CAP_S = _env_int("SF_RETRY_COOLDOWN_CAP_S", 3600)
 SF_LAUNCH_STUCK_S = _env_int("SF_LAUNCH_STUCK_S", 30)
 SF_LOG_BATCH_MAX_LINES = _env_int("SF_LOG_BATCH_MAX_LINES", 20000)
+SF_METRIC_BATCH_MAX_POINTS = _env_int("SF_METRIC_BATCH_MAX_POINTS", 20000)
 SF_LOG_PAGE_MAX_LINES = 50000
 # Where runners reach the API; the local executor passes it to every job.
 SF_API_URL = os.environ.get("SF_API_URL", "http://127.0.0.1:8000")

@@ -1,4 +1,4 @@
-"""Owns the job-side runner (`python -m sf.runner`): ingest, run, ship logs, record the exit.
+"""Owns the job-side runner (`python -m sf.runner`): ingest, run, ship logs and metrics, exit.
 
 Executors start it with the SF_* environment contract. Standard library only: it runs inside
 arbitrary job images. Exit 86 means ingest failed and the user's code never ran.
@@ -7,6 +7,7 @@ arbitrary job images. Exit 86 means ingest failed and the user's code never ran.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -22,6 +23,8 @@ from sf.http import ApiError, Client, ConnectError
 
 INGEST_EXIT = 86
 BATCH_LINES = 1000
+BATCH_POINTS = 2000
+METRICS_POLL_S = 0.25
 BATCH_INTERVAL_S = 0.5
 MAX_BACKOFF_S = 5.0
 FLUSH_GIVE_UP_S = 30.0
@@ -169,11 +172,20 @@ def resolve_entrypoint(argv: list[str], run_dir: str) -> list[str]:
     return argv
 
 
-# --- log shipping --------------------------------------------------------------------
+# --- shipping logs and metrics ---------------------------------------------------------
 
 
-class LogShipper:
-    """Buffers log lines and POSTs them in batches; never drops a line while it can retry."""
+class BatchShipper:
+    """Buffers seq-numbered records and POSTs them in batches; never drops one while it can retry.
+
+    One per channel (log lines, metric points): the server dedupes by (attempt, seq), so a batch
+    resent after a lost answer is harmless, and a 409 carrying `next_seq` skips what it has.
+    """
+
+    path = ""  # the ingest endpoint
+    field = ""  # the body's list: {"attempt": N, field: [...]}
+    what = ""  # for messages
+    batch_max = 0
 
     def __init__(self, client: Client | None, attempt: int) -> None:
         self.client, self.attempt = client, attempt
@@ -181,24 +193,30 @@ class LogShipper:
         self.cond = threading.Condition()
         self.closing_at: float | None = None
         self.stopped = client is None
-        self.thread = threading.Thread(target=self._loop, name="sf-log-shipper", daemon=True)
+        self.thread = threading.Thread(target=self._loop, name=f"sf-{self.field}", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
-    def add(self, line: dict) -> None:
+    def add(self, record: dict) -> None:
         with self.cond:
             if self.stopped:
                 return
-            self.buffer.append(line)
-            if len(self.buffer) >= BATCH_LINES:
+            self.buffer.append(record)
+            if len(self.buffer) >= self.batch_max:
                 self.cond.notify()
 
     def close(self, timeout: float = FLUSH_GIVE_UP_S + 10) -> None:
         """Flush what is left, giving up after FLUSH_GIVE_UP_S of failed resends."""
+        self.begin_close()
+        self.join(timeout)
+
+    def begin_close(self) -> None:
         with self.cond:
             self.closing_at = time.monotonic()
             self.cond.notify()
+
+    def join(self, timeout: float = FLUSH_GIVE_UP_S + 10) -> None:
         if self.thread.is_alive():
             self.thread.join(timeout)
 
@@ -221,13 +239,13 @@ class LogShipper:
         with self.cond:
             if not self.stopped and self.closing_at is None:
                 wait = backoff or BATCH_INTERVAL_S
-                if backoff or len(self.buffer) < BATCH_LINES:
+                if backoff or len(self.buffer) < self.batch_max:
                     self.cond.wait(wait)
             elif backoff:
                 self.cond.wait(backoff)  # closing: keep the backoff, but no batching delay
             if self.stopped or (self.closing_at is not None and not self.buffer):
                 return None
-            return list(self.buffer[:BATCH_LINES])
+            return list(self.buffer[: self.batch_max])
 
     def _give_up(self, failing_since: float) -> bool:
         with self.cond:
@@ -237,15 +255,15 @@ class LogShipper:
                 return False
             lost = len(self.buffer)
             self.stopped = True
-        _say(f"gave up shipping {lost} log lines after {FLUSH_GIVE_UP_S:.0f}s of failures")
+        _say(f"gave up shipping {lost} {self.what} after {FLUSH_GIVE_UP_S:.0f}s of failures")
         return True
 
     def _send(self, batch: list[dict]) -> bool:
         if not batch:
             return True
-        body = {"attempt": self.attempt, "lines": batch}
+        body = {"attempt": self.attempt, self.field: batch}
         try:
-            self.client.request("POST", "/api/v1/ingest/logs", json_body=body)  # type: ignore
+            self.client.request("POST", self.path, json_body=body)  # type: ignore
         except ConnectError:
             return False
         except ApiError as exc:
@@ -260,7 +278,7 @@ class LogShipper:
         if exc.status == 409 and isinstance(next_seq, int) and next_seq > batch[0]["seq"]:
             self._drop_below(next_seq)  # server already has these; continue after them
             return True
-        self._stop(f"log shipping stopped: HTTP {exc.status}: {exc.detail}")
+        self._stop(f"shipping {self.what} stopped: HTTP {exc.status}: {exc.detail}")
         return True
 
     def _drop_below(self, seq: int) -> None:
@@ -278,13 +296,93 @@ class LogShipper:
         _say(message)
 
 
+class LogShipper(BatchShipper):
+    path, field, what, batch_max = "/api/v1/ingest/logs", "lines", "log lines", BATCH_LINES
+
+
+class MetricsShipper(BatchShipper):
+    path, field, what, batch_max = "/api/v1/ingest/metrics", "points", "metric points", BATCH_POINTS
+
+
+class MetricsTail:
+    """Follows the SDK's metrics file (SF_METRICS_FILE), numbering points into a shipper.
+
+    The SDK appends whole lines with one write each, so a line without its newline is still
+    being written: it is left for the next read. Lines that are not valid points (user code may
+    write to the file too) are skipped with one message, never sent to fail a whole batch.
+    """
+
+    def __init__(self, path: str, shipper: BatchShipper) -> None:
+        self.path, self.shipper = path, shipper
+        self.offset, self.seq, self.skipped = 0, 0, 0
+        self.pending = b""
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="sf-metrics-tail", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Read what the job wrote last (its exit-time flush included), then stop."""
+        self.done.set()
+        self.thread.join()
+        self.read_new()
+        if self.skipped:
+            _say(f"skipped {self.skipped} lines of {self.path} that were not metric points")
+
+    def _loop(self) -> None:
+        while not self.done.wait(METRICS_POLL_S):
+            self.read_new()
+
+    def read_new(self) -> None:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        self.offset += len(data)
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        for raw in lines:
+            point = parse_point(raw)
+            if point is None:
+                self.skipped += 1
+                continue
+            self.shipper.add({"seq": self.seq, **point})
+            self.seq += 1
+
+
+def parse_point(raw: bytes) -> dict | None:
+    """One SDK line as the ingest API takes it, or None when it is not a valid point."""
+    try:
+        line = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(line, dict):
+        return None
+    kind, name, step, value, ts = (line.get(k) for k in ("kind", "name", "step", "value", "ts"))
+    if not (
+        kind in ("train", "validation")
+        and isinstance(name, str)
+        and 0 < len(name) <= 100
+        and type(step) is int
+        and step >= 0
+        and type(value) in (int, float)
+        and math.isfinite(value)
+        and type(ts) in (int, float)
+        and math.isfinite(ts)
+    ):
+        return None
+    return {"kind": kind, "name": name, "step": step, "value": value, "ts": ts}
+
+
 # --- process supervision -------------------------------------------------------------
 
 
 class LineSink:
     """Numbers lines across both streams and fans them out to echo, console.log and shipper."""
 
-    def __init__(self, console: IO[str], shipper: LogShipper) -> None:
+    def __init__(self, console: IO[str], shipper: BatchShipper) -> None:
         self.console, self.shipper = console, shipper
         self.seq = 0
         self.lock = threading.Lock()
@@ -362,6 +460,7 @@ class RunnerEnv:
         self.snapshot = environ.get("SF_SNAPSHOT", "")
         self.exit_file = os.path.abspath(environ.get("SF_EXIT_FILE") or "exit.json")
         self.started_file = os.path.abspath(environ.get("SF_STARTED_FILE") or "started.json")
+        self.metrics_file = os.path.join(os.path.dirname(self.exit_file), "metrics.jsonl")
 
     def client(self) -> Client | None:
         return Client(self.api_url, self.token) if self.api_url else None
@@ -396,12 +495,14 @@ def child_env(env: RunnerEnv) -> dict[str, str]:
     out = dict(os.environ)
     out["PYTHONPATH"] = os.pathsep.join(p for p in (env.run_dir, out.get("PYTHONPATH")) if p)
     out["PYTHONUNBUFFERED"] = "1"
+    out["SF_METRICS_FILE"] = env.metrics_file
     return out
 
 
 def run(env: RunnerEnv, argv: list[str]) -> int:
-    """Spawn the entrypoint, stream its output, and write the exit file."""
+    """Spawn the entrypoint, stream its output and metrics, and write the exit file."""
     shipper = LogShipper(env.client(), env.attempt)
+    metrics = MetricsTail(env.metrics_file, MetricsShipper(env.client(), env.attempt))
     console_path = os.path.join(os.path.dirname(env.exit_file), "console.log")
     with open(console_path, "a", encoding="utf-8") as console:
         try:
@@ -421,6 +522,8 @@ def run(env: RunnerEnv, argv: list[str]) -> int:
         started_at = time.time()
         write_json_atomic(env.started_file, {"started_at": started_at, "pid": proc.pid})
         shipper.start()
+        metrics.shipper.start()
+        metrics.start()
         sink = LineSink(console, shipper)
         readers = [
             threading.Thread(target=_pump, args=(proc.stdout, "stdout", sink), daemon=True),
@@ -430,7 +533,12 @@ def run(env: RunnerEnv, argv: list[str]) -> int:
             reader.start()
         code = proc.wait()
         supervisor.reap_leftovers(readers)
-    shipper.close()
+    metrics.stop()
+    # Both channels flush at once: a down server costs the give-up time once, not twice.
+    for channel in (shipper, metrics.shipper):
+        channel.begin_close()
+    for channel in (shipper, metrics.shipper):
+        channel.join()
     return _finish(env, code, started_at)
 
 

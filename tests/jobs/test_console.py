@@ -97,8 +97,7 @@ def test_job_page_renders_every_tab_in_every_state(status, team, alice):
     assert SAYS[status] in page  # Diagnostics explains the state
     shown = {verb for verb in ("stop", "pause", "resume", "retry") if f'value="{verb}"' in page}
     assert shown == BUTTONS[status]
-    if status != "QUEUED":
-        assert 'class="line stderr">boom &lt;b&gt;' in page  # escaped, stderr marked
+    assert f'data-logs-socket="/ws/jobs/{job.pk}/"' in page  # the live Logs tab
 
 
 def test_retry_button_is_disabled_with_the_reason_when_the_snapshot_is_gone(api, team, alice):

@@ -1,0 +1,107 @@
+"""The metrics API: the runner's ingest of SDK points and the charts' read of them (`/api/v1`)."""
+
+import json
+from typing import Literal
+
+from django.conf import settings
+from ninja import Query, Router, Schema
+from pydantic import Field
+
+from jobs import metrics, services
+from jobs.api import PayloadTooLarge, _ingesting_attempt
+from jobs.auth import ConsoleSession, JobToken, UserToken
+from jobs.errors import BadRequest
+
+router = Router(tags=["metrics"])
+
+
+class MetricIngestResult(Schema):
+    accepted: int
+    duplicates: int
+
+
+@router.post(
+    "/ingest/metrics",
+    auth=JobToken(),
+    response=MetricIngestResult,
+    tags=["runner ingest"],
+    summary="Append a batch of metric points",
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["attempt", "points"],
+                        "properties": {
+                            "attempt": {"type": "integer"},
+                            "points": {"type": "array", "items": {"type": "object"}},
+                        },
+                    }
+                }
+            }
+        }
+    },
+)
+def ingest_metrics(request):
+    attempt = _ingesting_attempt(request.auth)
+    points = _parse_batch(request.body, attempt.number)
+    result = metrics.append(attempt.job_id, attempt.number, points)
+    return {"accepted": result.accepted, "duplicates": result.duplicates}
+
+
+def _parse_batch(body: bytes, attempt: int) -> list:
+    try:
+        batch = json.loads(body)  # NaN/Infinity parse, and are refused as points below
+    except ValueError as exc:
+        raise BadRequest(f"the body is not JSON ({exc})") from exc
+    sent = batch.get("attempt") if isinstance(batch, dict) else None
+    if type(sent) is not int or sent != attempt:
+        raise BadRequest(f'the body must be an object with "attempt": {attempt} (this token\'s)')
+    points = batch.get("points")
+    if not isinstance(points, list):
+        raise BadRequest('"points" must be a list')
+    if len(points) > settings.SF_METRIC_BATCH_MAX_POINTS:
+        raise PayloadTooLarge(
+            f"a batch holds at most {settings.SF_METRIC_BATCH_MAX_POINTS} points; "
+            f"this one has {len(points)}"
+        )
+    return points
+
+
+class MetricsQuery(Schema):
+    kind: Literal["train", "validation"] = "train"
+    x: Literal["step", "time"] = Field("step", description="time: epoch seconds")
+    max_points: int = Field(metrics.DEFAULT_MAX_POINTS, ge=2, le=10_000, description="per series")
+
+
+class SeriesOut(Schema):
+    x: list[int | float]  # steps stay ints
+    y: list[float]
+    total: int
+    downsampled: bool
+
+
+class LatestOut(Schema):
+    step: int
+    value: float
+    ts: float
+
+
+class MetricsOut(Schema):
+    series: dict[str, SeriesOut]
+    latest: dict[str, LatestOut]
+
+
+@router.get(
+    "/jobs/{job_id}/metrics",
+    auth=[UserToken(), ConsoleSession()],
+    response=MetricsOut,
+    summary="The job's metrics of one kind, each series downsampled (LTTB) to max_points",
+)
+def job_metrics(request, job_id: int, q: Query[MetricsQuery]):
+    job = services.get_visible_job(request.auth, job_id)
+    return {
+        "series": metrics.series(job.pk, q.kind, q.x, q.max_points),
+        "latest": metrics.latest(job.pk, q.kind),
+    }

@@ -1,0 +1,175 @@
+"""The console in a real browser (Debian's Chromium driven by Playwright) against the real stack.
+
+Screenshots of every tab land in test-artifacts/ for a person to look at.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.stack import Stack
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TICKER = """
+import time
+import sf
+for i in range(2000):
+    print(f"tick {i} {time.time():.3f}", flush=True)
+    sf.log({"loss": 1.0 / (i + 1)}, step=i)
+    time.sleep(0.25)
+"""
+SETUP_USERS = """
+from django.contrib.auth.models import User
+from jobs.auth import issue_token
+from jobs.models import Cluster, Membership, Team
+team = Team.objects.create(name="vision", gpu_quota=4,
+                           default_cluster=Cluster.objects.get(name="local"))
+carol = User.objects.create_user("carol", password="carol-pw")
+Membership.objects.create(team=team, user=carol)
+print(issue_token(carol))
+"""
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    if not os.path.exists(CHROMIUM):
+        pytest.fail("Chromium is missing: `make test` installs Debian's chromium package")
+    running = Stack(tmp_path_factory.mktemp("var")).start()
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.fixture(scope="module")
+def carol_token(stack) -> str:
+    return stack._manage("shell", "-c", SETUP_USERS).stdout.strip().splitlines()[-1]
+
+
+def submit(stack: Stack, token: str, workdir: Path, *command: str) -> int:
+    env = {
+        **os.environ,
+        "SF_URL": stack.url,
+        "SF_TOKEN": token,
+        "SF_CONFIG": str(workdir / "sf.json"),
+    }
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("sf")),
+            "submit",
+            "--gpus",
+            "1",
+            "--json",
+            "--",
+            *command,
+        ],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(done.stdout)["id"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, stack, carol_token):
+    context = browser.new_context(base_url=stack.url)
+    page = context.new_page()
+    page.goto("/accounts/login/")
+    page.fill("#id_username", "carol")
+    page.fill("#id_password", "carol-pw")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{stack.url}/")
+    yield page
+    context.close()
+
+
+def test_running_job_streams_logs_draws_charts_and_pauses_without_reload(
+    page, stack, carol_token, tmp_path
+):
+    (tmp_path / "ticker.py").write_text(TICKER)
+    job_id = submit(stack, carol_token, tmp_path, "python", "ticker.py")
+    _wait_running(stack, job_id)
+    page.goto(f"/jobs/{job_id}/#logs")
+    page.evaluate("""() => {
+        window.sfArrivals = [];
+        window.sfNotReloaded = true;
+        new MutationObserver((records) => {
+            for (const r of records) for (const n of r.addedNodes) {
+                const m = /^tick \\d+ (\\d+\\.\\d+)$/.exec(n.textContent || "");
+                if (m) window.sfArrivals.push(Date.now() / 1000 - parseFloat(m[1]));
+            }
+        }).observe(document.querySelector("#tab-logs"), {childList: true, subtree: true});
+    }""")
+    page.wait_for_function("() => window.sfArrivals.length >= 1", timeout=15000)
+    page.wait_for_timeout(2000)  # the tail and the catch-up fetch after connecting are history
+    page.evaluate("() => { window.sfArrivals = []; }")
+    page.wait_for_function("() => window.sfArrivals.length >= 8", timeout=15000)
+    delays = page.evaluate("() => window.sfArrivals")
+    assert max(delays) < 1.0, delays  # each line shown within a second of being written
+    page.screenshot(path=str(_artifact("logs.png")))
+    page.goto(f"/jobs/{job_id}/#charts")
+    page.wait_for_selector('#tab-charts [data-metric="loss"] .main-svg', timeout=15000)
+    page.screenshot(path=str(_artifact("charts.png")))
+    for tab in ("validation", "system", "events", "diagnostics"):
+        page.click(f'nav.tabs a[href="#{tab}"]')
+        page.screenshot(path=str(_artifact(f"{tab}.png")))
+    page.evaluate("() => { window.sfNotReloaded = true; }")
+    page.click('.actions button[value="pause"]')
+    page.wait_for_function(
+        "() => document.querySelector('.job-head [data-job-status]').textContent === 'PAUSED'",
+        timeout=10000,
+    )
+    assert page.evaluate("() => window.sfNotReloaded") is True
+    page.screenshot(path=str(_artifact("paused.png")))
+
+
+def test_another_teams_job_is_a_404(page, stack, tmp_path):
+    (tmp_path / "noop.py").write_text("print('demo job')\n")
+    demo_job = submit(stack, stack.token, tmp_path, "python", "noop.py")
+    response = page.goto(f"/jobs/{demo_job}/")
+    assert response.status == 404
+
+
+def _wait_running(stack: Stack, job_id: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if stack.job(job_id)["status"] == "RUNNING":
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} did not start:\n{stack.diagnostics()}")
+
+
+def _artifact(name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS / name

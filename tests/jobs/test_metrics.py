@@ -1,0 +1,291 @@
+"""SDK metrics on the server: ingest (POST /api/v1/ingest/metrics), series with LTTB, latest."""
+
+import json
+import math
+
+import pytest
+
+from jobs import metrics
+from jobs.metrics import lttb
+from jobs.models import MetricPoint
+from tests.jobs.api_helpers import assert_refused, submit
+from tests.jobs.test_log_ingest import attach_attempt, finish, runner
+
+pytestmark = pytest.mark.django_db
+T0 = 1_700_000_000.0
+
+
+def make_points(start: int, stop: int, name: str = "loss", kind: str = "train") -> list[dict]:
+    return [
+        {"seq": s, "kind": kind, "name": name, "step": s, "value": 1.0 / (s + 1), "ts": T0 + s}
+        for s in range(start, stop)
+    ]
+
+
+def send(client, body):
+    raw = body if isinstance(body, str | bytes) else json.dumps(body)
+    return client.post("/api/v1/ingest/metrics", raw, content_type="application/json")
+
+
+def send_points(client, points: list[dict], attempt: int = 1):
+    return send(client, {"attempt": attempt, "points": points})
+
+
+def stored(job_id: int) -> list[tuple]:
+    return list(
+        MetricPoint.objects.filter(job_id=job_id)
+        .order_by("attempt", "seq")
+        .values_list("attempt", "seq", "kind", "name", "step", "value", "ts")
+    )
+
+
+@pytest.fixture
+def job_id(api) -> int:
+    """A RUNNING job whose current attempt is 1."""
+    job_id = submit(api)
+    attach_attempt(job_id, 1)
+    return job_id
+
+
+# -- ingest ----------------------------------------------------------------------------------------
+
+
+def test_a_batch_is_stored_and_counted(job_id):
+    response = send_points(runner(job_id), make_points(0, 3))
+    assert response.status_code == 200, response.content
+    assert response.json() == {"accepted": 3, "duplicates": 0}
+    assert stored(job_id)[1] == (1, 1, "train", "loss", 1, 0.5, T0 + 1)
+
+
+def test_a_resent_batch_is_not_stored_twice(job_id):
+    client = runner(job_id)
+    send_points(client, make_points(0, 3))
+    assert send_points(client, make_points(0, 3)).json() == {"accepted": 0, "duplicates": 3}
+    assert send_points(client, make_points(2, 5)).json() == {"accepted": 2, "duplicates": 1}
+    assert [row[1] for row in stored(job_id)] == [0, 1, 2, 3, 4]
+
+
+def test_a_point_repeated_inside_one_batch_is_stored_once(job_id):
+    point = make_points(0, 1)[0]
+    assert send_points(runner(job_id), [point, point]).json() == {"accepted": 1, "duplicates": 1}
+    assert len(stored(job_id)) == 1
+
+
+def test_seq_numbers_are_per_attempt(job_id):
+    send_points(runner(job_id), make_points(0, 2))
+    attach_attempt(job_id, 2)
+    assert send_points(runner(job_id, 2), make_points(0, 2), attempt=2).json()["accepted"] == 2
+    assert [row[:2] for row in stored(job_id)] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+
+
+def test_an_empty_batch_is_fine(job_id):
+    assert send_points(runner(job_id), []).json() == {"accepted": 0, "duplicates": 0}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"seq": -1},
+        {"seq": 1.0},
+        {"kind": "eval"},
+        {"name": ""},
+        {"name": "x" * 101},
+        {"name": 5},
+        {"step": -3},
+        {"step": 2**63},
+        {"value": True},
+        {"value": "0.5"},
+        {"value": None},
+        {"ts": "yesterday"},
+    ],
+)
+def test_a_batch_with_a_bad_point_is_400_and_stores_nothing(job_id, change):
+    points = make_points(0, 3)
+    points[2] = {**points[2], **change}
+    body = assert_refused(send_points(runner(job_id), points), 400, "point 2 must have")
+    assert "finite numbers" in body["detail"]
+    assert stored(job_id) == []
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_values_are_400(job_id, constant):
+    raw = (
+        '{"attempt": 1, "points": [{"seq": 0, "kind": "train", "name": "loss", "step": 0, '
+        f'"value": {constant}, "ts": {T0}}}]}}'
+    )
+    assert_refused(send(runner(job_id), raw), 400, "point 0")
+    assert stored(job_id) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ("{not json", "not JSON"),
+        ([], '"attempt": 1'),
+        ({"attempt": 2, "points": []}, '"attempt": 1'),
+        ({"attempt": 1}, '"points" must be a list'),
+        ({"attempt": 1, "points": {"seq": 0}}, '"points" must be a list'),
+    ],
+)
+def test_a_malformed_body_is_400(job_id, body, fragment):
+    assert_refused(send(runner(job_id), body), 400, fragment)
+
+
+def test_a_batch_over_the_point_cap_is_413(job_id, settings):
+    settings.SF_METRIC_BATCH_MAX_POINTS = 5
+    assert_refused(send_points(runner(job_id), make_points(0, 6)), 413, "at most 5 points")
+    assert stored(job_id) == []
+    assert send_points(runner(job_id), make_points(0, 5)).json()["accepted"] == 5
+
+
+def test_a_job_finished_longer_than_the_grace_ago_is_410(job_id):
+    finish(job_id, "SUCCEEDED", seconds_ago=121)
+    assert_refused(send_points(runner(job_id), make_points(0, 1)), 410, "closed")
+    assert stored(job_id) == []
+
+
+def test_a_job_that_just_finished_still_accepts_its_last_points(job_id):
+    finish(job_id, "FAILED", seconds_ago=5)
+    assert send_points(runner(job_id), make_points(0, 1)).json()["accepted"] == 1
+
+
+def test_a_token_of_a_superseded_attempt_is_410(job_id):
+    attach_attempt(job_id, 2)
+    assert_refused(send_points(runner(job_id, 1), make_points(0, 1)), 410, "attempt 1")
+    assert stored(job_id) == []
+
+
+def test_a_token_of_another_job_writes_only_its_own_job(api, job_id):
+    other = submit(api)
+    attach_attempt(other, 1)
+    assert send_points(runner(other), make_points(0, 2)).json()["accepted"] == 2
+    assert stored(job_id) == [] and len(stored(other)) == 2
+
+
+def test_a_user_token_cannot_ingest(api, job_id):
+    response = api.client.post(
+        "/api/v1/ingest/metrics",
+        {"attempt": 1, "points": make_points(0, 1)},
+        content_type="application/json",
+    )
+    assert_refused(response, 401)
+    assert stored(job_id) == []
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+def read(api, job_id: int, **params) -> dict:
+    response = api.get(f"/jobs/{job_id}/metrics", **params)
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def test_the_api_returns_each_series_and_the_latest_values(api, job_id):
+    client = runner(job_id)
+    send_points(client, make_points(0, 3) + make_points(3, 5, name="lr"))
+    send_points(client, make_points(5, 6, name="accuracy", kind="validation"))
+    body = read(api, job_id)
+    assert body["series"] == {
+        "loss": {"x": [0, 1, 2], "y": [1.0, 0.5, 1 / 3], "total": 3, "downsampled": False},
+        "lr": {"x": [3, 4], "y": [0.25, 0.2], "total": 2, "downsampled": False},
+    }
+    assert body["latest"]["loss"] == {"step": 2, "value": 1 / 3, "ts": T0 + 2}
+    validation = read(api, job_id, kind="validation", x="time")
+    assert validation["series"]["accuracy"]["x"] == [T0 + 5]
+    assert validation["latest"] == {"accuracy": {"step": 5, "value": 1 / 6, "ts": T0 + 5}}
+
+
+def test_a_job_without_metrics_has_empty_series(api, job_id):
+    assert read(api, job_id) == {"series": {}, "latest": {}}
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"kind": "eval"}, {"x": "wall"}, {"max_points": 1}, {"max_points": 10_001}],
+)
+def test_bad_read_parameters_are_422(api, job_id, params):
+    assert_refused(api.get(f"/jobs/{job_id}/metrics", **params), 422)
+
+
+def test_metrics_of_another_team_are_404(api_as, make_team, make_user, job_id):
+    send_points(runner(job_id), make_points(0, 1))
+    stranger = api_as(make_user("carol", make_team("audio")))
+    assert_refused(stranger.get(f"/jobs/{job_id}/metrics"), 404)
+
+
+def test_a_job_token_cannot_read_metrics(job_id):
+    assert_refused(runner(job_id).get(f"/api/v1/jobs/{job_id}/metrics"), 401)
+
+
+def test_series_of_100k_points_comes_back_as_max_points(job_id):
+    for start in range(0, 100_000, 20_000):
+        metrics.append(job_id, 1, make_points(start, start + 20_000))
+    loss = metrics.series(job_id, "train", max_points=2000)["loss"]
+    assert (loss["total"], loss["downsampled"], len(loss["x"]), len(loss["y"])) == (
+        100_000,
+        True,
+        2000,
+        2000,
+    )
+    assert (loss["x"][0], loss["x"][-1]) == (0, 99_999)
+    assert loss["x"] == sorted(loss["x"]) and loss["y"][0] == 1.0
+    by_time = metrics.series(job_id, "train", x="time", max_points=500)["loss"]
+    assert len(by_time["x"]) == 500 and by_time["x"][-1] == T0 + 99_999
+
+
+def test_series_orders_by_step_across_attempts_and_time_by_ts(job_id):
+    metrics.append(job_id, 1, [{**p, "step": 10 - p["seq"]} for p in make_points(0, 3)])
+    assert metrics.series(job_id, "train")["loss"]["x"] == [8, 9, 10]
+    assert metrics.series(job_id, "train", x="time")["loss"]["x"] == [T0, T0 + 1, T0 + 2]
+
+
+def test_latest_takes_the_highest_step_and_the_newest_attempt_at_a_tie(job_id):
+    metrics.append(job_id, 1, make_points(0, 4))
+    resumed = [{**make_points(0, 1)[0], "step": 3, "value": 7.0}]
+    metrics.append(job_id, 2, resumed)
+    assert metrics.latest(job_id, "train") == {"loss": {"step": 3, "value": 7.0, "ts": T0}}
+    assert metrics.latest(job_id, "validation") == {}
+
+
+# -- LTTB ------------------------------------------------------------------------------------------
+
+
+def test_lttb_returns_short_input_unchanged():
+    assert lttb([0, 1, 2], [5.0, 1.0, 3.0], 3) == [0, 1, 2]
+    assert lttb([0, 1], [5.0, 1.0], 10) == [0, 1]
+    assert lttb([], [], 10) == []
+
+
+def test_lttb_with_one_bucket_keeps_the_peak():
+    # Buckets: [1, 2, 3]; next-bucket average is the last point (4, 0). Triangle areas with
+    # (0, 0) and (4, 0) are 2 * y: 2, 10, 2 -> index 2 wins.
+    assert lttb([0, 1, 2, 3, 4], [0, 1, 5, 1, 0], 3) == [0, 2, 4]
+
+
+def test_lttb_by_hand_with_two_buckets():
+    # n = 8, threshold 4: every = 6 / 2 = 3, buckets [1, 2, 3] and [4, 5, 6].
+    xs = [0, 1, 2, 3, 4, 5, 6, 7]
+    ys = [0, 4, 1, 2, 9, 0, 3, 1]
+    # Bucket 1: a = (0, 0), next average = ((4+5+6)/3, (9+0+3)/3) = (5, 4).
+    # Doubled areas |(0-5)(y-0) - (0-x)(4-0)| = |-5y + 4x|: x=1,y=4: 16; x=2,y=1: 3; x=3,y=2: 2.
+    # -> index 1. Bucket 2: a = (1, 4), next = (7, 1). |(1-7)(y-4) - (1-x)(1-4)| =
+    # |-6y + 24 + 3 - 3x|: x=4,y=9: 39; x=5,y=0: 12; x=6,y=3: 9 -> index 4.
+    assert lttb(xs, ys, 4) == [0, 1, 4, 7]
+
+
+def test_lttb_keeps_first_last_and_exactly_threshold_points():
+    xs = list(range(100_000))
+    ys = [math.sin(x / 500) + (x % 7) / 10 for x in xs]
+    for threshold in (2, 3, 1000, 2000, 99_999):
+        kept = lttb(xs, ys, threshold)
+        assert len(kept) == threshold
+        assert kept[0] == 0 and kept[-1] == 99_999
+        assert kept == sorted(set(kept))
+
+
+def test_lttb_keeps_a_lone_spike():
+    ys = [0.0] * 10_000
+    ys[4321] = 100.0
+    kept = lttb(list(range(10_000)), ys, 50)
+    assert 4321 in kept
