@@ -69,7 +69,7 @@ def _checked(points: list[Any]) -> list[dict]:
             and _finite(point.get("ts"))
         ):
             raise BadRequest(
-                f"point {i} must have seq (int >= 0), kind (train|validation), name (1 to "
+                f"point {i} must have seq (int >= 0), kind (train|validation|system), name (1 to "
                 f"{MAX_NAME} characters), step (int >= 0), value and ts (finite numbers)"
             )
     return points

@@ -70,7 +70,7 @@ def _parse_batch(body: bytes, attempt: int) -> list:
 
 
 class MetricsQuery(Schema):
-    kind: Literal["train", "validation"] = "train"
+    kind: Literal["train", "validation", "system"] = "train"
     x: Literal["step", "time"] = Field("step", description="time: epoch seconds")
     max_points: int = Field(metrics.DEFAULT_MAX_POINTS, ge=2, le=10_000, description="per series")
 

@@ -252,6 +252,7 @@ class MetricPoint(models.Model):
     class Kind(models.TextChoices):
         TRAIN = "train"  # sf.log: loss, learning rate, throughput ...
         VALIDATION = "validation"  # sf.log_validation, and eval follow-on jobs
+        SYSTEM = "system"  # sampled by the runner: process CPU/memory, NVML GPU telemetry
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_points")
     attempt = models.PositiveIntegerField()
