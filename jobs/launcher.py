@@ -14,7 +14,6 @@ from functools import partial
 from django.conf import settings
 from django.core import signing
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from jobs.executors import LaunchError, LaunchSpec, executor_for
@@ -85,8 +84,9 @@ def _record(outcomes: list[LaunchOutcome]) -> None:
         changed, refused = apply_transitions(
             JobStatus.PENDING, changes, actor="launcher", expected={JobStatus.SUBMITTED}
         )
-    for refusal in refused:  # stopped or paused while launching: take the launch back
-        transaction.on_commit(partial(cancel_current, refusal.job_id))
+    if refused:
+        for attempt_id in _unwanted(launched, {r.job_id for r in refused}):
+            transaction.on_commit(partial(cancel_attempt, attempt_id))
     for outcome in outcomes:
         if outcome.error:
             _launch_failed(by_attempt[outcome.attempt_id], outcome)
@@ -114,18 +114,38 @@ def _launch_failed(job_id: int, outcome: LaunchOutcome) -> None:
             after_failure(job_id, "rejected", timezone.now())
 
 
+def _unwanted(launched: list[LaunchOutcome], refused_jobs: set[int]) -> list[int]:
+    """Launched attempts whose job moved on meanwhile (stopped, paused): take them back.
+
+    An attempt that is still its job's current one in an active state was recorded by
+    someone else (the reconciler adopting it after a worker crash): it stays.
+    """
+    attempts = Attempt.objects.filter(
+        pk__in=[o.attempt_id for o in launched], job_id__in=refused_jobs
+    ).select_related("job")
+    return [
+        a.pk
+        for a in attempts
+        if a.job.current_attempt_id != a.pk or a.job.status not in JobStatus.active()
+    ]
+
+
 def cancel_current(job_id: int) -> None:
     """Ask the backend to stop the job's current attempt, if it has a backend object."""
-    attempt = (
-        Attempt.objects.select_related("job__cluster")
-        .filter(job_id=job_id, job__current_attempt=F("pk"))
-        .first()
-    )
+    current = Job.objects.filter(pk=job_id).values_list("current_attempt", flat=True).first()
+    if current is not None:
+        cancel_attempt(current)
+
+
+def cancel_attempt(attempt_id: int) -> None:
+    """Ask the backend to stop this attempt's backend object, if it has one (idempotent)."""
+    attempt = Attempt.objects.select_related("job__cluster").filter(pk=attempt_id).first()
     if attempt is None:
         return
-    ref = attempt.job_ref or executor_for(attempt.job.cluster).find(attempt.backend_name)
+    executor = executor_for(attempt.job.cluster)
+    ref = attempt.job_ref or executor.find(attempt.backend_name)
     if ref:
-        executor_for(attempt.job.cluster).cancel(ref)
+        executor.cancel(ref)
 
 
 def job_token(job_id: int, attempt: int) -> str:

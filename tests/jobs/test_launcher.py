@@ -72,3 +72,26 @@ def test_stop_while_launching_cancels_what_was_launched(
         launcher._record([outcome])
     assert Job.objects.get(pk=job.pk).status == S.STOPPED
     assert backend.cancelled == [attempt.backend_name]
+
+
+def test_a_late_launch_task_does_not_take_back_an_attempt_the_reconciler_adopted(
+    backend, team, alice, settings, django_capture_on_commit_callbacks
+):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from jobs import launcher
+    from jobs.reconciler import reconcile_all
+
+    job, attempt = admitted(team, alice)
+    outcome = launcher._launch_one(
+        Attempt.objects.select_related("job__cluster").get(pk=attempt.pk)
+    )  # launched, then the worker died
+    later = timezone.now() + dt.timedelta(seconds=settings.SF_LAUNCH_STUCK_S + 1)
+    reconcile_all(now=later)  # the restarted side adopts the backend object
+    assert Job.objects.get(pk=job.pk).status == S.PENDING
+    with django_capture_on_commit_callbacks(execute=True):
+        launcher._record([outcome])  # the redelivered launch task finishes late
+    assert backend.cancelled == []
+    assert backend.submitted == [attempt.backend_name]
