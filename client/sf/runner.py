@@ -20,6 +20,7 @@ import time
 from typing import IO, Any
 
 from sf.http import ApiError, Client, ConnectError
+from sf.system import SystemSampler, sample_interval
 
 INGEST_EXIT = 86
 BATCH_LINES = 1000
@@ -310,12 +311,15 @@ class MetricsTail:
     The SDK appends whole lines with one write each, so a line without its newline is still
     being written: it is left for the next read. Lines that are not valid points (user code may
     write to the file too) are skipped with one message, never sent to fail a whole batch.
+    Points the runner makes itself (system samples) join the same numbering through `add`; the
+    file cannot carry them, so job code cannot forge them.
     """
 
     def __init__(self, path: str, shipper: BatchShipper) -> None:
         self.path, self.shipper = path, shipper
         self.offset, self.seq, self.skipped = 0, 0, 0
         self.pending = b""
+        self.lock = threading.Lock()  # seq order must equal the shipper's buffer order
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="sf-metrics-tail", daemon=True)
 
@@ -334,6 +338,12 @@ class MetricsTail:
         while not self.done.wait(METRICS_POLL_S):
             self.read_new()
 
+    def add(self, point: dict) -> None:
+        """Number one point (without seq) into the shipper, after those already numbered."""
+        with self.lock:
+            self.shipper.add({"seq": self.seq, **point})
+            self.seq += 1
+
     def read_new(self) -> None:
         try:
             with open(self.path, "rb") as fh:
@@ -348,8 +358,7 @@ class MetricsTail:
             if point is None:
                 self.skipped += 1
                 continue
-            self.shipper.add({"seq": self.seq, **point})
-            self.seq += 1
+            self.add(point)
 
 
 def parse_point(raw: bytes) -> dict | None:
@@ -524,6 +533,14 @@ def run(env: RunnerEnv, argv: list[str]) -> int:
         shipper.start()
         metrics.shipper.start()
         metrics.start()
+        # start_new_session=True: the child's pid is its process group's id.
+        sampler = SystemSampler(
+            proc.pid,
+            metrics.add,
+            sample_interval(os.environ),
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+        )
+        sampler.start()
         sink = LineSink(console, shipper)
         readers = [
             threading.Thread(target=_pump, args=(proc.stdout, "stdout", sink), daemon=True),
@@ -532,6 +549,7 @@ def run(env: RunnerEnv, argv: list[str]) -> int:
         for reader in readers:
             reader.start()
         code = proc.wait()
+        sampler.stop()  # no samples of a finished job; before the final flush and the exit file
         supervisor.reap_leftovers(readers)
     metrics.stop()
     # Both channels flush at once: a down server costs the give-up time once, not twice.

@@ -1,4 +1,5 @@
-// Charts and Validation tabs: one Plotly chart per metric, from the server's downsampled series.
+// Charts, Validation and System tabs: one Plotly chart per metric, from the server's
+// downsampled series.
 (function () {
   const head = document.querySelector(".job-head");
   if (!head || typeof Plotly === "undefined") return;
@@ -16,8 +17,12 @@
                                  { credentials: "same-origin" });
     if (!response.ok) return;
     const body = await response.json();
-    const names = Object.keys(body.series || {}).sort();
+    // nvml_available is a flag, not a series: it only picks the System tab's sentence.
+    const names = Object.keys(body.series || {}).filter((n) => n !== "nvml_available").sort();
     section.querySelector(".empty").hidden = names.length > 0;
+    const note = section.querySelector(".system-note");
+    if (note) note.hidden = !(body.latest && body.latest.nvml_available &&
+                              body.latest.nvml_available.value === 0);
     const box = section.querySelector(".charts");
     for (const name of names) {
       let div = box.querySelector(`[data-metric="${CSS.escape(name)}"]`);
