@@ -143,6 +143,7 @@ def test_running_job_streams_logs_draws_charts_and_pauses_without_reload(
     page.screenshot(path=str(_artifact("charts.png")))
     for tab in ("validation", "system", "events", "diagnostics"):
         page.click(f'nav.tabs a[href="#{tab}"]')
+        page.wait_for_selector(f"#tab-{tab}", state="visible")
         page.screenshot(path=str(_artifact(f"{tab}.png")))
     page.evaluate("() => { window.sfNotReloaded = true; }")
     page.click('.actions button[value="pause"]')
