@@ -3,6 +3,8 @@
 Views read the ledger through the same service functions as the API and call the same actions.
 """
 
+import json
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponseRedirect, JsonResponse
@@ -49,10 +51,12 @@ def job_list(request):
         jobs = jobs.filter(cluster__kind=filters["backend"])
     if filters["q"]:
         jobs = jobs.filter(name__icontains=filters["q"])
-    before = request.GET.get("before", "")
-    if before.isdigit():
-        jobs = jobs.filter(pk__lt=int(before))
-    page = list(jobs.order_by("-pk")[: PAGE_SIZE + 1])  # keyset: newest first, by id
+    # Keyset paging by id (ids follow submit order): cheap at any depth, unlike OFFSET.
+    oldest_first = request.GET.get("order") == "oldest"
+    cursor = request.GET.get("after" if oldest_first else "before", "")
+    if cursor.isdigit():
+        jobs = jobs.filter(**{"pk__gt" if oldest_first else "pk__lt": int(cursor)})
+    page = list(jobs.order_by("pk" if oldest_first else "-pk")[: PAGE_SIZE + 1])
     more = len(page) > PAGE_SIZE
     page = page[:PAGE_SIZE]
     return render(
@@ -66,7 +70,8 @@ def job_list(request):
                 "team__name", flat=True
             ),
             "backends": Cluster.Kind.values,
-            "next_before": page[-1].pk if more else None,
+            "next_cursor": page[-1].pk if more else None,
+            "oldest_first": oldest_first,
         },
     )
 
@@ -88,6 +93,14 @@ def job_detail(request, job_id: int):
             "events": job.events.order_by("pk"),
             "diagnostics": diagnostics.explain(job, now),
             "actions": _actions(job),
+            "follow_ons_json": json.dumps(
+                [
+                    {"id": pk, "name": name}
+                    for pk, name in job.follow_ons.order_by("pk").values_list(
+                        "pk", "follow_on_name"
+                    )
+                ]
+            ),
             "terminal": job.status in JobStatus.terminal(),
         },
     )

@@ -10,13 +10,31 @@
     xaxis: { title: { text: x } }, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
     font: { color: dark ? "#d6dbe4" : "#1d2330" },
   });
+  async function fetchMetrics(id, kind, x) {
+    const response = await fetch(`/api/v1/jobs/${id}/metrics?kind=${kind}&x=${x}`,
+                                 { credentials: "same-origin" });
+    return response.ok ? response.json() : { series: {}, latest: {} };
+  }
+  // The Validation tab also shows the validation metrics of the job's follow-on jobs
+  // (`--then eval`), each name prefixed with the follow-on's name.
+  async function gather(section, kind, x) {
+    const body = await fetchMetrics(jobId, kind, x);
+    for (const child of JSON.parse(section.dataset.followOns || "[]")) {
+      const extra = await fetchMetrics(child.id, kind, x);
+      for (const [n, v] of Object.entries(extra.series || {})) body.series[`${child.name}/${n}`] = v;
+      for (const [n, v] of Object.entries(extra.latest || {})) body.latest[`${child.name}/${n}`] = v;
+    }
+    return body;
+  }
+  function cell(row, text) {
+    const td = document.createElement("td");
+    td.textContent = text;  // metric names come from the job's code: never as HTML
+    row.appendChild(td);
+  }
   async function draw(section) {
     const kind = section.dataset.metricsKind;
     const x = section.dataset.x || "step";
-    const response = await fetch(`/api/v1/jobs/${jobId}/metrics?kind=${kind}&x=${x}`,
-                                 { credentials: "same-origin" });
-    if (!response.ok) return;
-    const body = await response.json();
+    const body = await gather(section, kind, x);
     // nvml_available is a flag, not a series: it only picks the System tab's sentence.
     const names = Object.keys(body.series || {}).filter((n) => n !== "nvml_available").sort();
     section.querySelector(".empty").hidden = names.length > 0;
@@ -37,9 +55,13 @@
     }
     const table = section.querySelector("table.latest");
     if (table && body.latest) {
-      table.innerHTML = "<tr><th>metric</th><th>step</th><th>value</th></tr>" +
-        Object.entries(body.latest).map(([n, v]) =>
-          `<tr><td>${n}</td><td>${v.step}</td><td>${v.value}</td></tr>`).join("");
+      table.replaceChildren();
+      const head = table.insertRow();
+      ["metric", "step", "value"].forEach((h) => cell(head, h));
+      for (const [n, v] of Object.entries(body.latest).sort()) {
+        const row = table.insertRow();
+        [n, v.step, v.value].forEach((t) => cell(row, String(t)));
+      }
     }
   }
   function refresh() {

@@ -164,3 +164,22 @@ def test_buttons_answer_json_to_the_page_script(team, alice):
     assert answer.status_code == 200 and answer.json()["status"] == "PAUSED"
     again = client.post(f"/jobs/{job.pk}/pause/", HTTP_ACCEPT="application/json")
     assert again.status_code == 409 and "job" in again.json()["detail"]
+
+
+def test_jobs_list_sorts_oldest_first_on_request_and_pages_forward(team, alice):
+    jobs = [queued_job(team, alice, name=f"run-{n}") for n in range(52)]
+    client = signed_in(alice)
+    page = client.get("/?order=oldest").content.decode()
+    assert page.index("run-0<") < page.index("run-1<") and "run-51<" not in page
+    rest = client.get(f"/?order=oldest&after={jobs[49].pk}").content.decode()
+    assert "run-50<" in rest and "run-51<" in rest and "run-49<" not in rest
+
+
+def test_validation_tab_lists_follow_on_jobs_for_their_metrics(team, alice):
+    parent = job_in("SUCCEEDED", team, alice)
+    child = queued_job(team, alice, parent=parent, follow_on_name="eval")
+    page = signed_in(alice).get(f"/jobs/{parent.pk}/").content.decode()
+    assert (
+        f'data-follow-ons="[{{&quot;id&quot;: {child.pk}, &quot;name&quot;: &quot;eval&quot;}}]"'
+        in page
+    )
