@@ -2,9 +2,13 @@
 
 `.venv/bin/python bench/metrics_bench.py` — needs PostgreSQL on 127.0.0.1:5432 (as `make bench`).
 Creates its own database `sf_bench_metrics`, loads 1,000,000 train points (4 metrics of 250,000
-steps each) and 4,000 validation points for one RUNNING job with COPY, ANALYZEs, then times
-`series()` (x=step and x=time, 2,000 points per series) and `latest()`: median of 5 after one
-warm-up. Prints JSON; the database is dropped afterwards. Aim: the Charts data under 150 ms.
+steps each) and 4,000 validation points for one RUNNING job with COPY, builds their rollups as
+the migration does (`rollup_build_s`), ANALYZEs, then times `series()` (x=step and x=time, 2,000
+points per series: read from the rollups), the same series read point by point as before the
+rollups (`raw_series_*`), and `latest()`: median of 5 after one warm-up. `ingest` times
+`metrics.append` (points and rollups) for 100,000 points of 4 metrics in batches of 5,000.
+Prints JSON; the database is dropped afterwards. Aim: the Charts data under 150 ms.
+Also run by `bench/run.py --only metrics`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ DB = "sf_bench_metrics"
 TRAIN_NAMES = ("loss", "lr", "throughput", "grad_norm")
 STEPS = 250_000
 RUNS = 5
+INGEST_POINTS, INGEST_BATCH = 100_000, 5_000
 
 
 def load(job_id: int) -> None:
@@ -86,11 +91,52 @@ def split_series(job_id: int) -> dict:
     }
 
 
+def build_rollups() -> float:
+    """The migration's backfill over the COPYed points; returns its seconds."""
+    import importlib
+
+    from django.apps import apps
+
+    start = time.perf_counter()
+    importlib.import_module("jobs.migrations.0005_metric_rollups").build_rollups(apps, None)
+    return time.perf_counter() - start
+
+
+def ingest(job_id: int) -> dict:
+    """metrics.append, rollups included, for INGEST_POINTS points in batches of INGEST_BATCH."""
+    from jobs import metrics
+
+    t0 = 1_700_000_000.0
+    points = [
+        {
+            "seq": seq,
+            "kind": "train",
+            "name": TRAIN_NAMES[seq % len(TRAIN_NAMES)],
+            "step": seq // len(TRAIN_NAMES),
+            "value": math.sin(seq / 1000),
+            "ts": t0 + seq / 100,
+        }
+        for seq in range(INGEST_POINTS)
+    ]
+    batches = [points[i : i + INGEST_BATCH] for i in range(0, INGEST_POINTS, INGEST_BATCH)]
+    start = time.perf_counter()
+    accepted = sum(metrics.append(job_id, 1, batch).accepted for batch in batches)
+    seconds = time.perf_counter() - start
+    assert accepted == INGEST_POINTS, accepted
+    return {
+        "points": INGEST_POINTS,
+        "batch": INGEST_BATCH,
+        "seconds": round(seconds, 2),
+        "points_per_s": round(INGEST_POINTS / seconds),
+        "ms_per_batch": round(seconds / len(batches) * 1000, 1),
+    }
+
+
 def measure() -> dict:
     from django.db import connection
 
     from jobs import metrics
-    from jobs.models import MetricPoint
+    from jobs.models import MetricPoint, MetricRollup
 
     user = common.make_user()
     cluster = common.make_cluster(8)
@@ -98,25 +144,38 @@ def measure() -> dict:
     job = common.running_job(team, user, cluster, "metrics-bench")
     setup = time.perf_counter()
     load(job.pk)
+    rollup_build_s = build_rollups()
     common.analyze()
     setup_s = time.perf_counter() - setup
     loss = metrics.series(job.pk, "train")["loss"]
     assert (loss["total"], len(loss["x"])) == (STEPS, 2000), loss["total"]
     assert MetricPoint.objects.filter(job=job, kind="train").count() == STEPS * len(TRAIN_NAMES)
+    names = list(TRAIN_NAMES)
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
         version = cursor.fetchone()[0]
-    return {
+    result = {
         "points": STEPS * len(TRAIN_NAMES),
         "setup_s": round(setup_s, 1),
+        "rollup_build_s": round(rollup_build_s, 1),
+        "rollup_rows": MetricRollup.objects.filter(job=job).count(),
         "series_step": timed(lambda: metrics.series(job.pk, "train", "step", 2000)),
         "series_time": timed(lambda: metrics.series(job.pk, "train", "time", 2000)),
+        "raw_series_step": timed(lambda: metrics._raw_series(job.pk, "train", "step", 2000, names)),
+        "raw_series_time": timed(lambda: metrics._raw_series(job.pk, "train", "ts", 2000, names)),
         "series_validation": timed(lambda: metrics.series(job.pk, "validation")),
         "latest_train": timed(lambda: metrics.latest(job.pk, "train")),
         "split": split_series(job.pk),
-        "postgres": version,
-        "cpus": os.cpu_count(),
     }
+    other = common.running_job(team, user, cluster, "metrics-bench-ingest")
+    result["ingest"] = ingest(other.pk)
+    result.update({"postgres": version, "cpus": os.cpu_count()})
+    return result
+
+
+def run() -> dict:
+    """For bench/run.py: the database is already created, migrated and set up."""
+    return measure()
 
 
 def main() -> int:

@@ -270,3 +270,64 @@ class MetricPoint(models.Model):
             ),
         ]
         indexes = [models.Index(fields=["job", "kind", "name", "step"], name="metric_series")]
+
+
+class MetricSeries(models.Model):
+    """One metric of a job (kind, name): how many points it holds and their x extent.
+
+    Maintained by `metrics.append` from the points it actually inserted; `series()` reads it to
+    decide between the raw points and the rollups. Its row lock orders the rollup merges of a
+    series.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_series")
+    kind = models.CharField(max_length=10, choices=MetricPoint.Kind.choices)
+    name = models.CharField(max_length=100)
+    count = models.BigIntegerField(default=0)
+    min_step = models.BigIntegerField(null=True)
+    max_step = models.BigIntegerField(null=True)
+    min_ts = models.FloatField(null=True)
+    max_ts = models.FloatField(null=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "kind", "name"], name="one_metric_series"),
+        ]
+
+
+class MetricRollup(models.Model):
+    """A bucket of one metric series: its first, last, lowest and highest point, and its count.
+
+    On axis "step" bucket b of level k holds the points with floor(step / 2**k) == b; on axis
+    "time" those with floor(ts / 2**k) == b (ts in epoch seconds: buckets are fixed, so a point
+    logged late or out of order never moves the others). Each point is kept as (x, y) with x
+    its step or ts on that axis.
+    """
+
+    class Axis(models.TextChoices):
+        STEP = "step"
+        TIME = "time"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_rollups")
+    kind = models.CharField(max_length=10, choices=MetricPoint.Kind.choices)
+    name = models.CharField(max_length=100)
+    axis = models.CharField(max_length=4, choices=Axis.choices)
+    level = models.PositiveSmallIntegerField()
+    bucket = models.BigIntegerField()
+    count = models.BigIntegerField()
+    first_x = models.FloatField()
+    first_y = models.FloatField()
+    last_x = models.FloatField()
+    last_y = models.FloatField()
+    min_x = models.FloatField()
+    min_y = models.FloatField()
+    max_x = models.FloatField()
+    max_y = models.FloatField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "kind", "name", "axis", "level", "bucket"],
+                name="one_metric_rollup_bucket",
+            ),
+        ]

@@ -1,13 +1,17 @@
 """SDK metrics on the server: ingest (POST /api/v1/ingest/metrics), series with LTTB, latest."""
 
+import importlib
 import json
 import math
 
 import pytest
+from django.apps import apps
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from jobs import metrics
 from jobs.metrics import lttb
-from jobs.models import MetricPoint
+from jobs.models import MetricPoint, MetricRollup, MetricSeries
 from tests.jobs.api_helpers import assert_refused, submit
 from tests.jobs.test_log_ingest import attach_attempt, finish, runner
 
@@ -246,6 +250,122 @@ def test_latest_takes_the_highest_step_and_the_newest_attempt_at_a_tie(job_id):
     metrics.append(job_id, 2, resumed)
     assert metrics.latest(job_id, "train") == {"loss": {"step": 3, "value": 7.0, "ts": T0}}
     assert metrics.latest(job_id, "validation") == {}
+
+
+# -- rollups --------------------------------------------------------------------------------------
+
+
+def rollups(job_id: int) -> dict:
+    return {
+        row[:5]: list(row[5:])
+        for row in MetricRollup.objects.filter(job_id=job_id).values_list(
+            "kind", "name", "axis", "level", "bucket", *metrics.ROLLUP_FIELDS
+        )
+    }
+
+
+def series_rows(job_id: int) -> dict:
+    return {
+        (row[0], row[1]): list(row[2:])
+        for row in MetricSeries.objects.filter(job_id=job_id).values_list(
+            "kind", "name", "count", "min_step", "max_step", "min_ts", "max_ts"
+        )
+    }
+
+
+def from_scratch(job_id: int) -> tuple[dict, dict]:
+    points = (
+        MetricPoint.objects.filter(job_id=job_id)
+        .order_by("attempt", "seq")
+        .values_list("kind", "name", "step", "ts", "value")
+    )
+    return metrics.aggregate(points)
+
+
+def test_rollups_count_each_point_once_across_resends(job_id):
+    client = runner(job_id)
+    both = lambda a, b: make_points(a, b) + make_points(a + 10_000, b + 10_000, name="lr")  # noqa: E731
+    send_points(client, both(0, 300))
+    assert send_points(client, both(0, 300)).json()["accepted"] == 0
+    assert send_points(client, both(200, 700)).json()["accepted"] == 800
+    metrics.append(job_id, 1, both(650, 900) + both(650, 700))  # repeats inside the batch too
+    attach_attempt(job_id, 2)
+    metrics.append(job_id, 2, [{**p, "step": p["step"] + 5} for p in make_points(0, 400)])
+    raw = MetricPoint.objects.filter(job_id=job_id, kind="train", name="loss").count()
+    assert raw == 900 + 400
+    assert series_rows(job_id)[("train", "loss")] == [raw, 0, 899, T0, T0 + 899]
+    stored = rollups(job_id)
+    for axis in ("step", "time"):
+        for level in metrics.LEVELS:
+            counts = [acc[0] for key, acc in stored.items() if key[1:4] == ("loss", axis, level)]
+            assert sum(counts) == raw, (axis, level)
+    stats, expected = from_scratch(job_id)
+    assert stored == expected
+    assert series_rows(job_id) == stats
+
+
+def test_the_migration_builds_the_same_rollups_from_stored_points(job_id):
+    metrics.append(job_id, 1, make_points(0, 3000) + make_points(3000, 3100, name="lr"))
+    before = rollups(job_id), series_rows(job_id)
+    MetricRollup.objects.all().delete()
+    MetricSeries.objects.all().delete()
+    migration = importlib.import_module("jobs.migrations.0005_metric_rollups")
+    migration.build_rollups(apps, None)
+    assert (rollups(job_id), series_rows(job_id)) == before
+
+
+def spiky_points(n: int) -> list[dict]:
+    points = make_points(0, n)
+    for p in points:
+        p["value"] = math.sin(p["step"] / 300) + (p["step"] % 13) / 50
+    points[31_337]["value"] = 1_000.0
+    points[77_777]["value"] = -1_000.0
+    return points
+
+
+def test_a_long_series_is_read_from_the_rollups_only(job_id):
+    points = spiky_points(100_000)
+    for start in range(0, 100_000, 20_000):
+        metrics.append(job_id, 1, points[start : start + 20_000])
+    metrics.append(job_id, 1, [{**p, "seq": p["seq"] + 10**6} for p in make_points(0, 5, "lr")])
+    for x, first, last in (("step", 0, 99_999), ("time", T0, T0 + 99_999)):
+        with CaptureQueriesContext(connection) as queries:
+            got = metrics.series(job_id, "train", x=x, max_points=2000)
+        point_reads = [q["sql"] for q in queries if MetricPoint._meta.db_table in q["sql"]]
+        # Only the short series is read point by point.
+        assert len(point_reads) == 1 and "'lr'" in point_reads[0], point_reads
+        assert "'loss'" not in point_reads[0]
+        loss = got["loss"]
+        assert (loss["total"], loss["downsampled"], len(loss["x"]), len(loss["y"])) == (
+            100_000,
+            True,
+            2000,
+            2000,
+        )
+        assert (loss["x"][0], loss["x"][-1]) == (first, last)
+        assert (loss["y"][0], loss["y"][-1]) == (points[0]["value"], points[-1]["value"])
+        assert loss["x"] == sorted(set(loss["x"]))
+        assert (31_337 + (T0 if x == "time" else 0)) in loss["x"]
+        assert 1_000.0 in loss["y"] and -1_000.0 in loss["y"]
+        assert got["lr"]["total"] == 5 and not got["lr"]["downsampled"]
+    assert isinstance(got["loss"]["x"][1], float)
+    by_step = metrics.series(job_id, "train", max_points=500)["loss"]
+    assert len(by_step["x"]) == 500 and all(type(v) is int for v in by_step["x"])
+
+
+def test_a_sparse_long_series_still_comes_back_as_max_points(job_id):
+    # 2,900 points crowded at the start and one far away: the coarse buckets are too few.
+    points = make_points(0, 2901)
+    points[-1]["step"] = 10**9
+    metrics.append(job_id, 1, points)
+    loss = metrics.series(job_id, "train", max_points=2000)["loss"]
+    assert (loss["total"], len(loss["x"]), loss["x"][0], loss["x"][-1]) == (2901, 2000, 0, 10**9)
+
+
+def test_keep_extremes_swaps_in_the_lowest_and_highest_points():
+    ys = [0.0, 1.0, 9.0, 1.0, 0.0, -9.0, 0.0, 1.0]
+    assert metrics.keep_extremes([0, 1, 3, 7], ys) == [0, 2, 5, 7]
+    assert metrics.keep_extremes([0, 2, 5, 7], ys) == [0, 2, 5, 7]
 
 
 # -- LTTB ------------------------------------------------------------------------------------------
