@@ -5,10 +5,12 @@ what the executor promises on its own: one process per attempt, state that survi
 executor instance (a worker restart), GPU slots through CUDA_VISIBLE_DEVICES, and stop.
 """
 
+import contextlib
 import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -30,6 +32,20 @@ S = JobStatus
 def _api_for_runners(live_server, settings):
     settings.SF_API_URL = live_server.url
     settings.SF_RUNNER_PYTHON = sys.executable
+    yield
+    # Runners live in their own sessions: end this test's before its database is flushed, so
+    # none posts to the live server between tests.
+    for proc_file in Path(settings.SF_LOCAL_STATE_DIR).glob("*/*/proc.json"):
+        pids = [
+            _read_json(proc_file).get("pid"),
+            _read_json(proc_file.with_name("started.json")).get("pid"),
+        ]
+        for pid in filter(None, pids):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while any(process_alive(p) for p in filter(None, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def python_job(team, user, code: str, gpus: int = 1) -> Job:
