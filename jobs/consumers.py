@@ -39,6 +39,9 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
     async def job_lines(self, message: dict) -> None:
         await self.send_json(message)
 
+    async def job_metrics(self, message: dict) -> None:
+        await self.send_json(message)
+
     async def job_status(self, message: dict) -> None:
         await self.send_json(message)
 

@@ -64,6 +64,16 @@ def status_message(
     }
 
 
+def metrics_message(kinds: Iterable[str], accepted: int) -> dict:
+    """New metric points were stored: the open charts of these kinds should refresh."""
+    return {"type": "job.metrics", "kinds": sorted(set(kinds)), "points": accepted}
+
+
+def publish_metrics(job_id: int, kinds: Iterable[str], accepted: int) -> None:
+    if accepted and _layer() is not None:
+        _send_on_commit([(job_group(job_id), metrics_message(kinds, accepted))])
+
+
 def publish_lines(job_id: int, attempt: int, lines: list[dict], cursor: str) -> None:
     if lines and _layer() is not None:
         message = lines_message(attempt, lines, cursor)

@@ -7,7 +7,7 @@ from django.conf import settings
 from ninja import Query, Router, Schema
 from pydantic import Field
 
-from jobs import metrics, services
+from jobs import live, metrics, services
 from jobs.api import PayloadTooLarge, _ingesting_attempt
 from jobs.auth import ConsoleSession, JobToken, UserToken
 from jobs.errors import BadRequest
@@ -47,6 +47,7 @@ def ingest_metrics(request):
     attempt = _ingesting_attempt(request.auth)
     points = _parse_batch(request.body, attempt.number)
     result = metrics.append(attempt.job_id, attempt.number, points)
+    live.publish_metrics(attempt.job_id, (p["kind"] for p in points), result.accepted)
     return {"accepted": result.accepted, "duplicates": result.duplicates}
 
 

@@ -79,5 +79,14 @@
   });
   document.addEventListener("sf:tab", refresh);
   refresh();
-  if (head.dataset.terminal !== "1") setInterval(refresh, 5000);
+  // New points arrive as `job.metrics` messages on the job's websocket: redraw at most once a
+  // second; a slow poll covers a dropped message.
+  let pending = null;
+  window.addEventListener("load", () => {
+    if (!window.StarforgeLive) return;
+    window.StarforgeLive.socket(`/ws/jobs/${jobId}/`).on("job.metrics", () => {
+      if (!pending) pending = setTimeout(() => { pending = null; refresh(); }, 1000);
+    });
+  });
+  if (head.dataset.terminal !== "1") setInterval(refresh, 30000);
 })();

@@ -367,3 +367,40 @@ def test_download_returns_every_attempt_as_text_and_404s_for_another_team(team, 
     assert text == "\n".join(expected) + "\n"
     assert signed_in(alice).get(f"/api/v1/jobs/{job.pk}/logs/download").status_code == 200
     assert api.get(f"/jobs/{theirs.pk}/logs/download").status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ingested_metric_points_tell_the_open_page_to_redraw(team, alice):
+    from jobs.launcher import job_token
+    from tests.jobs.factories import with_attempt
+
+    job = queued_job(team, alice)
+    with_attempt(job, "RUNNING", job_ref="r")
+    runner = Client(HTTP_AUTHORIZATION=f"Bearer {job_token(job.pk, 1)}")
+    points = [
+        {
+            "seq": n,
+            "kind": "train",
+            "name": "loss",
+            "step": n,
+            "value": 1.0 / (n + 1),
+            "ts": 1.0 + n,
+        }
+        for n in range(3)
+    ]
+    session = session_of(alice)
+
+    async def scenario():
+        page = socket(f"/ws/jobs/{job.pk}/", session)
+        assert (await page.connect())[0]
+        answer = await database_sync_to_async(runner.post)(
+            "/api/v1/ingest/metrics",
+            {"attempt": 1, "points": points},
+            content_type="application/json",
+        )
+        assert answer.status_code == 200, answer.content
+        message = await page.receive_json_from(timeout=5)
+        await page.disconnect()
+        return message
+
+    assert run(scenario) == {"type": "job.metrics", "kinds": ["train"], "points": 3}
