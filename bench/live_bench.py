@@ -7,9 +7,7 @@ Run: `.venv/bin/python bench/live_bench.py` (also part of `make bench`). Needs /
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -39,7 +37,7 @@ WATCH = """() => {
 def run() -> dict:
     from playwright.sync_api import sync_playwright
 
-    from tests.browser.test_console_browser import CHROMIUM, CHROMIUM_ARGS
+    from tests.browser.test_console_browser import CHROMIUM, CHROMIUM_ARGS, sign_in, submit
     from tests.e2e.stack import Stack
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -49,39 +47,11 @@ def run() -> dict:
             work = Path(tmp) / "project"
             work.mkdir()
             (work / "ticker.py").write_text(TICKER)
-            env = {
-                **os.environ,
-                "SF_URL": stack.url,
-                "SF_TOKEN": stack.token,
-                "SF_CONFIG": str(work / "sf.json"),
-            }
-            done = subprocess.run(
-                [
-                    str(Path(sys.executable).with_name("sf")),
-                    "submit",
-                    "--gpus",
-                    "0",
-                    "--json",
-                    "--",
-                    "python",
-                    "ticker.py",
-                ],
-                cwd=work,
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=60,
-            )
-            job_id = json.loads(done.stdout)["id"]
+            job_id = submit(stack, stack.token, work, "python", "ticker.py")
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                 page = browser.new_page(base_url=stack.url)
-                page.goto("/accounts/login/")
-                page.fill("#id_username", "demo")
-                page.fill("#id_password", "demo")
-                page.click("button[type=submit]")
-                page.wait_for_url(f"{stack.url}/")
+                sign_in(page, stack.url, "demo", "demo")
                 page.goto(f"/jobs/{job_id}/#logs")
                 page.evaluate(WATCH)
                 page.wait_for_function("() => window.sfDelays.length >= 20", timeout=60000)

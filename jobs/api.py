@@ -303,6 +303,39 @@ def _page(job_id: int, cursor: str | None, tail: int | None, limit: int) -> logs
 # -- the runner's side ---------------------------------------------------------------------------
 
 
+def batch_items(body: bytes, attempt: int, field: str, limit: int, *, finite: bool) -> list:
+    """The list under `field` of a runner's batch for `attempt`, or a 4xx saying what is wrong.
+
+    With `finite`, NaN and Infinity are refused while parsing; otherwise the caller checks them.
+    """
+    try:
+        batch = json.loads(body, parse_constant=_refuse_constant if finite else None)
+    except ValueError as exc:
+        raise BadRequest(f"the body is not JSON ({exc})") from exc
+    sent = batch.get("attempt") if isinstance(batch, dict) else None
+    if type(sent) is not int or sent != attempt:
+        raise BadRequest(f'the body must be an object with "attempt": {attempt} (this token\'s)')
+    items = batch.get(field)
+    if not isinstance(items, list):
+        raise BadRequest(f'"{field}" must be a list')
+    if len(items) > limit:
+        raise PayloadTooLarge(f"a batch holds at most {limit} {field}; this one has {len(items)}")
+    return items
+
+
+def batch_body_doc(field: str) -> dict:
+    """The OpenAPI request body of a runner's batch (parsed by hand, for speed)."""
+    schema = {
+        "type": "object",
+        "required": ["attempt", field],
+        "properties": {
+            "attempt": {"type": "integer"},
+            field: {"type": "array", "items": {"type": "object"}},
+        },
+    }
+    return {"requestBody": {"content": {"application/json": {"schema": schema}}}}
+
+
 def _ingesting_attempt(principal) -> Attempt:
     attempt = (
         Attempt.objects.select_related("job")
@@ -324,22 +357,7 @@ def _ingesting_attempt(principal) -> Attempt:
     "/logs",
     response=IngestResult,
     summary="Append a batch of log lines",
-    openapi_extra={
-        "requestBody": {
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["attempt", "lines"],
-                        "properties": {
-                            "attempt": {"type": "integer"},
-                            "lines": {"type": "array", "items": {"type": "object"}},
-                        },
-                    }
-                }
-            }
-        }
-    },
+    openapi_extra=batch_body_doc("lines"),
 )
 def ingest_logs(request):
     attempt = _ingesting_attempt(request.auth)
@@ -353,21 +371,7 @@ def ingest_logs(request):
 
 
 def _parse_batch(body: bytes, attempt: int) -> list[dict]:
-    try:
-        batch = json.loads(body, parse_constant=_refuse_constant)
-    except ValueError as exc:
-        raise BadRequest(f"the body is not JSON ({exc})") from exc
-    sent = batch.get("attempt") if isinstance(batch, dict) else None
-    if type(sent) is not int or sent != attempt:
-        raise BadRequest(f'the body must be an object with "attempt": {attempt} (this token\'s)')
-    lines = batch.get("lines")
-    if not isinstance(lines, list):
-        raise BadRequest('"lines" must be a list')
-    if len(lines) > settings.SF_LOG_BATCH_MAX_LINES:
-        raise PayloadTooLarge(
-            f"a batch holds at most {settings.SF_LOG_BATCH_MAX_LINES} lines; "
-            f"this one has {len(lines)}"
-        )
+    lines = batch_items(body, attempt, "lines", settings.SF_LOG_BATCH_MAX_LINES, finite=True)
     for i, line in enumerate(lines):
         if not (
             isinstance(line, dict)

@@ -1,6 +1,5 @@
 """The metrics API: the runner's ingest of SDK points and the charts' read of them (`/api/v1`)."""
 
-import json
 from typing import Literal
 
 from django.conf import settings
@@ -8,9 +7,8 @@ from ninja import Query, Router, Schema
 from pydantic import Field
 
 from jobs import live, metrics, services
-from jobs.api import PayloadTooLarge, _ingesting_attempt
+from jobs.api import _ingesting_attempt, batch_body_doc, batch_items
 from jobs.auth import ConsoleSession, JobToken, UserToken
-from jobs.errors import BadRequest
 
 router = Router(tags=["metrics"])
 
@@ -26,22 +24,7 @@ class MetricIngestResult(Schema):
     response=MetricIngestResult,
     tags=["runner ingest"],
     summary="Append a batch of metric points",
-    openapi_extra={
-        "requestBody": {
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["attempt", "points"],
-                        "properties": {
-                            "attempt": {"type": "integer"},
-                            "points": {"type": "array", "items": {"type": "object"}},
-                        },
-                    }
-                }
-            }
-        }
-    },
+    openapi_extra=batch_body_doc("points"),
 )
 def ingest_metrics(request):
     attempt = _ingesting_attempt(request.auth)
@@ -52,22 +35,9 @@ def ingest_metrics(request):
 
 
 def _parse_batch(body: bytes, attempt: int) -> list:
-    try:
-        batch = json.loads(body)  # NaN/Infinity parse, and are refused as points below
-    except ValueError as exc:
-        raise BadRequest(f"the body is not JSON ({exc})") from exc
-    sent = batch.get("attempt") if isinstance(batch, dict) else None
-    if type(sent) is not int or sent != attempt:
-        raise BadRequest(f'the body must be an object with "attempt": {attempt} (this token\'s)')
-    points = batch.get("points")
-    if not isinstance(points, list):
-        raise BadRequest('"points" must be a list')
-    if len(points) > settings.SF_METRIC_BATCH_MAX_POINTS:
-        raise PayloadTooLarge(
-            f"a batch holds at most {settings.SF_METRIC_BATCH_MAX_POINTS} points; "
-            f"this one has {len(points)}"
-        )
-    return points
+    # NaN/Infinity parse here and are refused point by point, with the point's index.
+    limit = settings.SF_METRIC_BATCH_MAX_POINTS
+    return batch_items(body, attempt, "points", limit, finite=False)
 
 
 class MetricsQuery(Schema):

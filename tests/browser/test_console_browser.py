@@ -91,6 +91,14 @@ def submit(stack: Stack, token: str, workdir: Path, *command: str) -> int:
     return json.loads(done.stdout)["id"]
 
 
+def sign_in(page, base_url: str, username: str, password: str) -> None:
+    page.goto("/accounts/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base_url}/")
+
+
 @pytest.fixture(scope="module")
 def browser():
     from playwright.sync_api import sync_playwright
@@ -105,11 +113,7 @@ def browser():
 def page(browser, stack, carol_token):
     context = browser.new_context(base_url=stack.url)
     page = context.new_page()
-    page.goto("/accounts/login/")
-    page.fill("#id_username", "carol")
-    page.fill("#id_password", "carol-pw")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{stack.url}/")
+    sign_in(page, stack.url, "carol", "carol-pw")
     yield page
     context.close()
 
