@@ -30,7 +30,21 @@ class TeamAdmin(admin.ModelAdmin):
 
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
-    list_display = ("name", "kind", "enabled")
+    list_display = ("name", "kind", "enabled", "health")
+    readonly_fields = (
+        "unreachable_since",
+        "unreachable_reason",
+        "poll_failing_since",
+        "poll_error",
+    )
+
+    @admin.display(description="health")
+    def health(self, cluster: Cluster) -> str:
+        if cluster.unreachable_since:
+            return f"unreachable: {cluster.unreachable_reason}"
+        if cluster.poll_failing_since:
+            return f"poll failing: {cluster.poll_error}"
+        return "ok"
 
 
 @admin.register(ScheduleWindow)

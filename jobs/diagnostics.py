@@ -17,7 +17,7 @@ S = JobStatus
 def explain(job: Job, now: dt.datetime | None = None) -> list[str]:
     now = now or timezone.now()
     attempt = job.current_attempt
-    sentences = _by_status(job, attempt, now)
+    sentences = _by_status(job, attempt, now) + _cluster_health(job, now)
     if job.status in (S.FAILED, S.STOPPED):
         why_not = retry_unavailable_reason(job)
         sentences.append(
@@ -79,11 +79,38 @@ def _pending(job: Job, attempt: Attempt, now: dt.datetime) -> list[str]:
     since = attempt.pending_at or attempt.submitted_at
     left = deadline - (now - since).total_seconds()
     native = f" (backend state {attempt.native_state})" if attempt.native_state else ""
+    waiting = (
+        [f"The backend says why it waits: {attempt.native_message}."]
+        if attempt.native_message
+        else []
+    )
     return [
         f"On cluster {job.cluster.name} as {attempt.job_ref}, not running yet{native}.",
+        *waiting,
         f"It fails with a pending deadline in {max(left, 0):.0f} s unless it starts "
         f"(deadline {deadline} s).",
     ]
+
+
+def _cluster_health(job: Job, now: dt.datetime) -> list[str]:
+    """What is wrong with the job's cluster, when the job still depends on it."""
+    if job.status not in S.active() | {S.QUEUED}:
+        return []
+    cluster, sentences = job.cluster, []
+    if cluster.unreachable_since:
+        minutes = (now - cluster.unreachable_since).total_seconds() / 60
+        sentences.append(
+            f"Cluster {cluster.name} cannot be reached (for {minutes:.0f} min): "
+            f"{cluster.unreachable_reason}. Nothing is admitted to it until it answers."
+        )
+    if cluster.poll_failing_since and job.status in S.active():
+        minutes = (now - cluster.poll_failing_since).total_seconds() / 60
+        sentences.append(
+            f"Polling cluster {cluster.name} fails (for {minutes:.0f} min): {cluster.poll_error}. "
+            "The job's status here is the last one observed; it is not declared lost while "
+            "the cluster cannot be asked."
+        )
+    return sentences
 
 
 def _failed(job: Job, attempt: Attempt) -> list[str]:

@@ -10,6 +10,7 @@ import json
 import logging
 from dataclasses import dataclass
 from functools import partial
+from pathlib import PurePosixPath
 
 from django.conf import settings
 from django.core import signing
@@ -37,7 +38,7 @@ class LaunchOutcome:
 def launch_attempts(attempt_ids: list[int]) -> list[LaunchOutcome]:
     attempts = (
         Attempt.objects.filter(pk__in=attempt_ids, job_ref="", end_time__isnull=True)
-        .select_related("job", "job__cluster")
+        .select_related("job", "job__cluster", "job__team")
         .order_by("pk")
     )
     outcomes = [_launch_one(a) for a in attempts if _still_wanted(a)]
@@ -153,11 +154,15 @@ def job_token(job_id: int, attempt: int) -> str:
 
 
 def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
-    output_dir = settings.SF_OUTPUT_ROOT / job.run_id
+    # A cluster whose jobs see the server or the run outputs under other names says so in
+    # its settings (a pod reaches the API through a service URL, not 127.0.0.1).
+    cluster_settings = job.cluster.settings
+    output_root = PurePosixPath(cluster_settings.get("output_root") or settings.SF_OUTPUT_ROOT)
+    output_dir = output_root / job.run_id
     env = {str(k): str(v) for k, v in job.env.items()}
     env.update(
         {
-            "SF_API_URL": settings.SF_API_URL,
+            "SF_API_URL": cluster_settings.get("api_url") or settings.SF_API_URL,
             "SF_JOB_TOKEN": job_token(job.pk, attempt.number),
             "SF_JOB_ID": str(job.pk),
             "SF_RUN_ID": job.run_id,
@@ -171,7 +176,7 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
     if job.parent_id:  # a follow-on job reads its parent's outputs
         parent_run = Job.objects.values_list("run_id", flat=True).get(pk=job.parent_id)
         env["SF_PARENT_RUN_ID"] = parent_run
-        env["SF_PARENT_OUTPUT_DIR"] = str(settings.SF_OUTPUT_ROOT / parent_run)
+        env["SF_PARENT_OUTPUT_DIR"] = str(output_root / parent_run)
     return LaunchSpec(
         name=attempt.backend_name,
         job_id=job.pk,
@@ -180,4 +185,5 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
         gpus=attempt.gpus,
         entrypoint=list(job.entrypoint),
         env=env,
+        team=job.team.name,
     )

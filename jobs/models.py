@@ -38,15 +38,37 @@ class Cluster(models.Model):
 
     class Kind(models.TextChoices):
         LOCAL = "local", "Local executor (process groups on the worker host)"
+        SLURM = "slurm", "Slurm (sbatch/squeue/scancel)"
+        RAY = "ray", "Ray (Jobs API on the dashboard)"
+        KUBERNETES = "kubernetes", "Kubernetes (batch/v1 Jobs)"
         NOOP = "noop", "No-op executor (benchmarks: accepts launches, runs nothing)"
 
     name = models.SlugField(unique=True)
     kind = models.CharField(max_length=20, choices=Kind.choices)
-    settings = models.JSONField(default=dict, blank=True)
+    settings = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="connection settings of the executor kind; see the README's Clusters section",
+    )
     enabled = models.BooleanField(default=True)
+    # Health as the scheduler and reconciler last saw it; only changes are written.
+    unreachable_since = models.DateTimeField(null=True, blank=True, editable=False)
+    unreachable_reason = models.TextField(blank=True, editable=False)
+    poll_failing_since = models.DateTimeField(null=True, blank=True, editable=False)
+    poll_error = models.TextField(blank=True, editable=False)
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from jobs.executors.base import validate_cluster_settings
+
+        try:
+            self.settings = validate_cluster_settings(self.kind, self.settings)
+        except ValueError as exc:
+            raise ValidationError({"settings": str(exc)}) from exc
 
 
 class Team(models.Model):
@@ -192,6 +214,9 @@ class Attempt(models.Model):
     end_reason = models.TextField(blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     native_state = models.CharField(max_length=50, blank=True)
+    # The backend's own words for a waiting attempt (Slurm's pending reason, a pod's
+    # waiting reason), shown in Diagnostics.
+    native_message = models.TextField(blank=True)
     # Why a failed attempt failed: exit, oom, lost, preempted (retryable); ingest, deadline,
     # rejected (not retried automatically).
     failure = models.CharField(max_length=20, blank=True)

@@ -32,8 +32,25 @@ def reconcile_all(now: dt.datetime | None = None) -> None:
     for cluster in Cluster.objects.filter(enabled=True):
         try:
             reconcile_cluster(cluster, now)
-        except Exception:  # one unreachable engine must not stop the others
+        except PollFailed as exc:  # one unreachable engine must not stop the others
+            log.warning("poll of cluster %s failed; nothing changed for it: %s", cluster.name, exc)
+            record_poll_health(cluster, str(exc), now or timezone.now())
+        except Exception:
             log.exception("reconcile of cluster %s failed; nothing changed for it", cluster.name)
+
+
+class PollFailed(Exception):
+    """The backend could not be asked: no job on that cluster changes this tick."""
+
+
+def record_poll_health(cluster: Cluster, error: str, now: dt.datetime) -> None:
+    """Write the cluster's poll health when it changes (Diagnostics reads it)."""
+    if error:
+        changed = Cluster.objects.filter(pk=cluster.pk).exclude(poll_error=error)
+        changed.filter(poll_failing_since__isnull=True).update(poll_failing_since=now)
+        changed.update(poll_error=error)
+    elif cluster.poll_failing_since or cluster.poll_error:
+        Cluster.objects.filter(pk=cluster.pk).update(poll_failing_since=None, poll_error="")
 
 
 def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
@@ -53,7 +70,11 @@ def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
         .exclude(job__status__in=S.active(), job__current_attempt=F("pk"))
     )
     refs = [a.job_ref for a in live + closed if a.job_ref]
-    observations = executor.poll(refs) if refs else {}
+    try:
+        observations = executor.poll(refs) if refs else {}
+    except Exception as exc:
+        raise PollFailed(f"{type(exc).__name__}: {exc}") from exc
+    record_poll_health(cluster, "", now)
     seen = [a.pk for a in live if a.job_ref in observations]
     Attempt.objects.filter(pk__in=seen).update(last_seen_at=now)
     for attempt in live:
@@ -79,6 +100,8 @@ def _reconcile_attempt(
     target = executor.STATE_TABLE.get(obs.native_state)
     if obs.native_state != attempt.native_state:
         _note_native_state(attempt, obs, mapped=target is not None)
+    if target == S.PENDING and obs.message != attempt.native_message:
+        Attempt.objects.filter(pk=attempt.pk).update(native_message=obs.message)
     if target is None:
         return
     if target == S.PENDING:

@@ -187,14 +187,32 @@ def _windows() -> dict[int, Window]:
 
 
 def _cluster_capacities() -> dict[int, tuple[Cluster, Capacity]]:
+    """Ask every enabled cluster's engine what it has, now; record who cannot be reached."""
     capacities = {}
     for cluster in Cluster.objects.filter(enabled=True):
         try:
-            capacities[cluster.pk] = (cluster, executor_for(cluster).capacity())
+            capacity = executor_for(cluster).capacity()
         except Exception as exc:  # one broken engine must not stop the tick for the others
             log.exception("capacity of cluster %s failed", cluster.name)
-            capacities[cluster.pk] = (cluster, Capacity(reachable=False, message=str(exc)))
+            capacity = Capacity(reachable=False, message=f"{type(exc).__name__}: {exc}")
+        capacities[cluster.pk] = (cluster, capacity)
+        _record_reachability(cluster, capacity)
     return capacities
+
+
+def _record_reachability(cluster: Cluster, capacity: Capacity) -> None:
+    if capacity.reachable:
+        if cluster.unreachable_since:
+            Cluster.objects.filter(pk=cluster.pk).update(
+                unreachable_since=None, unreachable_reason=""
+            )
+        return
+    reason = capacity.message or "no reason given"
+    if cluster.unreachable_since is None or cluster.unreachable_reason != reason:
+        Cluster.objects.filter(pk=cluster.pk).update(
+            unreachable_since=cluster.unreachable_since or timezone.now(),
+            unreachable_reason=reason,
+        )
 
 
 def _take_scheduler_lock() -> bool:

@@ -123,6 +123,7 @@ CHANNEL_LAYERS = {
 SF_SNAPSHOT_DIR = VAR_DIR / "snapshots"
 SF_LOG_DIR = VAR_DIR / "logs"
 SF_OUTPUT_ROOT = Path(os.environ.get("SF_OUTPUT_ROOT", VAR_DIR / "runs")).resolve()
+SF_VAR_DIR = VAR_DIR
 SF_LOCAL_STATE_DIR = VAR_DIR / "local-executor"
 SF_LOCAL_GPU_SLOTS = _env_int("SF_LOCAL_GPU_SLOTS", 4)
 SF_MAX_SNAPSHOT_BYTES = _env_int("SF_MAX_SNAPSHOT_MB", 100) * 1024 * 1024
@@ -136,7 +137,7 @@ SF_METRIC_BATCH_MAX_POINTS = _env_int("SF_METRIC_BATCH_MAX_POINTS", 20000)
 SF_LOG_PAGE_MAX_LINES = 50000
 # Where runners reach the API; the local executor passes it to every job.
 SF_API_URL = os.environ.get("SF_API_URL", "http://127.0.0.1:8000")
-# Python used to start the job-side runner on the local executor.
+# Python that starts the job-side runner (local executor; default for Slurm and Ray clusters).
 SF_RUNNER_PYTHON = os.environ.get("SF_RUNNER_PYTHON", "")
 
 LOGGING = {

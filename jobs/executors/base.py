@@ -7,7 +7,8 @@ the ledger state it means. A native state missing from the table never advances 
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from importlib import import_module
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from jobs.states import JobStatus
 
@@ -24,14 +25,16 @@ class LaunchSpec:
     gpus: int
     entrypoint: list[str]
     env: dict[str, str]  # user env plus the SF_* contract with the runner
+    team: str = ""
 
 
 @dataclass(frozen=True)
 class Observation:
-    native_state: str
+    native_state: str  # a key of the executor's STATE_TABLE, or a state it does not know
     exit_code: int | None = None
     start_time: dt.datetime | None = None
     end_time: dt.datetime | None = None
+    # The backend's own words: why it waits (shown in Diagnostics while PENDING), or how it ended.
     message: str = ""
     # For failed ends: exit, oom, lost, preempted (retryable) or ingest, rejected (not).
     failure: str = ""
@@ -58,6 +61,10 @@ class LaunchError(Exception):
 class Executor(Protocol):
     STATE_TABLE: ClassVar[dict[str, JobStatus]]
 
+    @staticmethod
+    def validate_settings(settings: dict) -> None:
+        """Raise ValueError with a sentence when the cluster's settings cannot work."""
+
     def submit(self, spec: LaunchSpec) -> str: ...
 
     def find(self, name: str) -> str | None: ...
@@ -69,13 +76,66 @@ class Executor(Protocol):
     def capacity(self) -> Capacity: ...
 
 
-def executor_for(cluster: "Cluster") -> Executor:
-    from jobs.executors.local import LocalExecutor
-    from jobs.executors.noop import NoopExecutor
+def check_known(settings: dict, known: set[str]) -> None:
+    """Refuse keys the kind does not use: a typo must not silently fall back to a default."""
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        allowed = ", ".join(sorted(known | set(COMMON_SETTINGS)))
+        raise ValueError(f"unknown setting(s) {', '.join(unknown)}; this kind takes {allowed}")
 
-    kinds: dict[str, type] = {"local": LocalExecutor, "noop": NoopExecutor}
-    if cluster.kind not in kinds:
-        raise LaunchError(
-            f"cluster {cluster.name} has unknown kind {cluster.kind!r}", permanent=True
-        )
-    return kinds[cluster.kind](cluster)
+
+def check_int(settings: dict, key: str, minimum: int = 0) -> None:
+    value = settings.get(key)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{key} must be a whole number of at least {minimum}, not {value!r}")
+
+
+# Settings every kind understands, checked here and not passed to the executor's validation:
+# where the kind's runners reach the API and write run outputs, when that differs from the server.
+COMMON_SETTINGS = {
+    "api_url": "URL the job-side runner uses to reach Starforge's API (default SF_API_URL)",
+    "output_root": "directory of run outputs and checkpoints as the job sees it",
+}
+KINDS = {
+    "local": "jobs.executors.local.LocalExecutor",
+    "slurm": "jobs.executors.slurm.SlurmExecutor",
+    "ray": "jobs.executors.ray.RayExecutor",
+    "kubernetes": "jobs.executors.kubernetes.KubernetesExecutor",
+    "noop": "jobs.executors.noop.NoopExecutor",
+}
+
+
+def executor_class(kind: str) -> Any:
+    """The executor class of a cluster kind, imported on first use (engines pull in clients)."""
+    if kind not in KINDS:
+        raise LaunchError(f"unknown cluster kind {kind!r}", permanent=True)
+    module, _, name = KINDS[kind].rpartition(".")
+    return getattr(import_module(module), name)
+
+
+def validate_cluster_settings(kind: str, settings: object) -> dict:
+    """Check a cluster's settings for its kind; return them, or raise ValueError saying why."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown cluster kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if not isinstance(settings, dict):
+        raise ValueError("settings must be a JSON object")
+    for key in COMMON_SETTINGS:
+        value = settings.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ValueError(f"{key} must be a non-empty string")
+    api_url = settings.get("api_url")
+    if api_url and not api_url.startswith(("http://", "https://")):
+        raise ValueError(f"api_url must start with http:// or https://, not {api_url!r}")
+    own = {k: v for k, v in settings.items() if k not in COMMON_SETTINGS}
+    executor_class(kind).validate_settings(own)
+    return settings
+
+
+def executor_for(cluster: "Cluster") -> Executor:
+    try:
+        cls = executor_class(cluster.kind)
+    except LaunchError as exc:
+        raise LaunchError(f"cluster {cluster.name}: {exc}", permanent=True) from exc
+    return cls(cluster)

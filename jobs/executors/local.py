@@ -23,7 +23,14 @@ from typing import ClassVar
 
 from django.conf import settings
 
-from jobs.executors.base import Capacity, LaunchError, LaunchSpec, Observation
+from jobs.executors.base import (
+    Capacity,
+    LaunchError,
+    LaunchSpec,
+    Observation,
+    check_int,
+    check_known,
+)
 from jobs.states import JobStatus
 
 KILL_AFTER_S = 10.0
@@ -40,6 +47,12 @@ class LocalExecutor:
         "INGEST_FAILED": JobStatus.FAILED,  # runner could not fetch/unpack the snapshot
         "DIED": JobStatus.FAILED,  # runner gone without writing exit.json
     }
+
+    @staticmethod
+    def validate_settings(settings: dict) -> None:
+        check_known(settings, {"gpu_slots", "max_jobs"})
+        check_int(settings, "gpu_slots", minimum=0)
+        check_int(settings, "max_jobs", minimum=1)
 
     def __init__(self, cluster) -> None:
         self.cluster = cluster

@@ -2,12 +2,17 @@
 
 from typing import ClassVar
 
-from jobs.executors.base import Capacity, LaunchSpec, Observation
+from jobs.executors.base import Capacity, LaunchSpec, Observation, check_int, check_known
 from jobs.states import JobStatus
 
 
 class NoopExecutor:
     STATE_TABLE: ClassVar[dict[str, JobStatus]] = {"ACCEPTED": JobStatus.PENDING}
+
+    @staticmethod
+    def validate_settings(settings: dict) -> None:
+        check_known(settings, {"gpus"})
+        check_int(settings, "gpus", minimum=0)
 
     def __init__(self, cluster) -> None:
         self.total_gpus = int(cluster.settings.get("gpus", 1_000_000))
