@@ -11,13 +11,14 @@ from django.utils import timezone
 from ninja import Query, Router, Schema, Status
 from pydantic import Field
 
-from jobs import logstore, services
+from jobs import diagnostics, logstore, services
 from jobs.auth import ConsoleSession, JobToken, UserToken
 from jobs.errors import BadRequest, Gone, NotFound
 from jobs.executors import executor_for
 from jobs.models import Attempt, Job, Membership
 from jobs.schemas import (
     AttemptOut,
+    DiagnosticsOut,
     EventOut,
     IngestResult,
     JobIn,
@@ -183,6 +184,16 @@ def delete_job(request, job_id: int):
 def job_events(request, job_id: int):
     job = services.get_visible_job(request.auth, job_id)
     return list(job.events.order_by("pk"))
+
+
+@router.get(
+    "/jobs/{job_id}/diagnostics",
+    response=DiagnosticsOut,
+    summary="Why the job is where it is, in sentences (the console's Diagnostics tab)",
+)
+def job_diagnostics(request, job_id: int):
+    job = services.get_visible_job(request.auth, job_id)
+    return {"status": job.status, "sentences": diagnostics.explain(job)}
 
 
 @router.get("/jobs/{job_id}/attempts", response=list[AttemptOut], summary="The job's attempts")

@@ -134,7 +134,15 @@ class AttemptOut(Schema):
     end_time: dt.datetime | None
     exit_code: int | None
     end_reason: str
+    failure: str = Field(description="exit, oom, lost, preempted, ingest, deadline or rejected")
+    native_state: str = Field(description="the backend's own state, as last observed")
+    native_message: str = Field(description="the backend's words for why it waits")
     gpu_seconds: float
+
+
+class DiagnosticsOut(Schema):
+    status: str
+    sentences: list[str]
 
 
 class TeamOut(Schema):

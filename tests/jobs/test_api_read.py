@@ -226,3 +226,12 @@ def test_reading_changes_nothing_in_the_ledger(api):
     api.get("/jobs")
     api.get(f"/jobs/{job_id}/events")
     assert (list(Job.objects.values()), JobEvent.objects.count()) == before
+
+
+def test_diagnostics_explain_the_job_in_sentences(api, api_as, make_user, make_team):
+    job_id = submit(api)
+    answer = api.get(f"/jobs/{job_id}/diagnostics").json()
+    assert answer["status"] == "QUEUED"
+    assert answer["sentences"][0].startswith("Waiting to be admitted")
+    outsider = api_as(make_user("olga", make_team("other")))
+    assert_refused(outsider.get(f"/jobs/{job_id}/diagnostics"), 404, "belongs to a team")
