@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PG_URL ?= postgres://postgres@127.0.0.1:5432/starforge_ci
 PYTEST := $(PY) -m pytest
 
-.PHONY: help venv run test test-postgres test-sqlite lint bench clean
+.PHONY: help venv engines run test test-postgres test-sqlite lint bench clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -20,10 +20,18 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt client/pyproject.toml
 
 venv: $(VENV)/.installed ## Create the virtualenv with pinned requirements and the sf client
 
+# The engines the tests run for real: Ray in the venv, Slurm and munge from Debian.
+$(VENV)/.engines: requirements-engines.txt $(VENV)/.installed
+	$(PY) -m pip install -q -r requirements-engines.txt
+	touch $@
+
+engines: $(VENV)/.engines ## Install Ray (venv) and Slurm + munge (Debian) for the engine suites
+	@command -v sbatch >/dev/null && [ -x /usr/sbin/munged ] || .ci/slurm.sh install
+
 run: venv ## Start the whole product (SQLite, local executor, Redis if none is reachable)
 	$(PY) manage.py runstack
 
-test: venv ## Run the whole suite (starts PostgreSQL/Redis if they are not running)
+test: venv engines ## Run the whole suite (starts PostgreSQL/Redis, Slurm and Ray when not running)
 	@command -v chromium >/dev/null || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@.ci/services.sh start
@@ -47,7 +55,7 @@ lint: venv ## ruff lint and format check, mypy (django-stubs) on the server code
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy jobs starforge metering
 
-bench: venv ## Benchmarks: scheduling throughput, log ingest/replay, sf job status latency
+bench: venv engines ## Benchmarks: scheduling throughput, log ingest/replay, sf job status latency
 	@.ci/services.sh start
 	@trap '.ci/services.sh stop' EXIT; \
 	export REDIS_URL=redis://127.0.0.1:$$(cat var/ci-redis-port)/12; \
