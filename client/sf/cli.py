@@ -159,6 +159,12 @@ def _add_job(sub: Any, common: argparse.ArgumentParser) -> None:
     status.add_argument("id", nargs="?", help="job id (default: your latest job)")
     status.add_argument("--json", action="store_true")
     status.set_defaults(handler=cmd_status, parser=status)
+    why = verbs.add_parser(
+        "why", parents=[common], help="why a job is where it is (default: latest)"
+    )
+    why.add_argument("id", nargs="?", help="job id (default: your latest job)")
+    why.add_argument("--json", action="store_true")
+    why.set_defaults(handler=cmd_why, parser=why)
     _add_list(verbs, common)
     _add_logs(verbs, common)
     for verb in ("stop", "pause", "resume", "retry"):
@@ -407,6 +413,16 @@ def cmd_status(args: argparse.Namespace) -> None:
         return
     lines = [f"{key + ':':<15} {_status_value(job, key)}" for key in STATUS_FIELDS]
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def cmd_why(args: argparse.Namespace) -> None:
+    """Print the job's Diagnostics: why it waits, runs, or ended where it is."""
+    client = _client(args)
+    answer = client.request("GET", f"/api/v1/jobs/{_job_id(client, args)}/diagnostics")
+    if args.json:
+        _print_json(answer)
+        return
+    sys.stdout.write(f"{answer['status']}\n" + "".join(f"- {s}\n" for s in answer["sentences"]))
 
 
 def _status_value(job: dict, key: str) -> str:

@@ -210,3 +210,13 @@ def test_logs_n_zero_replays_from_first_line(
     assert run_cli(["job", "logs", "7", "-n", "0", "--json"]) == 0
     assert "tail" not in fake_api.requests[0].query  # no tail: history from the first line
     assert json.loads(capsys.readouterr().out) == page["lines"][0]
+
+
+def test_why_prints_the_jobs_diagnostics(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    answer = {"status": "PENDING", "sentences": ["On cluster gpu as 812.", "Waits: Resources."]}
+    fake_api.route("GET /api/v1/jobs/7/diagnostics", lambda r: (200, answer))
+    assert run_cli(["job", "why", "7"]) == 0
+    assert capsys.readouterr().out == "PENDING\n- On cluster gpu as 812.\n- Waits: Resources.\n"
