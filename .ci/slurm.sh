@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# A real single-node Slurm (Debian's slurm-wlm 22.05) on this host for the Slurm executor's tests
+# and benchmark: slurmctld + slurmd as root, 4 fake GPUs declared as GRES.
+#
+#   .ci/slurm.sh install   apt-get install slurm-wlm and munge, only when sbatch is missing
+#   .ci/slurm.sh up        start what is not running (idempotent); prints the SLURM_CONF to use
+#   .ci/slurm.sh down      stop only what `up` started (by PID file, never by name)
+#   .ci/slurm.sh status    exit 0 when slurmctld answers
+#
+# The configuration lives in the state dir, not /etc/slurm, so a machine's own Slurm config is
+# never touched: point the Slurm commands at it with SLURM_CONF=$SF_SLURM_DIR/etc/slurm.conf.
+# Env: SF_SLURM_DIR (default /tmp/starforge-slurm), SF_SLURM_CPUS (default 16, may exceed the
+# real cores so that many short jobs run at once), SF_SLURM_GPUS (default 4),
+# SF_SLURM_PORT (slurmctld port, default 6817; slurmd uses the next one).
+set -euo pipefail
+D=${SF_SLURM_DIR:-/tmp/starforge-slurm}
+CPUS=${SF_SLURM_CPUS:-16}
+GPUS=${SF_SLURM_GPUS:-4}
+PORT=${SF_SLURM_PORT:-6817}
+export SLURM_CONF=$D/etc/slurm.conf
+STARTED=$D/started   # one line per daemon `up` started: what `down` may stop
+
+alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+stop_pid() { # pidfile: TERM, wait up to 5 s, then KILL
+  [ -s "$1" ] || return 0
+  local p
+  p=$(cat "$1")
+  if kill -0 "$p" 2>/dev/null; then
+    kill -TERM "$p"
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$p" 2>/dev/null && kill -KILL "$p"
+  fi
+  rm -f "$1"
+}
+
+munge_ok() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
+
+start_munge() {
+  mkdir -p /run/munge /var/log/munge /var/lib/munge
+  chown munge:munge /run/munge /var/log/munge /var/lib/munge
+  chmod 0755 /run/munge
+  chmod 0700 /var/log/munge /var/lib/munge
+  [ -s /etc/munge/munge.key ] || mungekey --create --keyfile=/etc/munge/munge.key --force
+  chown munge:munge /etc/munge/munge.key
+  chmod 0400 /etc/munge/munge.key
+  munge_ok && return 0
+  rm -f /run/munge/munged.pid /run/munge/munge.socket.2*
+  runuser -u munge -- /usr/sbin/munged
+  echo "munged /run/munge/munged.pid" >>"$STARTED"
+  for _ in $(seq 50); do munge_ok && return 0; sleep 0.1; done
+  echo "munged did not start" >&2
+  return 1
+}
+
+write_config() { # prints "changed" when the node or GRES definition differs from the last run
+  local host mem
+  host=$(hostname -s)
+  mem=$(($(awk '/MemTotal/{print $2}' /proc/meminfo) / 1024 - 1024)) # MiB, leave 1 GiB
+  # Fake GPU device files: char devices aliasing /dev/null; GRES needs File= to hand out
+  # CUDA_VISIBLE_DEVICES, and slurmd complains about plain files.
+  for i in $(seq 0 $((GPUS - 1))); do
+    [ -c "$D/dev/nvidia$i" ] || {
+      rm -f "$D/dev/nvidia$i"
+      mknod -m 666 "$D/dev/nvidia$i" c 1 3 2>/dev/null || touch "$D/dev/nvidia$i"
+    }
+  done
+  cat >"$D/etc/slurm.conf.new" <<EOF
+ClusterName=starforge-ci
+SlurmctldHost=${host}(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+SlurmctldPort=$PORT
+SlurmdPort=$((PORT + 1))
+StateSaveLocation=$D/state
+SlurmdSpoolDir=$D/spool
+SlurmctldPidFile=$D/slurmctld.pid
+SlurmdPidFile=$D/slurmd.pid
+SlurmctldLogFile=$D/log/slurmctld.log
+SlurmdLogFile=$D/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$D/log/jobcomp.log
+MinJobAge=600
+MaxJobCount=20000
+KillWait=5
+InactiveLimit=0
+SlurmctldTimeout=30
+SlurmdTimeout=30
+GresTypes=gpu
+NodeName=${host} NodeAddr=127.0.0.1 CPUs=${CPUS} RealMemory=${mem} Gres=gpu:${GPUS} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+  cat >"$D/etc/gres.conf.new" <<EOF
+AutoDetect=off
+NodeName=${host} Name=gpu File=$D/dev/nvidia[0-$((GPUS - 1))]
+EOF
+  local f
+  for f in slurm.conf gres.conf; do
+    if cmp -s "$D/etc/$f.new" "$D/etc/$f"; then
+      rm -f "$D/etc/$f.new"
+    else
+      mv "$D/etc/$f.new" "$D/etc/$f"
+      echo changed
+    fi
+  done
+}
+
+wait_for_node() {
+  local st=""
+  for _ in $(seq 100); do
+    st=$(sinfo -h -N -o '%T' 2>/dev/null | head -1 || true)
+    case "$st" in
+      idle | mixed | allocated | completing) echo "slurm up: node $(hostname -s) $st"; return 0 ;;
+      drain* | inval* | down*) scontrol update NodeName="$(hostname -s)" State=RESUME 2>/dev/null || true ;;
+    esac
+    sleep 0.2
+  done
+  sinfo -N -l || true
+  echo "slurm node state: ${st:-none} (see $D/log/)" >&2
+  return 1
+}
+
+up() {
+  command -v sbatch >/dev/null || {
+    echo "sbatch is not installed: run .ci/slurm.sh install" >&2
+    exit 1
+  }
+  mkdir -p "$D"/{etc,state,spool,log,dev}
+  touch "$STARTED"
+  start_munge
+  if [ -n "$(write_config)" ]; then # node/GRES changes need a restart, not `scontrol reconfigure`
+    alive "$D/slurmd.pid" && stop_pid "$D/slurmd.pid"
+    alive "$D/slurmctld.pid" && stop_pid "$D/slurmctld.pid"
+  fi
+  if ! alive "$D/slurmctld.pid"; then
+    /usr/sbin/slurmctld # daemonizes and writes its pid file
+    echo "slurmctld $D/slurmctld.pid" >>"$STARTED"
+  fi
+  if ! alive "$D/slurmd.pid"; then
+    /usr/sbin/slurmd -N "$(hostname -s)"
+    echo "slurmd $D/slurmd.pid" >>"$STARTED"
+  fi
+  wait_for_node
+  echo "SLURM_CONF=$SLURM_CONF"
+}
+
+down() {
+  [ -f "$STARTED" ] || { echo "slurm down: nothing was started by .ci/slurm.sh up"; return 0; }
+  # slurmd before slurmctld before munged: the reverse of the start order
+  local daemon
+  for daemon in slurmd slurmctld munged; do
+    awk -v d="$daemon" '$1 == d {print $2}' "$STARTED" | sort -u | while read -r pidfile; do
+      stop_pid "$pidfile"
+    done
+  done
+  rm -f "$STARTED"
+  echo "slurm down"
+}
+
+case "${1:-}" in
+  install)
+    command -v sbatch >/dev/null && { echo "slurm already installed"; exit 0; }
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm munge
+    ;;
+  up) up ;;
+  down) down ;;
+  status) scontrol ping 2>/dev/null | grep -q "is UP" ;;
+  *) echo "usage: $0 install|up|down|status" >&2; exit 2 ;;
+esac

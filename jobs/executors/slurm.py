@@ -1,0 +1,509 @@
+"""Slurm executor: each attempt is one batch job whose batch step is the job-side runner.
+
+It talks to Slurm through its commands (sbatch, squeue, scancel, sinfo, sacct), so it works with
+any Slurm the worker host is a client of. Each attempt gets a directory under `work_dir`
+(visible to the nodes) named deterministically from run_id + attempt: the runner's files
+(`exit.json`, `console.log`), Slurm's output files and `slurm_job_id`, the id sbatch returned.
+
+At most once per attempt (ARCHITECTURE.md invariant 4): `submit` runs under a lock file in
+`work_dir` and adopts the job already known under the attempt's name (its recorded id, or a
+Slurm job of that name) instead of submitting a second one. The job's environment reaches Slurm
+through `--export-file` on an anonymous file: the server's own environment never reaches a job,
+and a job's variables (SBATCH_*, SLURM_CONF) cannot change how it is submitted.
+"""
+
+import datetime as dt
+import fcntl
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from django.conf import settings
+
+from jobs.executors.base import Capacity, LaunchError, LaunchSpec, Observation, check_known
+from jobs.states import JobStatus
+
+S = JobStatus
+COMMAND_TIMEOUT_S = 30
+INGEST_EXIT = 86  # the runner's "snapshot could not be fetched; user code never ran"
+JOB_PREFIX = "sf-"  # every Starforge backend name starts with it (scheduler.backend_name)
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+# squeue -O with a "|" suffix per field: no padding, no truncation; the name goes last.
+POLL_FIELDS = "JobID:|,State:|,Reason:|,StartTime:|,EndTime:|,exit_code:|,Name:|"
+# Node states (sinfo %T) in which a node takes new jobs; down, drained, draining, reserved,
+# not responding (`idle*`), powered down (`idle~`) and the like do not count.
+USABLE_NODE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
+# States that hold an allocation, for counting Starforge's own GPUs on the nodes.
+ALLOCATED_STATES = "CONFIGURING,RUNNING,COMPLETING,SUSPENDED,STOPPED,SIGNALING,RESIZING,STAGE_OUT"
+# FAILED reasons that mean the runner ran and exited (or was killed): its status is the answer.
+RUNNER_ENDS = frozenset({"NonZeroExitCode", "None", ""})
+GPU_COUNT = re.compile(r"\bgpu(?::(?:\(null\)|[^:,()]+))?:(\d+)")
+TIME_LIMIT = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
+# "sbatch: error: ", "slurm_load_jobs error: ", "slurm_load_partitions: " before Slurm's words
+SLURM_PREFIX = re.compile(r"^(?:[\w-]+:? (?:error|fatal): |slurm_\w+: )")
+# Words in sbatch's refusals that mean "the controller could not be asked", not "no".
+TRANSIENT = (
+    "Unable to contact slurm controller",
+    "Socket timed out",
+    "temporarily unable",
+    "Resource temporarily unavailable",
+    "Zero Bytes were transmitted",
+    "Communication connection failure",
+    "job submit limit",
+    "slurm_persist_conn",
+)
+SETTINGS = {
+    "partition": "partition to submit to (default: the cluster's default partition)",
+    "account": "account to charge (default: the submitting user's default account)",
+    "slurmrestd_url": "slurmrestd endpoint (not supported yet: the executor uses the commands)",
+    "python": "interpreter on the nodes that has the sf client (default SF_RUNNER_PYTHON)",
+    "work_dir": "directory shared with the nodes for attempt dirs and output files",
+    "bin_dir": "directory of sbatch, squeue, scancel, sinfo, sacct (default: the PATH)",
+    "slurm_conf": "slurm.conf of this cluster for the commands (default: $SLURM_CONF)",
+    "time_limit": "time limit of every job, in Slurm's --time format, e.g. 2-00:00:00",
+}
+
+Run = Callable[[list[str], dict[str, str], tuple[int, ...]], subprocess.CompletedProcess]
+
+
+class SlurmError(Exception):
+    """A Slurm command failed; the message is Slurm's own sentence."""
+
+
+class SlurmExecutor:
+    # Every job state Slurm reports (22.05 and later: base states, then the flags that squeue
+    # or the REST API show instead of the base state). COMPLETED and FAILED end with the
+    # runner's exit code; the other ends carry the failure kind from END_STATES below.
+    STATE_TABLE: ClassVar[dict[str, JobStatus]] = {
+        "PENDING": S.PENDING,  # queued; the reason (Resources, Priority, ...) is the message
+        "RUNNING": S.RUNNING,  # the batch step (the runner) is running
+        "SUSPENDED": S.RUNNING,  # scontrol suspend: frozen, still holds its GPUs, resumes later
+        "COMPLETED": S.SUCCEEDED,  # the runner exited 0
+        "CANCELLED": S.STOPPED,  # scancel outside Starforge (a stop from the ledger closes the
+        # attempt before it cancels, so the reconciler never sees its own stops here)
+        "FAILED": S.FAILED,  # non-zero exit of the runner: exit code, 86 ingest, 128+N signal
+        "TIMEOUT": S.FAILED,  # hit the time limit; retryable: a retry resumes from checkpoints
+        "NODE_FAIL": S.FAILED,  # the node died under the job
+        "PREEMPTED": S.FAILED,  # preempted by a higher-priority job
+        "BOOT_FAIL": S.FAILED,  # the node could not be booted for the job
+        "DEADLINE": S.FAILED,  # could not finish by its --deadline (set by the site, not us)
+        "OUT_OF_MEMORY": S.FAILED,  # killed by the memory limit
+        # Flags, shown instead of the base state:
+        "COMPLETING": S.RUNNING,  # ended, epilog running; not final until COMPLETED/FAILED/...
+        "CONFIGURING": S.PENDING,  # allocated, nodes booting: the runner has not started
+        "POWER_UP_NODE": S.PENDING,  # allocated powered-down nodes, waiting for them to boot
+        "EXPEDITING": S.PENDING,  # eligible at once with top priority, not started yet
+        "RECONFIG_FAIL": S.PENDING,  # node reconfiguration failed; Slurm requeues or ends it
+        "LAUNCH_FAILED": S.PENDING,  # the launch failed; Slurm requeues or ends it next
+        "RESV_DEL_HOLD": S.PENDING,  # held because its reservation was deleted: waits for a
+        # release, and the ledger's pending deadline ends the wait
+        "STAGE_OUT": S.RUNNING,  # burst-buffer stage-out after the script: not final yet
+        "SIGNALING": S.RUNNING,  # a signal to the running job is on its way
+        "RESIZING": S.RUNNING,  # a running job changing size
+        "STOPPED": S.RUNNING,  # SIGSTOP with resources kept (scontrol suspend variant)
+        "UPDATE_DB": S.RUNNING,  # the job's start is being re-sent to slurmdbd: it started
+        # Requeues: jobs are submitted with --no-requeue, so these mean a forced requeue. A
+        # rerun under the same attempt would restart the runner's log and metric numbering,
+        # so the attempt ends here and Starforge's own retry makes the next one; the
+        # reconciler's orphan sweep cancels Slurm's rerun if it comes back.
+        "REQUEUED": S.FAILED,
+        "REQUEUE_FED": S.FAILED,
+        "REQUEUE_HOLD": S.FAILED,
+        "SPECIAL_EXIT": S.FAILED,  # REQUEUE_HOLD for a special exit value
+        "REVOKED": S.FAILED,  # federation: a sibling cluster took the job; it will not run here
+    }
+    # Ends other than the runner's own exit: (failure kind, message).
+    END_STATES: ClassVar[dict[str, tuple[str, str]]] = {
+        "CANCELLED": ("", "cancelled on the Slurm cluster outside Starforge (scancel)"),
+        "TIMEOUT": ("exit", "reached the Slurm time limit"),
+        "NODE_FAIL": ("lost", "the Slurm node running the job failed"),
+        "PREEMPTED": ("preempted", "preempted by Slurm"),
+        "BOOT_FAIL": ("lost", "the Slurm node could not be booted for the job"),
+        "DEADLINE": ("lost", "Slurm ended the job at its deadline"),
+        "OUT_OF_MEMORY": ("oom", "out of memory"),
+        "REQUEUED": ("preempted", "requeued by Slurm; Starforge retries it as a new attempt"),
+        "REQUEUE_FED": ("preempted", "requeued by the Slurm federation"),
+        "REQUEUE_HOLD": ("preempted", "requeued and held by Slurm"),
+        "SPECIAL_EXIT": ("preempted", "requeued and held by Slurm (special exit)"),
+        "REVOKED": ("lost", "revoked: a sibling cluster of the Slurm federation took the job"),
+    }
+
+    @staticmethod
+    def validate_settings(settings: dict) -> None:
+        check_known(settings, set(SETTINGS))
+        if settings.get("slurmrestd_url"):
+            raise ValueError(
+                "slurmrestd_url is not supported yet: the Slurm executor uses the Slurm "
+                "commands (sbatch, squeue, scancel, sinfo) on the worker host; leave it out"
+            )
+        for key in ("partition", "account", "python", "work_dir", "bin_dir", "slurm_conf"):
+            value = settings.get(key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ValueError(f"{key} must be a non-empty string, not {value!r}")
+        for key in ("work_dir", "bin_dir", "slurm_conf"):
+            if settings.get(key) and not os.path.isabs(settings[key]):
+                raise ValueError(f"{key} must be an absolute path, not {settings[key]!r}")
+        limit = settings.get("time_limit")
+        if limit is not None and (isinstance(limit, bool) or not TIME_LIMIT.match(str(limit))):
+            raise ValueError(
+                f"time_limit {limit!r} is not a Slurm time: use minutes, HH:MM:SS or "
+                "D-HH:MM:SS (e.g. 2-00:00:00)"
+            )
+
+    def __init__(self, cluster, run: Run | None = None) -> None:
+        self.cluster = cluster
+        conf = cluster.settings
+        self.partition: str = conf.get("partition", "")
+        self.account: str = conf.get("account", "")
+        self.python: str = conf.get("python") or settings.SF_RUNNER_PYTHON or sys.executable
+        default_dir = Path(settings.SF_VAR_DIR) / "slurm" / cluster.name
+        self.work_dir = Path(conf.get("work_dir") or default_dir)
+        self.bin_dir: str = conf.get("bin_dir", "")
+        self.slurm_conf: str = conf.get("slurm_conf") or os.environ.get("SLURM_CONF", "")
+        self.time_limit = str(conf.get("time_limit", ""))
+        self._run = run or _run_command
+
+    # -- interface ---------------------------------------------------------------------------
+    def submit(self, spec: LaunchSpec) -> str:
+        try:
+            with self._lock():
+                adopted = self.find(spec.name)
+                if adopted:
+                    return adopted  # submitted before (perhaps by a worker that crashed)
+                attempt_dir = self.work_dir / spec.name
+                attempt_dir.mkdir(parents=True, exist_ok=True)
+                job_id = self._sbatch(spec, attempt_dir)
+                (attempt_dir / "slurm_job_id").write_text(job_id)
+                return job_id
+        except SlurmError as exc:
+            raise LaunchError(str(exc), permanent=not _transient(str(exc))) from exc
+
+    def find(self, name: str) -> str | None:
+        recorded = self.work_dir / name / "slurm_job_id"
+        if recorded.exists():
+            return recorded.read_text().strip() or None
+        out = self._slurm(["squeue", "-h", "--all", "-t", "all", "-n", name, "-O", "JobID:|"])
+        ids = sorted((line.strip("|") for line in out.splitlines() if line.strip()), key=int)
+        return ids[0] if ids else None
+
+    def poll(self, job_refs: list[str]) -> dict[str, Observation]:
+        """One squeue for every job; sacct (when accounting works) for those it forgot."""
+        ids = sorted({ref for ref in job_refs if ref.isdigit()}, key=int)
+        if not ids:
+            return {}
+        args = ["squeue", "-h", "--all", "-t", "all", "-j", ",".join(ids), "-O", POLL_FIELDS]
+        try:
+            rows = parse_squeue(self._slurm(args))
+        except SlurmError as exc:
+            if "Invalid job id" not in str(exc):  # squeue -j of one forgotten id says so
+                raise
+            rows = []
+        found = {row.job_id: self._observe(row) for row in rows if row.job_id in ids}
+        missing = [i for i in ids if i not in found]
+        if missing:
+            found.update({row.job_id: self._observe(row) for row in self._sacct(missing)})
+        return found
+
+    def cancel(self, job_ref: str) -> None:
+        # scancel exits 0 for unknown and finished jobs alike: the call is idempotent.
+        self._slurm(["scancel", job_ref])
+
+    def capacity(self) -> Capacity:
+        """GPUs of the partition's usable nodes, less those that jobs outside Starforge hold.
+
+        The scheduler subtracts the GPUs of Starforge's own active jobs itself, so only
+        foreign load is taken off here: node GPUs in use minus those of `sf-` jobs.
+        """
+        try:
+            nodes = self._usable_nodes()
+            ours = self._starforge_gpus(list(nodes)) if nodes else 0
+        except SlurmError as exc:
+            return Capacity(reachable=False, message=str(exc))
+        total = sum(gpus for gpus, _ in nodes.values())
+        foreign = max(0, sum(used for _, used in nodes.values()) - ours)
+        where = f"partition {self.partition}" if self.partition else "the default partition"
+        message = "" if nodes else f"{where} has no usable nodes (all down, drained or absent)"
+        return Capacity(reachable=True, total_gpus=max(0, total - foreign), message=message)
+
+    # -- submit ------------------------------------------------------------------------------
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        """Serialise submits to this cluster from workers that share `work_dir`."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.work_dir / ".submit.lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _sbatch(self, spec: LaunchSpec, attempt_dir: Path) -> str:
+        args = [
+            "sbatch",
+            "--parsable",
+            f"--job-name={spec.name}",
+            f"--chdir={attempt_dir}",
+            f"--output={attempt_dir / 'slurm.out'}",
+            f"--error={attempt_dir / 'slurm.err'}",
+            "--no-requeue",  # one attempt, one run: retries are Starforge's (see STATE_TABLE)
+        ]
+        if spec.gpus > 0:
+            args.append(f"--gres=gpu:{spec.gpus}")
+        for flag, value in (
+            ("partition", self.partition),
+            ("account", self.account),
+            ("time", self.time_limit),
+        ):
+            if value:
+                args.append(f"--{flag}={value}")
+        # An anonymous file (no name on disk, so the job token is never written anywhere):
+        # sbatch reads NUL-separated NAME=value pairs from it as the job's whole environment.
+        with tempfile.TemporaryFile() as env_file:
+            env_file.write(_env_block(self._job_env(spec, attempt_dir)))
+            env_file.flush()
+            env_file.seek(0)
+            fd = env_file.fileno()
+            args += [f"--export-file={fd}", f"--wrap=exec {shlex.quote(self.python)} -m sf.runner"]
+            out = self._slurm(args, fds=(fd,))
+        job_id = out.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch answered {out.strip()!r}, not a job id")
+        return job_id
+
+    def _job_env(self, spec: LaunchSpec, attempt_dir: Path) -> dict[str, str]:
+        env = {
+            # `python train.py` in a job means the runner's interpreter, as on the local executor
+            "PATH": f"{Path(self.python).parent}:{DEFAULT_PATH}",
+            "HOME": os.environ.get("HOME", "/"),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+        }
+        env.update(spec.env)
+        env.update(
+            {
+                "SF_EXIT_FILE": str(attempt_dir / "exit.json"),
+                "SF_STARTED_FILE": str(attempt_dir / "started.json"),
+                "SF_RUN_DIR": str(attempt_dir / "work"),
+            }
+        )
+        return env
+
+    # -- poll --------------------------------------------------------------------------------
+    def _observe(self, row: "JobRow") -> Observation:
+        target = self.STATE_TABLE.get(row.state)
+        details: dict[str, object] = {"slurm_job_id": row.job_id, "reason": row.reason}
+        if target == S.PENDING:
+            reason = "" if row.reason == "None" else row.reason
+            return Observation(row.state, message=reason, details=details)
+        if target == S.RUNNING or target is None:
+            return Observation(row.state, start_time=row.start, details=details)
+        details["exit_status"] = row.exit_status
+        if target == S.SUCCEEDED:
+            return _ended(row, details, exit_code=0)
+        if row.state != "FAILED":
+            failure, message = self.END_STATES[row.state]
+            return _ended(row, details, failure=failure, message=message)
+        if row.reason not in RUNNER_ENDS and not row.reason.startswith("RaisedSignal"):
+            # Slurm failed the job itself (a launch or prolog failure): the runner never ran
+            return _ended(
+                row, details, failure="lost", message=f"Slurm failed the job: {row.reason}"
+            )
+        code = exit_code_of(row.exit_status or 0)
+        if code == INGEST_EXIT:
+            return _ended(
+                row, details, exit_code=code, failure="ingest", message=self._ingest_reason(row)
+            )
+        return _ended(row, details, exit_code=code, failure="exit")
+
+    def _ingest_reason(self, row: "JobRow") -> str:
+        exit_file = self.work_dir / row.name / "exit.json"
+        try:
+            reason = json.loads(exit_file.read_text()).get("reason", "")
+        except (OSError, ValueError):
+            reason = ""
+        if reason.startswith("ingest failed"):
+            return reason
+        return (
+            f"ingest failed: the runner could not prepare the job (exit {INGEST_EXIT}); "
+            f"see {self.work_dir / row.name / 'slurm.err'}"
+        )
+
+    def _sacct(self, ids: list[str]) -> list["JobRow"]:
+        """Jobs squeue no longer lists (older than MinJobAge), from accounting when there is.
+
+        Without slurmdbd sacct exits non-zero: the jobs stay absent, and the reconciler's
+        grace period decides when they count as lost.
+        """
+        args = ["sacct", "-n", "-P", "-X", "-j", ",".join(ids)]
+        args += ["-o", "JobID,State,Reason,Start,End,ExitCode,JobName"]
+        try:
+            return parse_sacct(self._slurm(args))
+        except SlurmError:
+            return []
+
+    # -- capacity ----------------------------------------------------------------------------
+    def _usable_nodes(self) -> dict[str, tuple[int, int]]:
+        """{node: (GPUs configured, GPUs in use)} of the partition's nodes that take jobs."""
+        args = ["sinfo", "-h", "-N", "-O", "NodeHost:|,Partition:|,StateLong:|,Gres:|,GresUsed:|"]
+        if self.partition:
+            args[1:1] = ["-p", self.partition]
+        nodes = {}
+        for line in self._slurm(args).splitlines():
+            fields = line.split("|")
+            if len(fields) < 5:
+                continue
+            node, partition, state, gres, used = fields[:5]
+            in_partition = (
+                partition.rstrip("*") == self.partition if self.partition else partition[-1:] == "*"
+            )
+            if in_partition and state in USABLE_NODE_STATES:
+                nodes[node] = (gpu_count(gres), gpu_count(used))
+        return nodes
+
+    def _starforge_gpus(self, nodes: list[str]) -> int:
+        args = ["squeue", "-h", "--all", "-t", ALLOCATED_STATES, "-w", ",".join(nodes)]
+        out = self._slurm(args + ["-O", "tres-per-node:|,Name:|"])
+        total = 0
+        for line in out.splitlines():
+            tres, _, name = line.partition("|")
+            if name.startswith(JOB_PREFIX):
+                total += gpu_count(tres)
+        return total
+
+    # -- commands ----------------------------------------------------------------------------
+    def _slurm(self, args: list[str], fds: tuple[int, ...] = ()) -> str:
+        """Run one Slurm command; its stdout, or SlurmError with Slurm's own words."""
+        command = [os.path.join(self.bin_dir, args[0]) if self.bin_dir else args[0], *args[1:]]
+        env = {
+            "PATH": os.environ.get("PATH", DEFAULT_PATH),
+            "HOME": os.environ.get("HOME", "/"),
+            "SLURM_TIME_FORMAT": "%s",  # times as epoch seconds
+        }
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        try:
+            done = self._run(command, env, fds)
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{args[0]} did not answer within {COMMAND_TIMEOUT_S} s") from None
+        except OSError as exc:
+            raise SlurmError(f"cannot run {command[0]}: {exc.strerror or exc}") from exc
+        if done.returncode != 0:
+            words = (done.stderr or done.stdout or "").strip()
+            raise SlurmError(f"{args[0]}: {_sentence(words) or f'exited {done.returncode}'}")
+        return done.stdout
+
+
+@dataclass(frozen=True)
+class JobRow:
+    job_id: str
+    state: str
+    reason: str
+    start: dt.datetime | None
+    end: dt.datetime | None
+    exit_status: int | None  # the raw wait status: exit 3 is 768, SIGKILL is 9
+    name: str
+
+
+def parse_squeue(out: str) -> list[JobRow]:
+    rows = []
+    for line in out.splitlines():
+        fields = line.split("|", 6)
+        if len(fields) < 7:
+            continue
+        job_id, state, reason, start, end, status, name = fields
+        rows.append(
+            JobRow(
+                job_id.strip(),
+                state.strip(),
+                reason.strip(),
+                _epoch(start),
+                _epoch(end),
+                _int(status),
+                name.removesuffix("|"),
+            )
+        )
+    return rows
+
+
+def parse_sacct(out: str) -> list[JobRow]:
+    """sacct -P lines: JobID|State|Reason|Start|End|ExitCode (code:signal)|JobName."""
+    rows = []
+    for line in out.splitlines():
+        fields = line.split("|", 6)
+        if len(fields) < 7 or not fields[0].isdigit():
+            continue
+        job_id, state, reason, start, end, exit_code, name = fields
+        code, _, signal = exit_code.partition(":")
+        status = (_int(code) or 0) << 8 | (_int(signal) or 0)
+        state = state.split()[0] if state.strip() else ""  # "CANCELLED by 1000"
+        rows.append(JobRow(job_id, state, reason, _epoch(start), _epoch(end), status, name))
+    return rows
+
+
+def _ended(row: JobRow, details: dict, **fields) -> Observation:
+    return Observation(row.state, start_time=row.start, end_time=row.end, details=details, **fields)
+
+
+def exit_code_of(status: int) -> int:
+    """The exit code of a wait status; -N for a signal N that killed the batch step, or the
+    entrypoint (the runner then exits 128+N), as the local executor reports it."""
+    code, signal = status >> 8, status & 0x7F
+    if signal:
+        return -signal
+    if 128 < code < 128 + 65:
+        return -(code - 128)
+    return code
+
+
+def gpu_count(gres: str) -> int:
+    """GPUs in a GRES string: gpu:4, gpu:a100:2(S:0-1), gres:gpu:2, gres/gpu:2, gpu:0(IDX:N/A)."""
+    return sum(int(n) for n in GPU_COUNT.findall(gres))
+
+
+def _epoch(value: str) -> dt.datetime | None:
+    number = _int(value)
+    return dt.datetime.fromtimestamp(number, dt.UTC) if number else None
+
+
+def _int(value: str) -> int | None:
+    value = value.strip()
+    return int(value) if value.isdigit() else None
+
+
+def _env_block(env: dict[str, str]) -> bytes:
+    return b"".join(f"{name}={value}".encode() + b"\0" for name, value in env.items())
+
+
+def _sentence(words: str) -> str:
+    """Slurm's last error line without its `sbatch: error:` prefixes."""
+    lines = [line for line in words.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    last = SLURM_PREFIX.sub("", lines[-1].strip())
+    return last.removeprefix("Batch job submission failed: ")
+
+
+def _transient(message: str) -> bool:
+    return any(word.lower() in message.lower() for word in TRANSIENT)
+
+
+def _run_command(
+    command: list[str], env: dict[str, str], fds: tuple[int, ...]
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command,
+        env=env,
+        pass_fds=fds,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )

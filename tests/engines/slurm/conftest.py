@@ -1,0 +1,88 @@
+"""A real single-node Slurm for the Slurm executor's tests, brought up by `.ci/slurm.sh up`.
+
+The session starts slurmctld + slurmd (4 fake GPUs) when they are not running and stops them at
+the end only if it started them. Each test gets its own work_dir and a unique name token; every
+Slurm job whose name carries the token is cancelled when the test ends.
+"""
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from jobs.executors.slurm import SlurmExecutor
+from jobs.models import Cluster
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / ".ci" / "slurm.sh"
+STATE_DIR = Path(os.environ.get("SF_SLURM_DIR", "/tmp/starforge-slurm"))
+
+
+def slurm(*args: str, conf: str, check: bool = True) -> str:
+    """Run a Slurm command against the test cluster (for setup and checks, not the executor)."""
+    done = subprocess.run(
+        args,
+        env={**os.environ, "SLURM_CONF": conf},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+@pytest.fixture(scope="session")
+def slurm_conf() -> str:
+    """Path of the running test cluster's slurm.conf."""
+    if shutil.which("sbatch") is None:
+        pytest.fail(
+            "Slurm is not installed on this machine: run `.ci/slurm.sh install` (as root) "
+            "and run the Slurm tests again"
+        )
+    already_up = subprocess.run([SCRIPT, "status"], capture_output=True).returncode == 0
+    if not already_up:
+        done = subprocess.run([SCRIPT, "up"], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            pytest.fail(f".ci/slurm.sh up failed:\n{done.stdout}{done.stderr}")
+    yield str(STATE_DIR / "etc" / "slurm.conf")
+    if not already_up:
+        subprocess.run([SCRIPT, "down"], capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def token() -> str:
+    """A short unique piece of every Slurm job name this test creates."""
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def cluster_settings(slurm_conf, tmp_path, token):
+    settings = {"work_dir": str(tmp_path / "slurm"), "slurm_conf": slurm_conf}
+    yield settings
+    names = slurm("squeue", "-h", "--all", "-o", "%i %j", conf=slurm_conf)
+    ours = [line.split()[0] for line in names.splitlines() if token in line]
+    if ours:
+        slurm("scancel", *ours, conf=slurm_conf, check=False)
+
+
+@pytest.fixture
+def executor(cluster_settings) -> SlurmExecutor:
+    """An executor on the real test cluster; its cluster row is not saved (no database)."""
+    return SlurmExecutor(Cluster(name="slurm-test", kind="slurm", settings=cluster_settings))
+
+
+@pytest.fixture
+def idle_gpus(slurm_conf) -> None:
+    """Wait until no job holds a GPU on the node (jobs of earlier tests may still complete)."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        used = slurm("sinfo", "-h", "-N", "-O", "GresUsed:|", conf=slurm_conf)
+        if all(part.startswith("gpu:0") for part in used.split("|") if part.strip()):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the node's GPUs stayed busy: {used.strip()}")

@@ -1,0 +1,300 @@
+"""The Slurm state table and the parsing of Slurm's answers. Parsing-only: no Slurm runs here.
+
+The executor is built with a fake command runner that answers what squeue, sacct and sinfo
+print; everything that needs a real slurmctld is in test_slurm_executor.py.
+"""
+
+import datetime as dt
+import json
+import re
+import subprocess
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from jobs import reconciler
+from jobs.executors.slurm import SlurmError, SlurmExecutor, gpu_count
+from jobs.models import Cluster, Job, JobEvent
+from jobs.states import JobStatus
+from tests.jobs.factories import queued_job, with_attempt
+
+pytestmark = pytest.mark.slurm
+S = JobStatus
+
+# Every job state of https://slurm.schedmd.com/job_state_codes.html (base states, then flags),
+# which covers the JOB STATE CODES of squeue(1) in 22.05 and later.
+SLURM_JOB_STATES = [
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+    "PENDING", "PREEMPTED", "RUNNING", "SUSPENDED", "TIMEOUT",
+    "COMPLETING", "CONFIGURING", "EXPEDITING", "LAUNCH_FAILED", "POWER_UP_NODE", "RECONFIG_FAIL",
+    "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "RESV_DEL_HOLD", "REVOKED",
+    "SIGNALING", "SPECIAL_EXIT", "STAGE_OUT", "STOPPED", "UPDATE_DB",
+]  # fmt: skip
+
+# state: (ledger state, failure kind of the end) for a job that exited 0 where it has an exit
+EXPECTED = {
+    "PENDING": (S.PENDING, ""),
+    "CONFIGURING": (S.PENDING, ""),
+    "POWER_UP_NODE": (S.PENDING, ""),
+    "EXPEDITING": (S.PENDING, ""),
+    "RECONFIG_FAIL": (S.PENDING, ""),
+    "LAUNCH_FAILED": (S.PENDING, ""),
+    "RESV_DEL_HOLD": (S.PENDING, ""),
+    "RUNNING": (S.RUNNING, ""),
+    "SUSPENDED": (S.RUNNING, ""),
+    "STOPPED": (S.RUNNING, ""),
+    "COMPLETING": (S.RUNNING, ""),
+    "STAGE_OUT": (S.RUNNING, ""),
+    "SIGNALING": (S.RUNNING, ""),
+    "RESIZING": (S.RUNNING, ""),
+    "UPDATE_DB": (S.RUNNING, ""),
+    "COMPLETED": (S.SUCCEEDED, ""),
+    "CANCELLED": (S.STOPPED, ""),
+    "FAILED": (S.FAILED, "exit"),
+    "TIMEOUT": (S.FAILED, "exit"),
+    "OUT_OF_MEMORY": (S.FAILED, "oom"),
+    "NODE_FAIL": (S.FAILED, "lost"),
+    "BOOT_FAIL": (S.FAILED, "lost"),
+    "DEADLINE": (S.FAILED, "lost"),
+    "REVOKED": (S.FAILED, "lost"),
+    "PREEMPTED": (S.FAILED, "preempted"),
+    "REQUEUED": (S.FAILED, "preempted"),
+    "REQUEUE_FED": (S.FAILED, "preempted"),
+    "REQUEUE_HOLD": (S.FAILED, "preempted"),
+    "SPECIAL_EXIT": (S.FAILED, "preempted"),
+}
+START, END = 1_795_000_000, 1_795_000_042
+
+
+class FakeSlurm:
+    """Stands in for the Slurm commands: canned output per command, every call recorded."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, tuple[int, str, str]] = {}
+        self.calls: list[list[str]] = []
+
+    def answer(self, command: str, stdout: str = "", rc: int = 0, stderr: str = "") -> None:
+        self.answers[command] = (rc, stdout, stderr)
+
+    def __call__(self, argv, env, fds):
+        self.calls.append(argv)
+        rc, out, err = self.answers.get(argv[0], (0, "", ""))
+        return subprocess.CompletedProcess(argv, rc, out, err)
+
+
+@pytest.fixture
+def fake() -> FakeSlurm:
+    return FakeSlurm()
+
+
+@pytest.fixture
+def executor(fake, tmp_path) -> SlurmExecutor:
+    cluster = Cluster(name="slurm-parse", kind="slurm", settings={"work_dir": str(tmp_path)})
+    return SlurmExecutor(cluster, run=fake)
+
+
+def squeue_line(job_id, state, reason="None", status=0, name="sf-run-a1", start=START, end=END):
+    return f"{job_id}|{state}|{reason}|{start}|{end}|{status}|{name}|\n"
+
+
+def test_the_table_has_a_row_for_every_slurm_job_state():
+    assert sorted(SlurmExecutor.STATE_TABLE) == sorted(SLURM_JOB_STATES)
+    assert sorted(EXPECTED) == sorted(SLURM_JOB_STATES)
+
+
+def test_every_end_other_than_exit_status_has_a_failure_kind_and_a_message():
+    ends = {s for s, t in SlurmExecutor.STATE_TABLE.items() if t in (S.FAILED, S.STOPPED)}
+    assert sorted(SlurmExecutor.END_STATES) == sorted(ends - {"FAILED"})
+    assert all(message for _, message in SlurmExecutor.END_STATES.values())
+
+
+@pytest.mark.parametrize("state", SLURM_JOB_STATES)
+def test_each_slurm_state_maps_as_decided(state, executor, fake):
+    fake.answer("squeue", squeue_line("41", state, reason="NonZeroExitCode", status=0))
+    obs = executor.poll(["41"])["41"]
+    target, failure = EXPECTED[state]
+    assert obs.native_state == state
+    assert SlurmExecutor.STATE_TABLE[state] == target
+    if target == S.PENDING:
+        assert obs.start_time is None and obs.end_time is None
+    elif target == S.RUNNING:
+        assert obs.start_time == dt.datetime.fromtimestamp(START, dt.UTC)
+        assert obs.end_time is None and obs.exit_code is None
+    else:
+        assert obs.failure == failure
+        assert obs.end_time == dt.datetime.fromtimestamp(END, dt.UTC)
+        assert obs.end_time.tzinfo is not None
+
+
+def test_a_pending_job_carries_slurms_reason_as_its_message(executor, fake):
+    fake.answer(
+        "squeue",
+        squeue_line("7", "PENDING", "Resources", start="N/A", end="N/A")
+        + squeue_line("8", "PENDING", "QOSMaxGRESPerUser")
+        + squeue_line("9", "PENDING", "None"),
+    )
+    found = executor.poll(["7", "8", "9"])
+    assert [found[i].message for i in ("7", "8", "9")] == ["Resources", "QOSMaxGRESPerUser", ""]
+
+
+@pytest.mark.parametrize(
+    ("status", "exit_code", "failure"),
+    [
+        (0 << 8, 0, "exit"),
+        (3 << 8, 3, "exit"),
+        (255 << 8, 255, "exit"),
+        ((128 + 9) << 8, -9, "exit"),  # the runner: entrypoint killed by SIGKILL
+        ((128 + 15) << 8, -15, "exit"),
+        (9, -9, "exit"),  # the batch step itself was killed
+    ],
+)
+def test_a_failed_job_reports_the_runners_exit_status(status, exit_code, failure, executor, fake):
+    fake.answer("squeue", squeue_line("5", "FAILED", "NonZeroExitCode", status))
+    obs = executor.poll(["5"])["5"]
+    assert (obs.exit_code, obs.failure) == (exit_code, failure)
+
+
+def test_exit_86_is_an_ingest_failure_with_the_runners_reason(executor, fake, tmp_path):
+    (tmp_path / "sf-run-a1").mkdir()
+    reason = "ingest failed: snapshot download: HTTP 404: no such snapshot"
+    (tmp_path / "sf-run-a1" / "exit.json").write_text(json.dumps({"reason": reason}))
+    fake.answer(
+        "squeue",
+        squeue_line("5", "FAILED", "NonZeroExitCode", 86 << 8)
+        + squeue_line("6", "FAILED", "NonZeroExitCode", 86 << 8, name="sf-gone-a1"),
+    )
+    found = executor.poll(["5", "6"])
+    assert (found["5"].failure, found["5"].message) == ("ingest", reason)
+    assert found["6"].failure == "ingest"
+    assert found["6"].message.startswith("ingest failed: the runner could not prepare the job")
+
+
+def test_a_job_slurm_failed_before_the_runner_ran_is_lost(executor, fake):
+    fake.answer("squeue", squeue_line("5", "FAILED", "JobLaunchFailure", 1))
+    obs = executor.poll(["5"])["5"]
+    assert (obs.exit_code, obs.failure) == (None, "lost")
+    assert obs.message == "Slurm failed the job: JobLaunchFailure"
+
+
+def test_one_forgotten_job_does_not_break_the_poll(executor, fake):
+    # squeue -j with a single unknown id exits 1; with several it simply leaves it out
+    fake.answer("squeue", rc=1, stderr="slurm_load_jobs error: Invalid job id specified\n")
+    fake.answer("sacct", rc=1, stderr="Slurm accounting storage is disabled\n")
+    assert executor.poll(["12345"]) == {}
+    assert [c[0] for c in fake.calls] == ["squeue", "sacct"]
+
+
+def test_an_unreachable_controller_fails_the_poll_with_slurms_sentence(executor, fake):
+    fake.answer(
+        "squeue",
+        rc=1,
+        stderr="slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n",
+    )
+    with pytest.raises(SlurmError, match="squeue: Unable to contact slurm controller"):
+        executor.poll(["1", "2"])
+
+
+def test_jobs_squeue_forgot_come_from_accounting_when_it_exists(executor, fake):
+    fake.answer("squeue", squeue_line("1", "RUNNING"))
+    fake.answer(
+        "sacct",
+        f"2|COMPLETED|None|{START}|{END}|0:0|sf-a-a1\n"
+        f"3|CANCELLED by 1000|None|{START}|{END}|0:15|sf-b-a1\n"
+        f"4|FAILED|NonZeroExitCode|{START}|{END}|3:0|sf-c-a1\n",
+    )
+    found = executor.poll(["1", "2", "3", "4", "5"])
+    assert {k: v.native_state for k, v in found.items()} == {
+        "1": "RUNNING",
+        "2": "COMPLETED",
+        "3": "CANCELLED",
+        "4": "FAILED",
+    }
+    assert found["4"].exit_code == 3
+    assert fake.calls[1][:6] == ["sacct", "-n", "-P", "-X", "-j", "2,3,4,5"]
+
+
+def test_capacity_counts_usable_nodes_and_takes_off_foreign_load(executor, fake):
+    fake.answer(
+        "sinfo",
+        "n1|gpu*|mixed|gpu:4|gpu:3(IDX:0-2)|\n"
+        "n2|gpu*|idle|gpu:a100:4(S:0-1)|gpu:a100:0(IDX:N/A)|\n"
+        "n3|gpu*|drained|gpu:4|gpu:0|\n"
+        "n4|gpu*|idle*|gpu:4|gpu:0|\n"
+        "n1|cpu|mixed|gpu:4|gpu:3(IDX:0-2)|\n",
+    )
+    # 3 GPUs in use on n1: 1 by a Starforge job, 2 by someone else's job
+    fake.answer("squeue", "gres:gpu:1|sf-x-a1|\ngres/gpu:2|train-resnet|\nN/A|sf-cpu-a1|\n")
+    capacity = executor.capacity()
+    assert capacity.reachable and capacity.total_gpus == 8 - 2
+    assert fake.calls[1][fake.calls[1].index("-w") + 1] == "n1,n2"
+
+
+def test_capacity_is_unreachable_with_slurms_sentence(executor, fake):
+    fake.answer(
+        "sinfo",
+        rc=1,
+        stderr="slurm_load_partitions: Unable to contact slurm controller (connect failure)\n",
+    )
+    capacity = executor.capacity()
+    assert not capacity.reachable
+    assert capacity.message == "sinfo: Unable to contact slurm controller (connect failure)"
+
+
+@pytest.mark.parametrize(
+    ("gres", "count"),
+    [("gpu:4", 4), ("gpu:a100:2(S:0-1)", 2), ("gres:gpu:2", 2), ("gres/gpu:3", 3),
+     ("gpu:0(IDX:N/A)", 0), ("gpu:(null):0(IDX:N/A)", 0), ("gpu:a:2,gpu:b:1", 3), ("(null)", 0),
+     ("N/A", 0)],
+)  # fmt: skip
+def test_gpu_counts_read_every_gres_spelling(gres, count):
+    assert gpu_count(gres) == count
+
+
+@pytest.mark.parametrize(
+    ("bad", "words"),
+    [
+        ({"slurmrestd_url": "http://slurm:6820"}, "slurmrestd_url is not supported yet"),
+        ({"partiton": "gpu"}, "unknown setting(s) partiton"),
+        ({"partition": ""}, "partition must be a non-empty string"),
+        ({"work_dir": "shared/slurm"}, "work_dir must be an absolute path"),
+        ({"time_limit": "two days"}, "time_limit 'two days' is not a Slurm time"),
+        ({"time_limit": True}, "is not a Slurm time"),
+    ],
+)
+def test_bad_settings_are_refused_with_a_sentence(bad, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        SlurmExecutor.validate_settings(bad)
+
+
+def test_good_settings_pass_and_the_cluster_form_reports_bad_ones():
+    SlurmExecutor.validate_settings(
+        {
+            "partition": "gpu",
+            "account": "vision",
+            "python": "/opt/sf/bin/python",
+            "work_dir": "/shared/starforge",
+            "bin_dir": "/opt/slurm/bin",
+            "time_limit": "2-00:00:00",
+        }
+    )
+    SlurmExecutor.validate_settings({"time_limit": 90})
+    cluster = Cluster(name="hpc", kind="slurm", settings={"slurmrestd_url": "http://x:6820"})
+    with pytest.raises(ValidationError, match="not supported yet"):
+        cluster.clean()
+
+
+@pytest.mark.django_db
+def test_an_unknown_slurm_state_leaves_the_job_alone_and_is_recorded(
+    fake, tmp_path, team, alice, monkeypatch
+):
+    cluster = Cluster.objects.create(name="hpc", kind="slurm", settings={"work_dir": str(tmp_path)})
+    job = queued_job(team, alice, cluster=cluster)
+    with_attempt(job, S.RUNNING, job_ref="77", pending_at=timezone.now())
+    monkeypatch.setattr(reconciler, "executor_for", lambda c: SlurmExecutor(c, run=fake))
+    fake.answer("squeue", squeue_line("77", "MIGRATING_TO_MARS"))
+    reconciler.reconcile_all()
+    reconciler.reconcile_all()
+    assert Job.objects.get(pk=job.pk).status == S.RUNNING
+    notes = JobEvent.objects.filter(job=job, kind=JobEvent.Kind.OBSERVATION)
+    assert [n.data["native_state"] for n in notes] == ["MIGRATING_TO_MARS"]
