@@ -26,6 +26,11 @@ from jobs.transitions import TransitionRefused, transition
 log = logging.getLogger(__name__)
 S = JobStatus
 ORPHAN_SWEEP = dt.timedelta(minutes=10)
+FAILURE_WORDS = {
+    "oom": "out of memory",
+    "lost": "lost on backend",
+    "preempted": "preempted by the backend",
+}
 
 
 def reconcile_all(now: dt.datetime | None = None) -> None:
@@ -208,6 +213,8 @@ def _failure_reason(attempt: Attempt, obs: Observation) -> str:
         head = f"exited with code {obs.exit_code}"
     else:
         head = obs.message or f"backend reported {obs.native_state}"
+    if obs.failure in FAILURE_WORDS:  # the backend's diagnosis comes first
+        head = f"{FAILURE_WORDS[obs.failure]} ({head})"
     tail = logstore.tail_text(attempt.job_id, attempt.number, 5)
     return f"{head}; last lines:\n{tail}" if tail else head
 

@@ -224,7 +224,7 @@ class KubernetesExecutor:
             MANAGED_BY: "starforge",
             "starforge.io/run-id": label_value(spec.run_id),
             "starforge.io/attempt": str(spec.attempt),
-            "starforge.io/team": label_value(getattr(spec, "team", "")),
+            "starforge.io/team": label_value(spec.team),
             "starforge.io/job-id": str(spec.job_id),
         }
         job_spec: dict[str, Any] = {

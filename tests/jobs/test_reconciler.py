@@ -150,3 +150,23 @@ def test_attempt_closed_before_its_start_was_seen_gets_the_backend_start_time(ba
     reconcile_all()
     attempt.refresh_from_db()
     assert (attempt.start_time, attempt.end_time) == (started, stopped)  # 20 s metered
+
+
+@pytest.mark.parametrize(
+    "failure, message, code, reason",
+    [
+        ("oom", "", -9, "out of memory (killed by signal 9)"),
+        ("lost", "Evicted: the node was low on memory", None, "lost on backend (Evicted: the"),
+        ("preempted", "", 143, "preempted by the backend (exited with code 143)"),
+        ("exit", "", 3, "exited with code 3"),
+    ],
+)
+def test_the_failure_reason_leads_with_the_backends_diagnosis(
+    backend, pending, failure, message, code, reason
+):
+    job, _ = pending
+    backend.states["ref-1"] = Observation("BAD", exit_code=code, failure=failure, message=message)
+    reconcile_all()
+    job.refresh_from_db()
+    assert job.status == S.FAILED and job.status_reason.startswith(reason), job.status_reason
+    assert Attempt.objects.get(job=job).failure == failure
