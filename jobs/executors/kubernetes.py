@@ -30,6 +30,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import urllib3
+from django.conf import settings as django_settings
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
@@ -69,6 +70,7 @@ SETTINGS = {
     "active_deadline_s",
     "service_account",
     "image_pull_secrets",
+    "output_pvc",
 }
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 QUALIFIED_NAME = re.compile(r"^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -107,7 +109,7 @@ class KubernetesExecutor:
     }
 
     def __init__(self, cluster: "Cluster") -> None:
-        self.validate_settings(cluster.settings)
+        self.validate_settings({k: v for k, v in cluster.settings.items() if k != "output_root"})
         self.cluster = cluster
         self.settings = {**DEFAULTS, **cluster.settings}
         self.namespace: str = self.settings["namespace"]
@@ -273,6 +275,13 @@ class KubernetesExecutor:
             ],
         }
         pod.update({k: v for k, v in optional.items() if v})
+        if self.settings.get("output_pvc"):
+            # Run outputs and checkpoints outlive the pod: a resumed or retried attempt, and
+            # follow-on jobs, find them under the same SF_OUTPUT_DIR.
+            root = str(self.settings.get("output_root") or django_settings.SF_OUTPUT_ROOT)
+            claim = {"claimName": self.settings["output_pvc"]}
+            pod["volumes"].append({"name": "sf-outputs", "persistentVolumeClaim": claim})
+            container["volumeMounts"].append({"name": "sf-outputs", "mountPath": root})
         return pod
 
     # -- capacity ----------------------------------------------------------------------------
@@ -689,6 +698,13 @@ def _check_pod_settings(settings: dict) -> None:
             "Kubernetes setting 'active_deadline_s' must be a positive whole number of seconds.",
         ),
         (
+            settings.get("output_pvc") is None
+            or (
+                isinstance(settings["output_pvc"], str) and DNS_LABEL.match(settings["output_pvc"])
+            ),
+            "Kubernetes setting 'output_pvc' must name a PersistentVolumeClaim such as 'runs'.",
+        ),
+        (
             _is_name_list(settings.get("image_pull_secrets", [])),
             "Kubernetes setting 'image_pull_secrets' must be a list of secret names.",
         ),
@@ -697,6 +713,10 @@ def _check_pod_settings(settings: dict) -> None:
         if not ok:
             raise ValueError(sentence)
     _check_tolerations(settings.get("tolerations", []))
+
+
+def _is_dns_label(value: object) -> bool:
+    return isinstance(value, str) and DNS_LABEL.match(value) is not None
 
 
 def _check_tolerations(tolerations: object) -> None:

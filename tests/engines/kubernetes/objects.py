@@ -22,6 +22,7 @@ def launch(**fields) -> LaunchSpec:
     values = {
         "name": f"sf-{run_id}-a{attempt}",
         "job_id": 7,
+        "team": "vision",
         "run_id": run_id,
         "attempt": attempt,
         "gpus": 1,

@@ -33,7 +33,7 @@ def test_submit_creates_one_labelled_job_running_the_runner(executor, apiserver)
         "app.kubernetes.io/managed-by": "starforge",
         "starforge.io/run-id": spec.run_id,
         "starforge.io/attempt": "1",
-        "starforge.io/team": getattr(spec, "team", ""),
+        "starforge.io/team": "vision",
         "starforge.io/job-id": "7",
     }
     assert job["metadata"]["labels"] == labels
@@ -55,6 +55,17 @@ def test_a_second_submit_adopts_the_existing_job(executor, apiserver):
     assert first == second
     assert len(apiserver.select("jobs")) == 1
     assert apiserver.count("POST", JOBS) == 2
+
+
+def test_outputs_live_on_the_claim_named_by_output_pvc(apiserver, k8s_settings):
+    settings = {**k8s_settings, "output_pvc": "runs", "output_root": "/mnt/runs"}
+    executor = KubernetesExecutor(Cluster(name="k", kind="kubernetes", settings=settings))
+    pod = apiserver.get("jobs", executor.submit(launch()))["spec"]["template"]["spec"]
+    assert {"name": "sf-outputs", "persistentVolumeClaim": {"claimName": "runs"}} in pod["volumes"]
+    (container,) = pod["containers"]
+    assert {"name": "sf-outputs", "mountPath": "/mnt/runs"} in container["volumeMounts"]
+    with pytest.raises(ValueError, match="output_pvc"):
+        KubernetesExecutor.validate_settings({**k8s_settings, "output_pvc": "Runs/2"})
 
 
 def test_a_cpu_only_job_asks_for_no_gpus_and_sees_none(executor, apiserver):
