@@ -26,6 +26,7 @@ from jobs.schemas import (
     JobPage,
     MeOut,
     SnapshotOut,
+    StartedOut,
     Text,
 )
 from jobs.snapshots import snapshot_path, store_snapshot
@@ -319,6 +320,16 @@ def batch_items(body: bytes, attempt: int, field: str, limit: int, *, finite: bo
 
     With `finite`, NaN and Infinity are refused while parsing; otherwise the caller checks them.
     """
+    items = runner_body(body, attempt, finite=finite).get(field)
+    if not isinstance(items, list):
+        raise BadRequest(f'"{field}" must be a list')
+    if len(items) > limit:
+        raise PayloadTooLarge(f"a batch holds at most {limit} {field}; this one has {len(items)}")
+    return items
+
+
+def runner_body(body: bytes, attempt: int, *, finite: bool = True) -> dict:
+    """A runner's JSON object naming this token's attempt, or a 400 saying what is wrong."""
     try:
         batch = json.loads(body, parse_constant=_refuse_constant if finite else None)
     except ValueError as exc:
@@ -326,12 +337,7 @@ def batch_items(body: bytes, attempt: int, field: str, limit: int, *, finite: bo
     sent = batch.get("attempt") if isinstance(batch, dict) else None
     if type(sent) is not int or sent != attempt:
         raise BadRequest(f'the body must be an object with "attempt": {attempt} (this token\'s)')
-    items = batch.get(field)
-    if not isinstance(items, list):
-        raise BadRequest(f'"{field}" must be a list')
-    if len(items) > limit:
-        raise PayloadTooLarge(f"a batch holds at most {limit} {field}; this one has {len(items)}")
-    return items
+    return batch
 
 
 def batch_body_doc(field: str) -> dict:
@@ -379,6 +385,38 @@ def ingest_logs(request):
         "duplicates": result.duplicates,
         "next_seq": result.next_seq,
     }
+
+
+@ingest.post(
+    "/started",
+    response=StartedOut,
+    summary="The runner spawned the entrypoint: the attempt's start time, by the server's clock",
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["attempt"],
+                        "properties": {"attempt": {"type": "integer"}},
+                    }
+                }
+            }
+        }
+    },
+)
+def ingest_started(request):
+    """Set the attempt's start_time when nothing set it yet (counted once, never moved).
+
+    The server's clock, not the runner's, so a node with a skewed clock cannot bill queued
+    time; an attempt already closed (stopped while starting) keeps what it has.
+    """
+    attempt = _ingesting_attempt(request.auth)
+    runner_body(request.body, attempt.number)
+    Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True, end_time__isnull=True).update(
+        start_time=timezone.now()
+    )
+    return {"start_time": Attempt.objects.values_list("start_time", flat=True).get(pk=attempt.pk)}
 
 
 def _parse_batch(body: bytes, attempt: int) -> list[dict]:

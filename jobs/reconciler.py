@@ -173,11 +173,36 @@ def _finish(attempt: Attempt, target: JobStatus, obs: Observation, now: dt.datet
         reason = "exited with code 0"
     else:
         reason = _failure_reason(attempt, obs)
-    Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(start_time=obs.start_time)
-    attempt.start_time = attempt.start_time or obs.start_time
+    if obs.start_time:
+        Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(
+            start_time=obs.start_time
+        )
+    # The runner may have reported its start since this tick read the attempt.
+    attempt.start_time = Attempt.objects.values_list("start_time", flat=True).get(pk=attempt.pk)
+    if attempt.start_time is None and target == S.SUCCEEDED:
+        _unknown_start(attempt, obs.end_time or now)
     failure = "" if target == S.SUCCEEDED else obs.failure or "exit"
     _close_and_transition(
         attempt, target, reason, obs.end_time or now, exit_code=obs.exit_code, failure=failure
+    )
+
+
+def _unknown_start(attempt: Attempt, end: dt.datetime) -> None:
+    """It ran (it succeeded) but nobody said when it started: bill nothing rather than guess.
+
+    Billing from launch would count queued and pending time (invariant 5).
+    """
+    Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(start_time=end)
+    attempt.start_time = end
+    JobEvent.objects.create(
+        job_id=attempt.job_id,
+        kind=JobEvent.Kind.NOTE,
+        actor="reconciler",
+        attempt=attempt.number,
+        reason=(
+            "the backend reported the end but not the start, and the runner's start report "
+            "did not arrive: this attempt is billed 0 GPU-seconds"
+        ),
     )
 
 

@@ -140,6 +140,10 @@ class AttemptOut(Schema):
     gpu_seconds: float
 
 
+class StartedOut(Schema):
+    start_time: dt.datetime | None
+
+
 class DiagnosticsOut(Schema):
     status: str
     sentences: list[str]

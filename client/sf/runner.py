@@ -530,6 +530,7 @@ def run(env: RunnerEnv, argv: list[str]) -> int:
         supervisor.install()
         started_at = time.time()
         write_json_atomic(env.started_file, {"started_at": started_at, "pid": proc.pid})
+        report_started(env.client(), env.attempt)
         shipper.start()
         metrics.shipper.start()
         metrics.start()
@@ -558,6 +559,30 @@ def run(env: RunnerEnv, argv: list[str]) -> int:
     for channel in (shipper, metrics.shipper):
         channel.join()
     return _finish(env, code, started_at)
+
+
+def report_started(client: Client | None, attempt: int) -> None:
+    """Tell the server the entrypoint is up, now: metering starts here on every engine.
+
+    Best effort, in the background: an engine that reports its own start time, or the
+    reconciler's first sight of the job running, stands in when this does not arrive.
+    """
+    if client is None:
+        return
+
+    def send() -> None:
+        for delay in (0.0, 1.0, 3.0):
+            time.sleep(delay)
+            try:
+                client.request("POST", "/api/v1/ingest/started", json_body={"attempt": attempt})
+                return
+            except ConnectError:
+                continue
+            except ApiError as exc:
+                if exc.status < 500:
+                    return  # refused (attempt over, token wrong): nothing to retry
+
+    threading.Thread(target=send, name="sf-started", daemon=True).start()
 
 
 def _finish(env: RunnerEnv, code: int, started_at: float | None) -> int:

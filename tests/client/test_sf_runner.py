@@ -142,6 +142,19 @@ def test_runner_ships_every_line_once_through_503s_and_records_exit(
     assert len(console) == 44 and (tmp_path / "ckpt").is_dir() and (tmp_path / "out").is_dir()
 
 
+def test_runner_reports_the_entrypoints_start_once_through_a_503(
+    fake_api: Any, tmp_path: Path
+) -> None:
+    sha, data = pack(tmp_path, {"job.py": "import time; time.sleep(2)\n"})
+    answers = iter([(503, {"detail": "busy"}), (200, {"start_time": "2026-01-01T00:00:00Z"})])
+    fake_api.route("GET /api/v1/ingest/snapshot", lambda r: (200, data))
+    fake_api.route("POST /api/v1/ingest/started", lambda r: next(answers))
+    env = runner_env(tmp_path, fake_api.url, sha, [sys.executable, "job.py"])
+    assert run_runner(env).returncode == 0
+    sent = [r for r in fake_api.requests if r.path == "/api/v1/ingest/started"]
+    assert [r.json() for r in sent] == [{"attempt": 1}, {"attempt": 1}]
+
+
 def test_runner_never_sends_a_line_twice_after_success(fake_api: Any, tmp_path: Path) -> None:
     sha, data = pack(tmp_path, {"job.py": JOB_SCRIPT})
     batches: list[list[int]] = []

@@ -410,3 +410,34 @@ def test_logs_of_another_team_are_404(api_as, make_team, make_user, job_id):
     send_lines(runner(job_id), make_lines(0, 1))
     stranger = api_as(make_user("carol", make_team("audio")))
     assert_refused(stranger.get(f"/jobs/{job_id}/logs"), 404)
+
+
+def post_started(client: Client, body) -> object:
+    return client.post("/api/v1/ingest/started", body, content_type="application/json")
+
+
+def test_the_runners_start_report_sets_start_time_once_by_the_servers_clock(api):
+    job_id = submit(api)
+    attempt = attach_attempt(job_id, 1, status="PENDING")
+    before = now()
+    answer = post_started(runner(job_id), {"attempt": 1})
+    assert answer.status_code == 200, answer.content
+    attempt.refresh_from_db()
+    assert before <= attempt.start_time <= now()
+    first = attempt.start_time
+    assert post_started(runner(job_id), {"attempt": 1}).status_code == 200
+    attempt.refresh_from_db()
+    assert attempt.start_time == first  # counted once, never moved
+
+
+def test_a_start_report_is_refused_for_another_attempt_a_bad_body_or_a_closed_attempt(api):
+    job_id = submit(api)
+    attach_attempt(job_id, 1, status="PENDING")
+    attempt = attach_attempt(job_id, 2, status="PENDING")  # attempt 1 was paused
+    assert_refused(post_started(runner(job_id, 2), {"attempt": 1}), 400, '"attempt": 2')
+    assert_refused(post_started(runner(job_id, 2), "nope"), 400, "not JSON")
+    assert_refused(post_started(runner(job_id, 1), {"attempt": 1}), 410, "is over")
+    Attempt.objects.filter(pk=attempt.pk).update(end_time=now())  # stopped while starting
+    assert post_started(runner(job_id, 2), {"attempt": 2}).status_code == 200
+    attempt.refresh_from_db()
+    assert attempt.start_time is None  # a closed attempt keeps what it has

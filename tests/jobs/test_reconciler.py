@@ -170,3 +170,32 @@ def test_the_failure_reason_leads_with_the_backends_diagnosis(
     job.refresh_from_db()
     assert job.status == S.FAILED and job.status_reason.startswith(reason), job.status_reason
     assert Attempt.objects.get(job=job).failure == failure
+
+
+def test_a_job_that_ended_between_ticks_is_billed_from_the_runners_start_report(
+    backend, pending
+):
+    job, attempt = pending
+    started = timezone.now() - dt.timedelta(seconds=30)
+    ended = timezone.now() - dt.timedelta(seconds=10)
+    Attempt.objects.filter(pk=attempt.pk).update(start_time=started)  # POST /ingest/started
+    backend.states["ref-1"] = Observation("OK", exit_code=0, end_time=ended)
+    reconcile_all()
+    attempt.refresh_from_db()
+    statuses = list(
+        JobEvent.objects.filter(job=job, kind="status").values_list("to_status", flat=True)
+    )
+    assert statuses[-2:] == [S.RUNNING, S.SUCCEEDED]
+    assert (attempt.start_time, attempt.end_time) == (started, ended)
+
+
+def test_a_success_with_no_known_start_is_billed_nothing_and_says_so(backend, pending):
+    job, attempt = pending
+    ended = timezone.now() - dt.timedelta(seconds=1)
+    backend.states["ref-1"] = Observation("OK", exit_code=0, end_time=ended)
+    reconcile_all()
+    attempt.refresh_from_db()
+    assert status(job) == S.SUCCEEDED
+    assert attempt.start_time == attempt.end_time == ended
+    note = JobEvent.objects.get(job=job, kind=JobEvent.Kind.NOTE)
+    assert "billed 0 GPU-seconds" in note.reason
