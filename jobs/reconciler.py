@@ -171,6 +171,8 @@ def _mark_running(attempt: Attempt, obs: Observation, now: dt.datetime) -> None:
 def _finish(attempt: Attempt, target: JobStatus, obs: Observation, now: dt.datetime) -> None:
     if target == S.SUCCEEDED:
         reason = "exited with code 0"
+    elif target == S.STOPPED:  # stopped on the engine by someone, not through Starforge
+        reason = obs.message or f"backend reported {obs.native_state}"
     else:
         reason = _failure_reason(attempt, obs)
     if obs.start_time:
@@ -181,7 +183,7 @@ def _finish(attempt: Attempt, target: JobStatus, obs: Observation, now: dt.datet
     attempt.start_time = Attempt.objects.values_list("start_time", flat=True).get(pk=attempt.pk)
     if attempt.start_time is None and target == S.SUCCEEDED:
         _unknown_start(attempt, obs.end_time or now)
-    failure = "" if target == S.SUCCEEDED else obs.failure or "exit"
+    failure = obs.failure or "exit" if target == S.FAILED else ""
     _close_and_transition(
         attempt, target, reason, obs.end_time or now, exit_code=obs.exit_code, failure=failure
     )

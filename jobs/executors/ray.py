@@ -63,9 +63,9 @@ class RayExecutor:
         "FAILED": JobStatus.FAILED,
         # Someone stopped the job on the Ray side. Starforge's own stops close the attempt
         # before they reach Ray, so a live attempt seen STOPPED was stopped behind Starforge's
-        # back (`ray job stop`, the dashboard): the job did not finish, and nobody asked
-        # Starforge to stop it, so it fails as "lost" and the job's retry policy decides.
-        "STOPPED": JobStatus.FAILED,
+        # back (`ray job stop`, the dashboard): an admin's stop, as Slurm's CANCELLED is, so
+        # the job is STOPPED (retryable by hand, never retried automatically).
+        "STOPPED": JobStatus.STOPPED,
     }
 
     # Why a FAILED job without an exit code failed, by Ray's JobErrorType (common.py).
@@ -295,9 +295,7 @@ def observe(job: dict) -> Observation:
         message = (
             "stopped on the Ray cluster, not through Starforge (ray job stop or the dashboard)"
         )
-        return Observation(
-            state, end_time=end_time, message=message, failure="lost", details=details
-        )
+        return Observation(state, end_time=end_time, message=message, details=details)
     if state == "FAILED":
         exit_code, failure, message = _failure(job, message)
         return Observation(

@@ -14,6 +14,7 @@ class ScriptedExecutor:
         "RUN": S.RUNNING,
         "OK": S.SUCCEEDED,
         "BAD": S.FAILED,
+        "HALTED": S.STOPPED,  # stopped on the engine, not through Starforge
     }
 
     def __init__(self) -> None:

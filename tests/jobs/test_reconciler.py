@@ -199,3 +199,18 @@ def test_a_success_with_no_known_start_is_billed_nothing_and_says_so(backend, pe
     assert attempt.start_time == attempt.end_time == ended
     note = JobEvent.objects.get(job=job, kind=JobEvent.Kind.NOTE)
     assert "billed 0 GPU-seconds" in note.reason
+
+
+def test_a_stop_made_on_the_engine_itself_stops_the_job_without_a_failure(backend, pending):
+    job, attempt = pending
+    started = timezone.now() - dt.timedelta(seconds=20)
+    backend.states["ref-1"] = Observation(
+        "HALTED", start_time=started, message="cancelled on the cluster outside Starforge"
+    )
+    reconcile_all()
+    job.refresh_from_db()
+    attempt.refresh_from_db()
+    assert job.status == S.STOPPED
+    assert job.status_reason == "cancelled on the cluster outside Starforge"
+    assert attempt.failure == "" and attempt.start_time == started and attempt.end_time
+    assert job.next_attempt_at is None  # never retried automatically

@@ -45,7 +45,7 @@ def test_every_ray_job_status_has_a_row():
         ("RUNNING", S.RUNNING),
         ("SUCCEEDED", S.SUCCEEDED),
         ("FAILED", S.FAILED),
-        ("STOPPED", S.FAILED),  # stopped behind Starforge's back: the job did not finish
+        ("STOPPED", S.STOPPED),  # stopped behind Starforge's back: an admin's stop
     ],
 )
 def test_each_ray_status_maps_to_its_ledger_state(ray_status, ledger_status):
@@ -110,9 +110,9 @@ def test_failures_without_an_exit_code_follow_rays_error_type(error_type, messag
     assert (obs.exit_code, obs.failure, obs.message) == (None, failure, message)
 
 
-def test_an_unasked_stop_is_a_lost_job_and_times_are_utc():
+def test_an_unasked_stop_is_an_admins_stop_and_times_are_utc():
     obs = observe(ray_job("STOPPED", start_time=1_700_000_000_000, end_time=1_700_000_001_500))
-    assert obs.failure == "lost" and "not through Starforge" in obs.message
+    assert obs.failure == "" and "not through Starforge" in obs.message
     assert obs.end_time == dt.datetime(2023, 11, 14, 22, 13, 21, 500000, tzinfo=dt.UTC)
     # Ray's start_time is the submission time: reporting it would bill the PENDING time.
     assert obs.start_time is None and obs.details["start_time"] == 1_700_000_000_000
