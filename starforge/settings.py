@@ -108,9 +108,19 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A tick nobody picked up within 10 s is dropped: behind a slow engine (an unreachable
+# cluster's timeouts), ticks would otherwise pile up and run back to back for nothing.
 CELERY_BEAT_SCHEDULE = {
-    "schedule-tick": {"task": "jobs.tasks.schedule_tick", "schedule": 2.0},
-    "reconcile-tick": {"task": "jobs.tasks.reconcile_tick", "schedule": 2.0},
+    "schedule-tick": {
+        "task": "jobs.tasks.schedule_tick",
+        "schedule": 2.0,
+        "options": {"expires": 10},
+    },
+    "reconcile-tick": {
+        "task": "jobs.tasks.reconcile_tick",
+        "schedule": 2.0,
+        "options": {"expires": 10},
+    },
 }
 CHANNEL_LAYERS = {
     "default": {
