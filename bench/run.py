@@ -37,6 +37,8 @@ BENCHES: dict[str, tuple[str, int]] = {
     "console": ("jobs list and job page HTML with 1,000,000 jobs and 1,000,000 log lines", 600),
     "metrics": ("Charts series of 1,000,000 metric points: rollups vs raw, and ingest", 300),
     "live": ("log line latency from print() to the browser through the real stack", 300),
+    "slurm-vs-sbatch": ("200 short jobs through Starforge on a real Slurm vs straight sbatch", 600),
+    "slurm-reconcile-1000": ("one reconciler tick over 1,000 PENDING jobs on a real Slurm", 300),
 }
 
 
@@ -62,6 +64,12 @@ def _child(name: str, out: Path) -> None:
         result = live_bench.run()
     elif name == "metrics":
         result = metrics_bench.run()
+    elif name in ("slurm-vs-sbatch", "slurm-reconcile-1000"):
+        from bench import slurm_bench
+
+        result = (
+            slurm_bench.vs_sbatch() if name == "slurm-vs-sbatch" else slurm_bench.reconcile_1000()
+        )
     else:
         raise SystemExit(f"unknown benchmark {name!r}")
     from django.db import connections
@@ -245,6 +253,45 @@ def _rows(results: dict) -> list[tuple[str, str, str, bool | None]]:
                 live["p95_ms"] < 300,
             )
         )
+    rows += _slurm_rows(results)
+    return rows
+
+
+def _slurm_rows(results: dict) -> list[tuple[str, str, str, bool | None]]:
+    rows: list[tuple[str, str, str, bool | None]] = []
+    vs = results.get("slurm-vs-sbatch", {})
+    if "ratio" in vs:
+        ours, direct, ratio = vs["starforge"], vs["sbatch"], vs["ratio"]
+        for label, key in (("makespan", "makespan_s"), ("median submit→done", "done_median_s")):
+            rows.append(
+                (
+                    f"Slurm {label}, {vs['jobs']} jobs: Starforge / sbatch",
+                    f"{ratio[key]}x ({ours[key]} s vs {direct[key]} s)",
+                    "<= 1.25x",
+                    ratio[key] is not None and ratio[key] <= 1.25,
+                )
+            )
+        rows.append(
+            (
+                f"Slurm median submit→RUNNING, {vs['jobs']} jobs",
+                f"Starforge {ours['running_median_s']} s (p95 {ours['running_p95_s']}), "
+                f"sbatch {direct['running_median_s']} s (p95 {direct['running_p95_s']})",
+                "-",
+                None,
+            )
+        )
+    tick = results.get("slurm-reconcile-1000", {})
+    for label in ("first", "steady"):
+        if label in tick:
+            r = tick[label]
+            rows.append(
+                (
+                    f"reconcile tick, {tick['jobs']:,} Slurm jobs ({label})",
+                    f"{r['squeue_calls']} squeue, {r['wall_s']:.2f} s, {r['queries']} queries",
+                    "1 squeue",
+                    r["squeue_calls"] == 1,
+                )
+            )
     return rows
 
 

@@ -7,7 +7,8 @@ any Slurm the worker host is a client of. Each attempt gets a directory under `w
 
 At most once per attempt (ARCHITECTURE.md invariant 4): `submit` runs under a lock file in
 `work_dir` and adopts the job already known under the attempt's name (its recorded id, or a
-Slurm job of that name) instead of submitting a second one. The job's environment reaches Slurm
+Slurm job of that name) instead of submitting a second one. Workers that launch on the same
+cluster must therefore share `work_dir` (as the nodes do). The job's environment reaches Slurm
 through `--export-file` on an anonymous file: the server's own environment never reaches a job,
 and a job's variables (SBATCH_*, SLURM_CONF) cannot change how it is submitted.
 """
@@ -21,6 +22,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from jobs.states import JobStatus
 
 S = JobStatus
 COMMAND_TIMEOUT_S = 30
+CAPACITY_TTL_S = 1.0  # below the scheduler's 2 s tick: each tick asks Slurm afresh
 INGEST_EXIT = 86  # the runner's "snapshot could not be fetched; user code never ran"
 JOB_PREFIX = "sf-"  # every Starforge backend name starts with it (scheduler.backend_name)
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -71,6 +74,8 @@ SETTINGS = {
     "slurm_conf": "slurm.conf of this cluster for the commands (default: $SLURM_CONF)",
     "time_limit": "time limit of every job, in Slurm's --time format, e.g. 2-00:00:00",
 }
+
+_capacities: dict[tuple[str, ...], tuple[float, Capacity]] = {}  # capacity() answers, by cluster
 
 Run = Callable[[list[str], dict[str, str], tuple[int, ...]], subprocess.CompletedProcess]
 
@@ -149,7 +154,7 @@ class SlurmExecutor:
             value = settings.get(key)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ValueError(f"{key} must be a non-empty string, not {value!r}")
-        for key in ("work_dir", "bin_dir", "slurm_conf"):
+        for key in ("python", "work_dir", "bin_dir", "slurm_conf"):
             if settings.get(key) and not os.path.isabs(settings[key]):
                 raise ValueError(f"{key} must be an absolute path, not {settings[key]!r}")
         limit = settings.get("time_limit")
@@ -174,12 +179,15 @@ class SlurmExecutor:
 
     # -- interface ---------------------------------------------------------------------------
     def submit(self, spec: LaunchSpec) -> str:
+        attempt_dir = self.work_dir / spec.name
         try:
             with self._lock():
-                adopted = self.find(spec.name)
+                # The attempt dir is made under this lock before sbatch runs: while it does not
+                # exist, no worker sharing work_dir has submitted the attempt, and Slurm need
+                # not be asked. Once it does, the recorded id or Slurm's job of that name wins.
+                adopted = self.find(spec.name) if attempt_dir.exists() else None
                 if adopted:
                     return adopted  # submitted before (perhaps by a worker that crashed)
-                attempt_dir = self.work_dir / spec.name
                 attempt_dir.mkdir(parents=True, exist_ok=True)
                 job_id = self._sbatch(spec, attempt_dir)
                 (attempt_dir / "slurm_job_id").write_text(job_id)
@@ -202,7 +210,7 @@ class SlurmExecutor:
             return {}
         args = ["squeue", "-h", "--all", "-t", "all", "-j", ",".join(ids), "-O", POLL_FIELDS]
         try:
-            rows = parse_squeue(self._slurm(args))
+            rows = parse_squeue(self._slurm(args), dt.datetime.now(dt.UTC))
         except SlurmError as exc:
             if "Invalid job id" not in str(exc):  # squeue -j of one forgotten id says so
                 raise
@@ -221,8 +229,19 @@ class SlurmExecutor:
         """GPUs of the partition's usable nodes, less those that jobs outside Starforge hold.
 
         The scheduler subtracts the GPUs of Starforge's own active jobs itself, so only
-        foreign load is taken off here: node GPUs in use minus those of `sf-` jobs.
+        foreign load is taken off here: node GPUs in use minus those of `sf-` jobs. Answers
+        are kept CAPACITY_TTL_S: every submit asks too, and on a busy host the two Slurm
+        commands cost ~100 ms, ten times the rest of a submit; a tick still gets a fresh one.
         """
+        key = (self.cluster.name, self.partition, self.slurm_conf, self.bin_dir)
+        kept = _capacities.get(key)
+        if kept and time.monotonic() - kept[0] < CAPACITY_TTL_S:
+            return kept[1]
+        capacity = self._ask_capacity()
+        _capacities[key] = (time.monotonic(), capacity)
+        return capacity
+
+    def _ask_capacity(self) -> Capacity:
         try:
             nodes = self._usable_nodes()
             ours = self._starforge_gpus(list(nodes)) if nodes else 0
@@ -317,24 +336,15 @@ class SlurmExecutor:
                 row, details, failure="lost", message=f"Slurm failed the job: {row.reason}"
             )
         code = exit_code_of(row.exit_status or 0)
-        if code == INGEST_EXIT:
-            return _ended(
-                row, details, exit_code=code, failure="ingest", message=self._ingest_reason(row)
+        if code != INGEST_EXIT:
+            return _ended(row, details, exit_code=code, failure="exit")
+        reason = str(_read_json(self.work_dir / row.name / "exit.json").get("reason", ""))
+        if not reason.startswith("ingest failed"):  # the server cannot see the runner's files
+            reason = (
+                f"ingest failed: the runner could not prepare the job (exit {INGEST_EXIT}); "
+                f"see {self.work_dir / row.name / 'slurm.err'}"
             )
-        return _ended(row, details, exit_code=code, failure="exit")
-
-    def _ingest_reason(self, row: "JobRow") -> str:
-        exit_file = self.work_dir / row.name / "exit.json"
-        try:
-            reason = json.loads(exit_file.read_text()).get("reason", "")
-        except (OSError, ValueError):
-            reason = ""
-        if reason.startswith("ingest failed"):
-            return reason
-        return (
-            f"ingest failed: the runner could not prepare the job (exit {INGEST_EXIT}); "
-            f"see {self.work_dir / row.name / 'slurm.err'}"
-        )
+        return _ended(row, details, exit_code=code, failure="ingest", message=reason)
 
     def _sacct(self, ids: list[str]) -> list["JobRow"]:
         """Jobs squeue no longer lists (older than MinJobAge), from accounting when there is.
@@ -345,7 +355,7 @@ class SlurmExecutor:
         args = ["sacct", "-n", "-P", "-X", "-j", ",".join(ids)]
         args += ["-o", "JobID,State,Reason,Start,End,ExitCode,JobName"]
         try:
-            return parse_sacct(self._slurm(args))
+            return parse_sacct(self._slurm(args), dt.datetime.now(dt.UTC))
         except SlurmError:
             return []
 
@@ -412,7 +422,8 @@ class JobRow:
     name: str
 
 
-def parse_squeue(out: str) -> list[JobRow]:
+def parse_squeue(out: str, now: dt.datetime) -> list[JobRow]:
+    """squeue -O POLL_FIELDS lines; `now` is when squeue answered (see `_epoch`)."""
     rows = []
     for line in out.splitlines():
         fields = line.split("|", 6)
@@ -424,8 +435,8 @@ def parse_squeue(out: str) -> list[JobRow]:
                 job_id.strip(),
                 state.strip(),
                 reason.strip(),
-                _epoch(start),
-                _epoch(end),
+                _epoch(start, now),
+                _epoch(end, now),
                 _int(status),
                 name.removesuffix("|"),
             )
@@ -433,7 +444,7 @@ def parse_squeue(out: str) -> list[JobRow]:
     return rows
 
 
-def parse_sacct(out: str) -> list[JobRow]:
+def parse_sacct(out: str, now: dt.datetime) -> list[JobRow]:
     """sacct -P lines: JobID|State|Reason|Start|End|ExitCode (code:signal)|JobName."""
     rows = []
     for line in out.splitlines():
@@ -444,7 +455,9 @@ def parse_sacct(out: str) -> list[JobRow]:
         code, _, signal = exit_code.partition(":")
         status = (_int(code) or 0) << 8 | (_int(signal) or 0)
         state = state.split()[0] if state.strip() else ""  # "CANCELLED by 1000"
-        rows.append(JobRow(job_id, state, reason, _epoch(start), _epoch(end), status, name))
+        rows.append(
+            JobRow(job_id, state, reason, _epoch(start, now), _epoch(end, now), status, name)
+        )
     return rows
 
 
@@ -468,9 +481,24 @@ def gpu_count(gres: str) -> int:
     return sum(int(n) for n in GPU_COUNT.findall(gres))
 
 
-def _epoch(value: str) -> dt.datetime | None:
+def _epoch(value: str, now: dt.datetime) -> dt.datetime | None:
+    """Slurm's time, whole seconds cut short, as the end of that second (but not after `now`).
+
+    The instant lies in [S, S+1): the upper bound never puts a start before the ledger's own
+    submit time, and start and end move alike, so the metered duration is not biased.
+    """
     number = _int(value)
-    return dt.datetime.fromtimestamp(number, dt.UTC) if number else None
+    if not number:
+        return None
+    return min(dt.datetime.fromtimestamp(number + 1, dt.UTC), now)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _int(value: str) -> int | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from jobs.executors import slurm as slurm_executor
 from jobs.executors.slurm import SlurmExecutor
 from jobs.models import Cluster
 
@@ -52,6 +53,13 @@ def slurm_conf() -> str:
     yield str(STATE_DIR / "etc" / "slurm.conf")
     if not already_up:
         subprocess.run([SCRIPT, "down"], capture_output=True, timeout=60)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_capacity(monkeypatch) -> None:
+    """Every capacity() asks Slurm (the executor keeps answers for a second otherwise)."""
+    monkeypatch.setattr(slurm_executor, "CAPACITY_TTL_S", 0)
+    monkeypatch.setattr(slurm_executor, "_capacities", {})
 
 
 @pytest.fixture

@@ -55,6 +55,18 @@ def wait_for(executor, ref: str, states: set[str], timeout: float = 20) -> list[
     raise AssertionError(f"job {ref} did not reach {sorted(states)} in {timeout} s ({last})")
 
 
+def counting(executor: SlurmExecutor) -> list[str]:
+    """The names of the Slurm commands the executor runs from now on."""
+    commands: list[str] = []
+
+    def run(argv, env, fds):
+        commands.append(os.path.basename(argv[0]))
+        return _run_command(argv, env, fds)
+
+    executor._run = run
+    return commands
+
+
 def attempt_dir(executor: SlurmExecutor, spec: LaunchSpec) -> Path:
     return executor.work_dir / spec.name
 
@@ -136,11 +148,15 @@ def test_submitting_the_same_attempt_again_adopts_the_first_slurm_job(
     executor, token, cluster_settings, slurm_conf
 ):
     spec = python_spec(token, "once", "import time; time.sleep(30)")
+    commands = counting(executor)
     first = executor.submit(spec)
+    assert commands == ["sbatch"]  # a fresh attempt (no attempt dir yet) asks nothing first
     assert executor.submit(spec) == first
+    assert commands == ["sbatch"]  # its recorded id answers
     (attempt_dir(executor, spec) / "slurm_job_id").unlink()  # crash before the id was recorded
     assert executor.find(spec.name) == first
     assert executor.submit(spec) == first
+    assert commands == ["sbatch", "squeue", "squeue"]  # Slurm's job of that name answers
     listed = slurm("squeue", "-h", "-t", "all", "-n", spec.name, "-o", "%i", conf=slurm_conf)
     assert listed.split() == [first]
     assert executor.find(f"sf-{token}never-a1") is None
@@ -167,21 +183,15 @@ def test_two_workers_submitting_the_same_attempt_at_once_make_one_job(
 
 def test_poll_asks_squeue_once_for_all_jobs(executor, token):
     refs = [executor.submit(python_spec(token, f"p{i}", "pass")) for i in range(3)]
-    calls: list[list[str]] = []
-
-    def counting(argv, env, fds):
-        calls.append(argv)
-        return _run_command(argv, env, fds)
-
-    executor._run = counting
+    commands = counting(executor)
     found = executor.poll(refs)
     assert sorted(found) == sorted(refs)
-    assert [argv[0] for argv in calls] == ["squeue"]
+    assert commands == ["squeue"]
     # A job Slurm forgot is simply absent (sacct, the fallback, has no accounting here).
-    calls.clear()
+    commands.clear()
     assert sorted(executor.poll([*refs, "99999999"])) == sorted(refs)
     assert executor.poll(["99999999"]) == {}
-    assert [argv[0] for argv in calls].count("squeue") == 2
+    assert commands == ["squeue", "sacct", "squeue", "sacct"]
 
 
 def test_capacity_is_the_gres_gpus_less_those_foreign_jobs_hold(

@@ -14,7 +14,8 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from jobs import reconciler
-from jobs.executors.slurm import SlurmError, SlurmExecutor, gpu_count
+from jobs.executors import slurm as slurm_executor
+from jobs.executors.slurm import SlurmError, SlurmExecutor, gpu_count, parse_squeue
 from jobs.models import Cluster, Job, JobEvent
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job, with_attempt
@@ -94,6 +95,10 @@ def executor(fake, tmp_path) -> SlurmExecutor:
     return SlurmExecutor(cluster, run=fake)
 
 
+def at(epoch: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC)
+
+
 def squeue_line(job_id, state, reason="None", status=0, name="sf-run-a1", start=START, end=END):
     return f"{job_id}|{state}|{reason}|{start}|{end}|{status}|{name}|\n"
 
@@ -119,11 +124,11 @@ def test_each_slurm_state_maps_as_decided(state, executor, fake):
     if target == S.PENDING:
         assert obs.start_time is None and obs.end_time is None
     elif target == S.RUNNING:
-        assert obs.start_time == dt.datetime.fromtimestamp(START, dt.UTC)
+        assert obs.start_time == at(START + 1)
         assert obs.end_time is None and obs.exit_code is None
     else:
         assert obs.failure == failure
-        assert obs.end_time == dt.datetime.fromtimestamp(END, dt.UTC)
+        assert obs.end_time == at(END + 1)
         assert obs.end_time.tzinfo is not None
 
 
@@ -168,6 +173,13 @@ def test_exit_86_is_an_ingest_failure_with_the_runners_reason(executor, fake, tm
     assert (found["5"].failure, found["5"].message) == ("ingest", reason)
     assert found["6"].failure == "ingest"
     assert found["6"].message.startswith("ingest failed: the runner could not prepare the job")
+
+
+def test_slurm_times_are_read_as_the_end_of_their_whole_second():
+    [row] = parse_squeue(squeue_line("5", "COMPLETED"), now=at(END + 60))
+    assert (row.start, row.end) == (at(START + 1), at(END + 1))
+    [row] = parse_squeue(squeue_line("5", "RUNNING", end="N/A"), now=at(START + 0.3))
+    assert (row.start, row.end) == (at(START + 0.3), None)  # never later than squeue answered
 
 
 def test_a_job_slurm_failed_before_the_runner_ran_is_lost(executor, fake):
@@ -230,6 +242,16 @@ def test_capacity_counts_usable_nodes_and_takes_off_foreign_load(executor, fake)
     assert fake.calls[1][fake.calls[1].index("-w") + 1] == "n1,n2"
 
 
+def test_a_burst_of_capacity_questions_shares_one_answer(executor, fake, monkeypatch):
+    monkeypatch.setattr(slurm_executor, "CAPACITY_TTL_S", 60)
+    fake.answer("sinfo", "n1|gpu*|idle|gpu:4|gpu:0|\n")
+    assert [executor.capacity().total_gpus for _ in range(3)] == [4, 4, 4]
+    assert [c[0] for c in fake.calls] == ["sinfo", "squeue"]
+    monkeypatch.setattr(slurm_executor, "CAPACITY_TTL_S", 0)
+    executor.capacity()
+    assert len(fake.calls) == 4
+
+
 def test_capacity_is_unreachable_with_slurms_sentence(executor, fake):
     fake.answer(
         "sinfo",
@@ -258,6 +280,7 @@ def test_gpu_counts_read_every_gres_spelling(gres, count):
         ({"partiton": "gpu"}, "unknown setting(s) partiton"),
         ({"partition": ""}, "partition must be a non-empty string"),
         ({"work_dir": "shared/slurm"}, "work_dir must be an absolute path"),
+        ({"python": "python3"}, "python must be an absolute path"),
         ({"time_limit": "two days"}, "time_limit 'two days' is not a Slurm time"),
         ({"time_limit": True}, "is not a Slurm time"),
     ],
