@@ -8,6 +8,7 @@ object of the same deterministic name instead of creating a second one.
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import PurePosixPath
@@ -25,6 +26,8 @@ from jobs.transitions import Change, TransitionRefused, apply_transitions, trans
 
 log = logging.getLogger(__name__)
 JOB_TOKEN_SALT = "starforge.job-token"
+RECORD_EVERY = 25
+RECORD_AFTER_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -41,9 +44,21 @@ def launch_attempts(attempt_ids: list[int]) -> list[LaunchOutcome]:
         .select_related("job", "job__cluster", "job__team")
         .order_by("pk")
     )
-    outcomes = [_launch_one(a) for a in attempts if _still_wanted(a)]
-    _record(outcomes)
-    return outcomes
+    outcomes: list[LaunchOutcome] = []
+    unrecorded: list[LaunchOutcome] = []
+    since = time.monotonic()
+    for attempt in attempts:
+        if not _still_wanted(attempt):
+            continue
+        unrecorded.append(_launch_one(attempt))
+        # Record as we go: a job launched early in a long batch shows PENDING (and gets
+        # polled) within a second, not when the last launch of the batch returns.
+        if len(unrecorded) >= RECORD_EVERY or time.monotonic() - since > RECORD_AFTER_S:
+            _record(unrecorded)
+            outcomes += unrecorded
+            unrecorded, since = [], time.monotonic()
+    _record(unrecorded)
+    return outcomes + unrecorded
 
 
 def _still_wanted(attempt: Attempt) -> bool:
@@ -64,6 +79,8 @@ def _launch_one(attempt: Attempt) -> LaunchOutcome:
 
 
 def _record(outcomes: list[LaunchOutcome]) -> None:
+    if not outcomes:
+        return
     launched = [o for o in outcomes if o.job_ref]
     now = timezone.now()
     with transaction.atomic():

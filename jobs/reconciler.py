@@ -110,6 +110,8 @@ def _reconcile_attempt(
     if target is None:
         return
     if target == S.PENDING:
+        if attempt.job.status == S.RUNNING:
+            return  # started already (a requeue shows as a failure): no step back, no deadline
         _advance(attempt, [S.PENDING], "on the cluster, not running yet")
         _check_pending_deadline(executor, attempt, now)
     elif target == S.RUNNING:
@@ -155,7 +157,7 @@ def _advance(attempt: Attempt, path: list[JobStatus], reason: str) -> None:
         transition(
             attempt.job_id, target, reason=reason, actor="reconciler", attempt=attempt.number
         )
-    attempt.job.refresh_from_db(fields=["status"])
+        attempt.job.status = target  # a refused step raises: what is set here was written
 
 
 def _mark_running(attempt: Attempt, obs: Observation, now: dt.datetime) -> None:

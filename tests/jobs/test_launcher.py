@@ -95,3 +95,21 @@ def test_a_late_launch_task_does_not_take_back_an_attempt_the_reconciler_adopted
         launcher._record([outcome])  # the redelivered launch task finishes late
     assert backend.cancelled == []
     assert backend.submitted == [attempt.backend_name]
+
+
+def test_a_long_batch_is_recorded_as_it_goes(backend, team, alice, monkeypatch):
+    for _ in range(30):
+        queued_job(team, alice, gpus=0)
+    attempt_ids = admit_queued_jobs().admitted
+    pending_when_submitting: list[int] = []
+    submit = backend.submit
+
+    def counting_submit(spec):
+        pending_when_submitting.append(Job.objects.filter(status=S.PENDING).count())
+        return submit(spec)
+
+    monkeypatch.setattr(backend, "submit", counting_submit)
+    launch_attempts(attempt_ids)
+    # The 26th launch already sees the first 25 recorded PENDING; all 30 end PENDING.
+    assert pending_when_submitting[25] == 25
+    assert Job.objects.filter(status=S.PENDING).count() == 30

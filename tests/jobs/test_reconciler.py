@@ -172,9 +172,7 @@ def test_the_failure_reason_leads_with_the_backends_diagnosis(
     assert Attempt.objects.get(job=job).failure == failure
 
 
-def test_a_job_that_ended_between_ticks_is_billed_from_the_runners_start_report(
-    backend, pending
-):
+def test_a_job_that_ended_between_ticks_is_billed_from_the_runners_start_report(backend, pending):
     job, attempt = pending
     started = timezone.now() - dt.timedelta(seconds=30)
     ended = timezone.now() - dt.timedelta(seconds=10)
@@ -214,3 +212,26 @@ def test_a_stop_made_on_the_engine_itself_stops_the_job_without_a_failure(backen
     assert job.status_reason == "cancelled on the cluster outside Starforge"
     assert attempt.failure == "" and attempt.start_time == started and attempt.end_time
     assert job.next_attempt_at is None  # never retried automatically
+
+
+def test_a_steady_tick_over_pending_jobs_costs_a_fixed_number_of_queries(
+    backend, team, alice, django_assert_max_num_queries
+):
+    for i in range(30):
+        job = queued_job(team, alice, gpus=0)
+        with_attempt(job, S.PENDING, job_ref=f"ref-{i}", pending_at=timezone.now())
+        backend.states[f"ref-{i}"] = Observation("QUEUED")
+    reconcile_all()  # the first sight records each native state
+    with django_assert_max_num_queries(8):
+        reconcile_all()
+
+
+def test_a_running_job_seen_pending_again_neither_steps_back_nor_meets_the_deadline(
+    backend, team, alice
+):
+    job = queued_job(team, alice, pending_deadline_s=1)
+    long_ago = timezone.now() - dt.timedelta(hours=1)
+    with_attempt(job, S.RUNNING, job_ref="ref-1", pending_at=long_ago, start_time=long_ago)
+    backend.states["ref-1"] = Observation("QUEUED", message="BeginTime")
+    reconcile_all()
+    assert status(job) == S.RUNNING
