@@ -150,14 +150,25 @@ def _maybe_lost(attempt: Attempt, now: dt.datetime) -> None:
     _close_and_transition(attempt, S.FAILED, reason, now, exit_code=None, failure="lost")
 
 
+def _start_of(attempt: Attempt, obs: Observation) -> dt.datetime | None:
+    """The backend's start time, never before admission.
+
+    Engines report whole seconds (Kubernetes) or round them; a start read as earlier than
+    the attempt's admission would bill queued time (invariant 5).
+    """
+    return max(obs.start_time, attempt.submitted_at) if obs.start_time else None
+
+
 def _advance(attempt: Attempt, path: list[JobStatus], reason: str) -> None:
     """Walk the job along `path`, skipping the states it has already passed."""
     status = JobStatus(attempt.job.status)
-    for target in path[path.index(status) + 1 if status in path else 0 :]:
+    steps = path[path.index(status) + 1 if status in path else 0 :]
+    for target in steps:
         transition(
             attempt.job_id, target, reason=reason, actor="reconciler", attempt=attempt.number
         )
-        attempt.job.status = target  # a refused step raises: what is set here was written
+    if steps:  # a steady tick over a waiting job costs no query here
+        attempt.job.refresh_from_db(fields=["status"])
 
 
 def _mark_running(attempt: Attempt, obs: Observation, now: dt.datetime) -> None:
@@ -165,7 +176,7 @@ def _mark_running(attempt: Attempt, obs: Observation, now: dt.datetime) -> None:
         return
     with transaction.atomic():
         Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(
-            start_time=obs.start_time or now
+            start_time=_start_of(attempt, obs) or now
         )
         _advance(attempt, [S.PENDING, S.RUNNING], "the entrypoint is running")
 
@@ -179,7 +190,7 @@ def _finish(attempt: Attempt, target: JobStatus, obs: Observation, now: dt.datet
         reason = _failure_reason(attempt, obs)
     if obs.start_time:
         Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(
-            start_time=obs.start_time
+            start_time=_start_of(attempt, obs)
         )
     # The runner may have reported its start since this tick read the attempt.
     attempt.start_time = Attempt.objects.values_list("start_time", flat=True).get(pk=attempt.pk)
@@ -285,7 +296,6 @@ def _sweep_orphan(executor: Executor, attempt: Attempt, obs: Observation | None)
         log.info("cancelling orphaned backend object %s", attempt.job_ref)
         executor.cancel(attempt.job_ref)
     ended = attempt.end_time
-    if attempt.start_time is None and obs.start_time and ended and obs.start_time < ended:
-        Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(
-            start_time=obs.start_time
-        )
+    started = _start_of(attempt, obs)
+    if attempt.start_time is None and started and ended and started < ended:
+        Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(start_time=started)

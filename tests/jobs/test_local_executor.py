@@ -125,7 +125,8 @@ def test_missing_snapshot_is_an_ingest_failure_not_a_user_error(team, alice):
 
 
 def test_each_job_gets_its_own_gpu_slots(team, alice):
-    code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
+    # Each lives a few seconds, so the two hold their slots at the same time.
+    code = "import os, time; print(os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(3)"
     jobs = [python_job(team, alice, code, gpus=2), python_job(team, alice, code, gpus=2)]
     start(*jobs)
     run_until(lambda: all(finished(j) for j in jobs))

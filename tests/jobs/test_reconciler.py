@@ -23,7 +23,10 @@ S = JobStatus
 @pytest.fixture
 def pending(team, alice):
     job = queued_job(team, alice)
-    attempt = with_attempt(job, S.PENDING, job_ref="ref-1", pending_at=timezone.now())
+    admitted = timezone.now() - dt.timedelta(minutes=5)
+    attempt = with_attempt(
+        job, S.PENDING, job_ref="ref-1", submitted_at=admitted, pending_at=timezone.now()
+    )
     return job, attempt
 
 
@@ -235,3 +238,12 @@ def test_a_running_job_seen_pending_again_neither_steps_back_nor_meets_the_deadl
     backend.states["ref-1"] = Observation("QUEUED", message="BeginTime")
     reconcile_all()
     assert status(job) == S.RUNNING
+
+
+def test_a_backend_start_time_before_admission_is_read_as_admission(backend, pending):
+    job, attempt = pending
+    whole_second = attempt.submitted_at.replace(microsecond=0) - dt.timedelta(seconds=1)
+    backend.states["ref-1"] = Observation("RUN", start_time=whole_second)
+    reconcile_all()
+    attempt.refresh_from_db()
+    assert attempt.start_time == attempt.submitted_at  # queued time is never billed
