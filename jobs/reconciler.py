@@ -10,6 +10,7 @@ still alive. A native state missing from the table changes nothing but is record
 
 import datetime as dt
 import logging
+from collections import defaultdict
 
 from django.conf import settings
 from django.db import transaction
@@ -82,6 +83,7 @@ def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
     record_poll_health(cluster, "", now)
     seen = [a.pk for a in live if a.job_ref in observations]
     Attempt.objects.filter(pk__in=seen).update(last_seen_at=now)
+    _record_native(executor, live, observations)
     for attempt in live:
         try:
             _reconcile_attempt(executor, attempt, observations.get(attempt.job_ref), now)
@@ -103,11 +105,7 @@ def _reconcile_attempt(
         _maybe_lost(attempt, now)
         return
     target = executor.STATE_TABLE.get(obs.native_state)
-    if obs.native_state != attempt.native_state:
-        _note_native_state(attempt, obs, mapped=target is not None)
-    if target == S.PENDING and obs.message != attempt.native_message:
-        Attempt.objects.filter(pk=attempt.pk).update(native_message=obs.message)
-    if target is None:
+    if target is None:  # recorded by _record_native; the job keeps its status
         return
     if target == S.PENDING:
         if attempt.job.status == S.RUNNING:
@@ -269,18 +267,45 @@ def _check_pending_deadline(executor: Executor, attempt: Attempt, now: dt.dateti
     executor.cancel(attempt.job_ref)
 
 
-def _note_native_state(attempt: Attempt, obs: Observation, mapped: bool) -> None:
-    Attempt.objects.filter(pk=attempt.pk).update(native_state=obs.native_state[:50])
-    if mapped:
-        return
-    JobEvent.objects.create(
-        job_id=attempt.job_id,
-        kind=JobEvent.Kind.OBSERVATION,
-        actor="reconciler",
-        attempt=attempt.number,
-        reason=f"unmapped backend state {obs.native_state!r}; the job keeps its status",
-        data={"native_state": obs.native_state, "message": obs.message},
-    )
+def _record_native(
+    executor: Executor, live: list[Attempt], observations: dict[str, Observation]
+) -> None:
+    """Keep each attempt's native state and the backend's words for a wait, as they change.
+
+    One UPDATE per distinct value, not per attempt: a tick over a thousand jobs that all went
+    PENDING at once costs a handful of statements. A state outside the executor's table also
+    gets an observation event (the Diagnostics tab lists them).
+    """
+    states: dict[str, list[int]] = defaultdict(list)
+    messages: dict[str, list[int]] = defaultdict(list)
+    unmapped = []
+    for attempt in live:
+        obs = observations.get(attempt.job_ref) if attempt.job_ref else None
+        if obs is None:
+            continue
+        target = executor.STATE_TABLE.get(obs.native_state)
+        if obs.native_state != attempt.native_state:
+            states[obs.native_state[:50]].append(attempt.pk)
+            if target is None:
+                unmapped.append(
+                    JobEvent(
+                        job_id=attempt.job_id,
+                        kind=JobEvent.Kind.OBSERVATION,
+                        actor="reconciler",
+                        attempt=attempt.number,
+                        reason=(
+                            f"unmapped backend state {obs.native_state!r}; the job keeps its status"
+                        ),
+                        data={"native_state": obs.native_state, "message": obs.message},
+                    )
+                )
+        if target == S.PENDING and obs.message != attempt.native_message:
+            messages[obs.message].append(attempt.pk)
+    for state, ids in states.items():
+        Attempt.objects.filter(pk__in=ids).update(native_state=state)
+    for message, ids in messages.items():
+        Attempt.objects.filter(pk__in=ids).update(native_message=message)
+    JobEvent.objects.bulk_create(unmapped)
 
 
 def _sweep_orphan(executor: Executor, attempt: Attempt, obs: Observation | None) -> None:
