@@ -6,8 +6,12 @@ the ledger state it means. A native state missing from the table never advances 
 """
 
 import datetime as dt
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import import_module
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from jobs.states import JobStatus
@@ -74,6 +78,18 @@ class Executor(Protocol):
     def cancel(self, job_ref: str) -> None: ...
 
     def capacity(self) -> Capacity: ...
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` (created if missing), for workers sharing a directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def check_known(settings: dict, known: set[str]) -> None:

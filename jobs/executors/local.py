@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import ClassVar
@@ -30,6 +29,7 @@ from jobs.executors.base import (
     Observation,
     check_int,
     check_known,
+    file_lock,
 )
 from jobs.states import JobStatus
 
@@ -115,14 +115,8 @@ class LocalExecutor:
         return Capacity(True, slots, self.cluster.settings.get("max_jobs"), virtual=True)
 
     # -- helpers -----------------------------------------------------------------------------
-    @contextmanager
     def _lock(self):
-        with open(self.root / ".lock", "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return file_lock(self.root / ".lock")
 
     def _free_slots(self, wanted: int) -> list[int]:
         if wanted == 0:

@@ -14,7 +14,6 @@ and a job's variables (SBATCH_*, SLURM_CONF) cannot change how it is submitted.
 """
 
 import datetime as dt
-import fcntl
 import json
 import os
 import re
@@ -23,15 +22,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from django.conf import settings
 
-from jobs.executors.base import Capacity, LaunchError, LaunchSpec, Observation, check_known
+from jobs.executors.base import (
+    Capacity,
+    LaunchError,
+    LaunchSpec,
+    Observation,
+    check_known,
+    file_lock,
+)
 from jobs.states import JobStatus
 
 S = JobStatus
@@ -254,16 +259,9 @@ class SlurmExecutor:
         return Capacity(reachable=True, total_gpus=max(0, total - foreign), message=message)
 
     # -- submit ------------------------------------------------------------------------------
-    @contextmanager
-    def _lock(self) -> Iterator[None]:
+    def _lock(self):
         """Serialise submits to this cluster from workers that share `work_dir`."""
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.work_dir / ".submit.lock", "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return file_lock(self.work_dir / ".submit.lock")
 
     def _sbatch(self, spec: LaunchSpec, attempt_dir: Path) -> str:
         args = [
