@@ -1,7 +1,10 @@
 """Celery tasks: thin wrappers that call the loops by primary key; safe to run twice."""
 
+import time
+
 from celery import shared_task
 
+from jobs import tickstats
 from jobs.launcher import launch_attempts
 from jobs.reconciler import reconcile_all
 from jobs.scheduler import MAX_ADMIT_PER_TICK, admit_queued_jobs
@@ -11,7 +14,9 @@ LAUNCH_CHUNK = 200
 
 @shared_task(ignore_result=True)
 def schedule_tick() -> int:
+    started = time.monotonic()
     result = admit_queued_jobs()
+    tickstats.record("schedule", time.monotonic() - started)
     for start in range(0, len(result.admitted), LAUNCH_CHUNK):
         launch.delay(result.admitted[start : start + LAUNCH_CHUNK])
     if len(result.admitted) >= MAX_ADMIT_PER_TICK:
@@ -26,4 +31,6 @@ def launch(attempt_ids: list[int]) -> None:
 
 @shared_task(ignore_result=True)
 def reconcile_tick() -> None:
+    started = time.monotonic()
     reconcile_all()
+    tickstats.record("reconcile", time.monotonic() - started)

@@ -4,6 +4,7 @@ DATABASE_URL   ledger database (default: embedded SQLite under var/)
 REDIS_URL      Celery broker and Channels layer (default: redis://127.0.0.1:6379/0)
 SF_VAR_DIR     root for the embedded ledger, snapshots, logs, run outputs (default: ./var)
 SF_LOCAL_GPU_SLOTS   virtual GPU slots of the local executor when NVML finds no GPU (default 4)
+SF_METRICS_ALLOWED_NETS   CIDRs that may read /metrics without a token (default: loopback only)
 """
 
 import os
@@ -147,6 +148,12 @@ SF_METRIC_BATCH_MAX_POINTS = _env_int("SF_METRIC_BATCH_MAX_POINTS", 20000)
 SF_LOG_PAGE_MAX_LINES = 50000
 # Where runners reach the API; the local executor passes it to every job.
 SF_API_URL = os.environ.get("SF_API_URL", "http://127.0.0.1:8000")
+# Addresses that may scrape /metrics without a staff token: comma-separated CIDRs.
+SF_METRICS_ALLOWED_NETS = [
+    net.strip()
+    for net in os.environ.get("SF_METRICS_ALLOWED_NETS", "127.0.0.1/32,::1/128").split(",")
+    if net.strip()
+]
 # Python that starts the job-side runner (local executor; default for Slurm and Ray clusters).
 SF_RUNNER_PYTHON = os.environ.get("SF_RUNNER_PYTHON", "")
 

@@ -3,6 +3,7 @@ from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
 
 from jobs import views
+from jobs.prometheus import metrics_view
 from metering.views import usage_page
 from starforge.api import api
 
@@ -12,6 +13,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/<str:verb>/", views.job_action, name="job-action"),
     path("states/", views.states_help, name="states"),
     path("usage/", usage_page, name="usage"),
+    path("metrics", metrics_view, name="metrics"),
     # The console's own assets (Plotly's bundle included) are served by the app: it works
     # with no internet access and without a separate web server.
     re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}),

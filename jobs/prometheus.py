@@ -1,0 +1,263 @@
+"""`/metrics`: the ledger and the loops in Prometheus' text format, for staff and trusted networks.
+
+Every figure is read on scrape with a fixed number of queries, however many jobs the ledger
+holds; the ticks' durations come from `jobs.tickstats` (Redis), written by the Celery worker.
+The exposition is written by hand (format 0.0.4) so the server needs no client library.
+"""
+
+import datetime as dt
+import ipaddress
+from collections import defaultdict
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Sum
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from jobs import tickstats
+from jobs.auth import UserToken
+from jobs.errors import ApiError
+from jobs.models import Attempt, Cluster, Job, Team
+from jobs.states import JobStatus
+from metering.usage import attempt_gpu_seconds
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+Labels = dict[str, str]
+Sample = tuple[str, Labels, float]  # (name suffix, labels, value)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric: its HELP and TYPE lines and its samples."""
+
+    name: str
+    kind: str  # gauge, counter, histogram
+    help: str
+    samples: list[Sample]
+
+    def exposition(self) -> str:
+        lines = [f"# HELP {self.name} {_escape_help(self.help)}", f"# TYPE {self.name} {self.kind}"]
+        lines += [f"{self.name}{sfx}{_labels(lb)} {_number(v)}" for sfx, lb, v in self.samples]
+        return "\n".join(lines) + "\n"
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    refusal = _refusal(request)
+    if refusal is not None:
+        return refusal
+    return HttpResponse(render(timezone.now()), content_type=CONTENT_TYPE)
+
+
+def _refusal(request: HttpRequest) -> HttpResponse | None:
+    """None when the caller may read; otherwise the 401 or 403 to answer."""
+    if _from_allowed_network(request.META.get("REMOTE_ADDR", "")):
+        return None
+    header = request.headers.get("Authorization", "")
+    if not header:
+        return _plain(403, "Metrics are served to allowed networks and staff tokens only.")
+    scheme, _, secret = header.partition(" ")
+    user = _token_user(request, secret.strip()) if scheme.lower() == "bearer" else None
+    if user is None:
+        response = _plain(401, "The bearer token is missing, unknown or revoked.")
+        response["WWW-Authenticate"] = "Bearer"
+        return response
+    if not user.is_staff:
+        return _plain(403, "Metrics are served to staff tokens only.")
+    return None
+
+
+def _token_user(request: HttpRequest, secret: str) -> User | None:
+    try:
+        return UserToken().authenticate(request, secret)
+    except ApiError:  # a known token refused: revoked or expired
+        return None
+
+
+def _from_allowed_network(remote_addr: str) -> bool:
+    try:
+        address = ipaddress.ip_address(remote_addr)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    return any(
+        address in ipaddress.ip_network(net, strict=False)
+        for net in settings.SF_METRICS_ALLOWED_NETS
+    )
+
+
+def _plain(status: int, sentence: str) -> HttpResponse:
+    return HttpResponse(sentence + "\n", status=status, content_type="text/plain; charset=utf-8")
+
+
+def render(now: dt.datetime) -> str:
+    teams = list(Team.objects.order_by("name").values_list("name", flat=True))
+    families = [
+        Family(
+            "starforge_jobs",
+            "gauge",
+            "Jobs in the ledger by status and team.",
+            _jobs_by_status(teams),
+        ),
+        Family(
+            "starforge_gpus_in_use",
+            "gauge",
+            "GPUs held by PENDING and RUNNING jobs, by team and cluster.",
+            _gpus_in_use(),
+        ),
+        Family(
+            "starforge_gpu_seconds_total",
+            "counter",
+            "GPU-seconds used by attempts (running ones up to now), by team.",
+            _gpu_seconds(teams, now),
+        ),
+        *_tick_families(now),
+    ]
+    return "".join(family.exposition() for family in families)
+
+
+def _jobs_by_status(teams: list[str]) -> list[Sample]:
+    counts = {
+        (row["team__name"], row["status"]): row["n"]
+        for row in Job.objects.values("team__name", "status").annotate(n=Count("id"))
+    }
+    # Every (status, team) pair is written, zeros included, so a series never vanishes.
+    return [
+        ("", {"status": status, "team": team}, counts.get((team, status), 0))
+        for team in teams
+        for status in JobStatus.values
+    ]
+
+
+def _gpus_in_use() -> list[Sample]:
+    rows = (
+        Job.objects.filter(status__in=JobStatus.holds_gpus())
+        .values("team__name", "cluster__name")
+        .annotate(gpus=Sum("gpus"))
+        .order_by("team__name", "cluster__name")
+    )
+    return [
+        ("", {"team": row["team__name"], "cluster": row["cluster__name"]}, row["gpus"])
+        for row in rows
+    ]
+
+
+def gpu_seconds_by_team(now: dt.datetime) -> dict[str, float]:
+    """Σ (end or now − start_time) × GPUs over every attempt, per team, in two queries.
+
+    Closed attempts are summed in SQL per (team, GPUs), durations as a DurationField so the
+    same query runs on PostgreSQL (interval) and SQLite (microseconds); only the attempts still
+    running are read one by one, and there are never more of them than running jobs.
+    """
+    totals: dict[str, float] = defaultdict(float)
+    closed = (
+        Attempt.objects.filter(start_time__isnull=False, end_time__gte=F("start_time"))
+        .values("job__team__name", "gpus")
+        .annotate(
+            ran=Sum(
+                ExpressionWrapper(F("end_time") - F("start_time"), output_field=DurationField())
+            )
+        )
+    )
+    for row in closed:
+        totals[row["job__team__name"]] += row["ran"].total_seconds() * row["gpus"]
+    running = Attempt.objects.filter(start_time__isnull=False, end_time__isnull=True)
+    for team, began, gpus in running.values_list("job__team__name", "start_time", "gpus"):
+        totals[team] += attempt_gpu_seconds(began, None, gpus, now)
+    return totals
+
+
+def _gpu_seconds(teams: list[str], now: dt.datetime) -> list[Sample]:
+    totals = gpu_seconds_by_team(now)
+    # A counter must never go down, or Prometheus reads a reset and rate() jumps by the whole
+    # total. Sums can dip: a running attempt counts up to the scrape, then closes with the
+    # backend's end time, which may lie before that scrape; a deleted job takes its attempts.
+    kept = tickstats.high_water("gpu_seconds", {team: totals.get(team, 0.0) for team in teams})
+    return [("", {"team": team}, seconds) for team, seconds in kept.items()]
+
+
+def _tick_families(now: dt.datetime) -> list[Family]:
+    stats = tickstats.read(["schedule", "reconcile"])
+    families = []
+    for loop, prefix in (("schedule", "starforge_scheduler"), ("reconcile", "starforge_reconcile")):
+        if loop not in stats:
+            continue  # no tick recorded yet, or Redis unreachable: omitted, not an error
+        tick = stats[loop]
+        families += [
+            Family(
+                f"{prefix}_tick_seconds",
+                "histogram",
+                f"Duration of the {loop} tick.",
+                _histogram(tick),
+            ),
+            Family(
+                f"{prefix}_last_tick_seconds",
+                "gauge",
+                f"Duration of the last {loop} tick.",
+                [("", {}, tick.last_seconds)],
+            ),
+            Family(
+                f"{prefix}_last_success_timestamp_seconds",
+                "gauge",
+                f"When the last {loop} tick completed (epoch seconds).",
+                [("", {}, tick.last_end)],
+            ),
+        ]
+    if "reconcile" in stats:
+        families.append(
+            Family(
+                "starforge_reconcile_lag_seconds",
+                "gauge",
+                "Seconds since each enabled cluster was last reconciled; while its poll "
+                "fails, since the failures began.",
+                _reconcile_lag(stats["reconcile"].last_end, now),
+            )
+        )
+    return families
+
+
+def _histogram(tick: tickstats.TickStats) -> list[Sample]:
+    samples: list[Sample] = [
+        ("_bucket", {"le": _number(bound)}, count) for bound, count in tick.buckets.items()
+    ]
+    samples += [
+        ("_bucket", {"le": "+Inf"}, tick.count),
+        ("_sum", {}, tick.total_seconds),
+        ("_count", {}, tick.count),
+    ]
+    return samples
+
+
+def _reconcile_lag(last_end: float, now: dt.datetime) -> list[Sample]:
+    # A failing poll does not stop the tick, so the tick's end time would hide that cluster:
+    # its lag counts from when its failures began (the last good poll was at most a beat before).
+    samples: list[Sample] = []
+    clusters = Cluster.objects.filter(enabled=True).order_by("name")
+    for name, failing_since in clusters.values_list("name", "poll_failing_since"):
+        since = min(last_end, failing_since.timestamp()) if failing_since else last_end
+        samples.append(("", {"cluster": name}, max(0.0, now.timestamp() - since)))
+    return samples
+
+
+def _labels(labels: Labels) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels.items()) + "}"
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
