@@ -3,6 +3,7 @@
 `Job.status` is written only by `jobs.transitions`; everything else reads it.
 """
 
+import datetime as dt
 import secrets
 
 from django.conf import settings
@@ -114,10 +115,14 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)  # null: never expires
 
     @staticmethod
     def new_secret() -> str:
         return "sf_" + secrets.token_urlsafe(32)
+
+    def is_expired(self, now: dt.datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
 
 
 class Snapshot(models.Model):

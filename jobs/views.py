@@ -1,4 +1,5 @@
-"""The server-rendered console: jobs list, job page with its tabs, control buttons, states help.
+"""The server-rendered console: jobs list, job page with its tabs, control buttons, states help,
+and the user's API tokens.
 
 Views read the ledger through the same service functions as the API and call the same actions.
 """
@@ -13,8 +14,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from jobs import diagnostics, services
-from jobs.errors import ApiError, NotFound
+from jobs import auth, diagnostics, services
+from jobs.errors import ApiError, BadRequest, NotFound
 from jobs.models import Cluster, Membership
 from jobs.states import ALLOWED_TRANSITIONS, JobStatus
 from jobs.transitions import TransitionRefused
@@ -126,6 +127,46 @@ def job_action(request, job_id: int, verb: str):
         return JsonResponse({"status": job.status, "reason": job.status_reason})
     messages.success(request, f"job {job_id}: {job.status}")
     return HttpResponseRedirect(reverse("job-detail", args=[job_id]))
+
+
+@login_required
+def token_list(request):
+    """The user's tokens and a form to create one; a new secret is shown on this answer only."""
+    created, secret, form = None, "", {"name": "", "expires_in_days": ""}
+    if request.method == "POST":
+        form = {k: request.POST.get(k, "").strip() for k in form}
+        days = form["expires_in_days"]
+        try:
+            if days and not days.isdigit():
+                raise BadRequest(f"expiry must be a whole number of days, got {days!r}")
+            created, secret = auth.create_token(
+                request.user, form["name"], int(days) if days else None
+            )
+        except ApiError as exc:
+            messages.error(request, exc.detail)
+    return render(
+        request,
+        "jobs/tokens.html",
+        {
+            "tokens": auth.user_tokens(request.user),
+            "created": created,
+            "secret": secret,
+            "form": form if created is None else {"name": "", "expires_in_days": ""},
+            "now": timezone.now(),
+            "expires_max": auth.EXPIRES_IN_DAYS_MAX,
+        },
+    )
+
+
+@login_required
+@require_POST
+def token_revoke(request, token_id: int):
+    try:
+        row = auth.revoke_token(request.user, token_id)
+    except NotFound as exc:
+        raise Http404(exc.detail) from exc
+    messages.success(request, f"token {row.name} ({row.prefix}…) revoked")
+    return HttpResponseRedirect(reverse("tokens"))
 
 
 def states_help(request):

@@ -12,6 +12,7 @@ from jobs.errors import ApiError
 from jobs.logstore import LogGap
 from jobs.metrics_api import router as metrics_router
 from jobs.snapshots import SnapshotRefused
+from jobs.tokens_api import router as tokens_router
 from jobs.transitions import TransitionRefused
 
 log = logging.getLogger(__name__)
@@ -19,6 +20,7 @@ api = NinjaAPI(title="Starforge API", version="1", urls_namespace="api", docs_ur
 api.add_router("/v1", jobs_router)
 api.add_router("/v1/ingest", ingest)
 api.add_router("/v1", metrics_router)
+api.add_router("/v1", tokens_router)
 
 
 def _answer(request: HttpRequest, http_status: int, detail: str, /, **extra):

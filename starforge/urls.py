@@ -14,6 +14,8 @@ urlpatterns = [
     path("states/", views.states_help, name="states"),
     path("usage/", usage_page, name="usage"),
     path("metrics", metrics_view, name="metrics"),
+    path("tokens/", views.token_list, name="tokens"),
+    path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token-revoke"),
     # The console's own assets (Plotly's bundle included) are served by the app: it works
     # with no internet access and without a separate web server.
     re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}),

@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     login.set_defaults(handler=cmd_login, parser=login)
     _add_submit(sub, common)
     _add_job(sub, common)
+    _add_token(sub, common)
     return parser
 
 
@@ -202,6 +203,25 @@ def _add_logs(verbs: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--no-follow", action="store_true", help="print what exists and exit")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.set_defaults(handler=cmd_logs, parser=p)
+
+
+def _add_token(sub: Any, common: argparse.ArgumentParser) -> None:
+    token = sub.add_parser("token", parents=[common], help="create, list and revoke API tokens")
+    verbs = token.add_subparsers(title="token commands", metavar="VERB")
+    create = verbs.add_parser("create", parents=[common], help="create a token (shown once)")
+    create.add_argument("--name", default="cli", help="what the token is for (default cli)")
+    create.add_argument(
+        "--expires-in-days", type=int, metavar="D", help="expire after D days (default: never)"
+    )
+    create.add_argument("--json", action="store_true")
+    create.set_defaults(handler=cmd_token_create, parser=create)
+    listing = verbs.add_parser("list", parents=[common], help="list my tokens")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(handler=cmd_token_list, parser=listing)
+    revoke = verbs.add_parser("revoke", parents=[common], help="revoke a token")
+    revoke.add_argument("id", type=int, help="token id (see `sf token list`)")
+    revoke.set_defaults(handler=cmd_token_revoke, parser=revoke)
+    token.set_defaults(handler=None, parser=token)
 
 
 def _usage(parser: argparse.ArgumentParser, message: str) -> None:
@@ -532,6 +552,57 @@ def _json_writer(lines: list[dict]) -> None:
         dumps: Callable[[Any], str] = json.dumps
         sys.stdout.write("".join(dumps(ln) + "\n" for ln in lines))
         sys.stdout.flush()
+
+
+def cmd_token_create(args: argparse.Namespace) -> None:
+    """POST a new token and print its secret, which the server never shows again."""
+    body = {"name": args.name, "expires_in_days": args.expires_in_days}
+    token = _client(args).request("POST", "/api/v1/tokens", json_body=body)
+    if args.json:
+        _print_json(token)
+        return
+    expires = _when(token.get("expires_at")) if token.get("expires_at") else "never"
+    print(f"created token {token['id']} {token['name']!r} (expires: {expires})")
+    print(token["secret"])
+    sys.stderr.write("copy it now: it will not be shown again\n")
+
+
+def cmd_token_list(args: argparse.Namespace) -> None:
+    """List my tokens as a table (or JSON); secrets are never listed."""
+    tokens = _client(args).request("GET", "/api/v1/tokens")
+    if args.json:
+        _print_json(tokens)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("ID", "NAME", "PREFIX", "CREATED", "LAST USED", "EXPIRES", "REVOKED"):
+        table.add_column(col, no_wrap=True, overflow="ellipsis" if col == "NAME" else "fold")
+    for t in tokens:
+        table.add_row(
+            _name(t.get("id")),
+            _name(t.get("name")),
+            _name(t.get("prefix")),
+            _when(t.get("created_at")),
+            _when(t.get("last_used_at"), "never"),
+            _when(t.get("expires_at"), "never"),
+            _when(t.get("revoked_at")),
+        )
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
+    console.print(table)
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> None:
+    """DELETE a token: requests carrying it are refused from now on."""
+    _client(args).request("DELETE", f"/api/v1/tokens/{args.id}")
+    print(f"token {args.id} revoked")
+
+
+def _when(value: Any, empty: str = "-") -> str:
+    return str(value)[:16].replace("T", " ") if value else empty
 
 
 if __name__ == "__main__":

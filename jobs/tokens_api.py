@@ -1,0 +1,63 @@
+"""The tokens API (`/api/v1/tokens`): a user creates, lists and revokes their own API tokens."""
+
+import datetime as dt
+
+from ninja import Router, Schema, Status
+from pydantic import Field
+
+from jobs import auth
+from jobs.auth import ConsoleSession, UserToken
+from jobs.models import ApiToken
+from jobs.schemas import Text
+
+# Same doors as the jobs API: a token for the CLI, the session (CSRF-checked) for the console.
+router = Router(auth=[UserToken(), ConsoleSession()], tags=["tokens"])
+
+
+class TokenIn(Schema):
+    # Lengths and ranges are checked by `auth.create_token`, so the console gets the same sentences.
+    name: Text = "cli"
+    expires_in_days: int | None = Field(None, description="1..3650; omit for no expiry")
+
+
+class TokenOut(Schema):
+    id: int
+    name: str
+    prefix: str = Field(description="the secret's first characters, to tell tokens apart")
+    created_at: dt.datetime
+    last_used_at: dt.datetime | None
+    expires_at: dt.datetime | None
+    revoked_at: dt.datetime | None
+
+
+class NewTokenOut(TokenOut):
+    secret: str = Field(description="shown in this answer only; the server keeps its sha256")
+
+
+def token_out(row: ApiToken) -> dict:
+    return {
+        "id": row.pk,
+        "name": row.name,
+        "prefix": row.prefix,
+        "created_at": row.created_at,
+        "last_used_at": row.last_used_at,
+        "expires_at": row.expires_at,
+        "revoked_at": row.revoked_at,
+    }
+
+
+@router.get("/tokens", response=list[TokenOut], summary="My API tokens, newest first")
+def list_tokens(request):
+    return [token_out(row) for row in auth.user_tokens(request.auth)]
+
+
+@router.post("/tokens", response={201: NewTokenOut}, summary="Create an API token")
+def create_token(request, data: TokenIn):
+    row, secret = auth.create_token(request.auth, data.name, data.expires_in_days)
+    return Status(201, {**token_out(row), "secret": secret})
+
+
+@router.delete("/tokens/{token_id}", response={204: None}, summary="Revoke one of my tokens")
+def revoke_token(request, token_id: int):
+    auth.revoke_token(request.auth, token_id)
+    return Status(204, None)
