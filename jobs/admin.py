@@ -54,7 +54,15 @@ class ScheduleWindowAdmin(admin.ModelAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ("user", "name", "prefix", "created_at", "last_used_at", "revoked_at")
+    list_display = (
+        "user",
+        "name",
+        "prefix",
+        "created_at",
+        "last_used_at",
+        "expires_at",
+        "revoked_at",
+    )
     readonly_fields = ("prefix", "key_hash", "created_at", "last_used_at")
 
 
