@@ -63,7 +63,7 @@ class FakeApi:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            do_GET = do_POST = _serve
+            do_GET = do_POST = do_DELETE = _serve
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -93,3 +93,13 @@ def sf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Callable[[str], No
         monkeypatch.setenv("SF_TOKEN", "tok")
 
     return login
+
+
+def run_cli(argv: list[str]) -> int:
+    """`sf ARGV` in this process; an argparse usage error comes back as its exit code."""
+    from sf import cli
+
+    try:
+        return cli.main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)

@@ -9,15 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sf import cli
 
-
-def run_cli(argv: list[str]) -> int:
-    try:
-        return cli.main(argv)
-    except SystemExit as exc:  # argparse usage errors
-        return int(exc.code or 0)
-
+from tests.client.conftest import run_cli
 
 JOB = {
     "id": 7,

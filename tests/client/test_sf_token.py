@@ -6,17 +6,8 @@ import json
 from typing import Any
 
 import pytest
-from sf import cli
 
-from tests.client.conftest import FakeApi
-
-
-def run_cli(argv: list[str]) -> int:
-    try:
-        return cli.main(argv)
-    except SystemExit as exc:  # argparse usage errors
-        return int(exc.code or 0)
-
+from tests.client.conftest import FakeApi, run_cli
 
 TOKEN = {
     "id": 3,
@@ -31,9 +22,6 @@ TOKEN = {
 
 @pytest.fixture
 def api(fake_api: FakeApi, sf_env: Any) -> FakeApi:
-    # The shared fake answers GET and POST; revoking needs DELETE too.
-    handler = fake_api.server.RequestHandlerClass
-    handler.do_DELETE = handler._serve  # type: ignore[attr-defined]
     sf_env(fake_api.url)
     return fake_api
 
