@@ -61,6 +61,7 @@ def job_out(job: Job, virtual: dict[int, bool] | None = None) -> dict:
         "entrypoint": job.entrypoint,
         "priority": job.priority,
         "window": job.window.name if job.window else None,
+        "window_policy": job.window_policy,
         "attempt": job.attempt_count,
         "retry_count": job.retry_count,
         "job_ref": attempt.job_ref if attempt else "",

@@ -7,6 +7,7 @@ import datetime as dt
 import secrets
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -52,6 +53,13 @@ class Cluster(models.Model):
         help_text="connection settings of the executor kind; see the README's Clusters section",
     )
     enabled = models.BooleanField(default=True)
+    window = models.ForeignKey(
+        "ScheduleWindow",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        help_text="jobs start on this cluster only inside this window (as well as their own)",
+    )
     # Health as the scheduler and reconciler last saw it; only changes are written.
     unreachable_since = models.DateTimeField(null=True, blank=True, editable=False)
     unreachable_reason = models.TextField(blank=True, editable=False)
@@ -78,6 +86,34 @@ class Team(models.Model):
     gpu_quota = models.PositiveIntegerField(
         default=8, help_text="GPUs the team's SUBMITTED+PENDING+RUNNING jobs may hold at once"
     )
+    max_jobs = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="slots: jobs the team may have SUBMITTED+PENDING+RUNNING at once; empty: none",
+    )
+    gpu_hours_per_month = models.DecimalField(
+        max_digits=12,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text="monthly budget (UTC calendar month); when used up new jobs wait; empty: none",
+    )
+    budget_hard_stop = models.BooleanField(
+        default=False,
+        help_text="when the monthly budget is used up, also stop the team's running jobs",
+    )
+    user_gpu_cap = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="GPUs one member's jobs may hold at once inside the team; empty: no cap",
+    )
+    max_gpus_per_job = models.PositiveIntegerField(
+        null=True, blank=True, help_text="largest GPU count one job may ask for; empty: the quota"
+    )
+    max_member_priority = models.IntegerField(
+        default=10,
+        help_text="highest --priority a member may give; team admins and staff go up to 100",
+    )
     default_cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.SET_NULL)
     window = models.ForeignKey(ScheduleWindow, null=True, blank=True, on_delete=models.SET_NULL)
     default_max_retries = models.PositiveIntegerField(
@@ -89,6 +125,25 @@ class Team(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class ClusterShare(models.Model):
+    """A team's share of one cluster's GPUs, in percent of what the cluster has."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="shares")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="cluster_shares")
+    percent = models.PositiveSmallIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="the team's jobs on this cluster hold at most this share of its GPUs",
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "team"], name="one_share_per_team"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team} on {self.cluster}: {self.percent}%"
 
 
 class Membership(models.Model):
@@ -151,6 +206,17 @@ class Job(models.Model):
     snapshot = models.ForeignKey(Snapshot, null=True, on_delete=models.PROTECT)
     priority = models.IntegerField(default=0)
     window = models.ForeignKey(ScheduleWindow, null=True, blank=True, on_delete=models.PROTECT)
+
+    class WindowPolicy(models.TextChoices):
+        WAIT = "wait", "start only inside the window; a running job runs on"
+        PAUSE = "pause", "pause when the window closes, resume when it reopens"
+
+    window_policy = models.CharField(
+        max_length=5, choices=WindowPolicy.choices, default=WindowPolicy.WAIT
+    )
+    # Set when the scheduler paused the job because its window closed; a person's pause,
+    # resume or stop clears it, so only window pauses are resumed by the window.
+    paused_by_window = models.BooleanField(default=False)
     pending_deadline_s = models.PositiveIntegerField(null=True, blank=True)
     status = models.CharField(
         max_length=10, choices=JobStatus.choices, default=JobStatus.QUEUED, editable=False
@@ -225,10 +291,18 @@ class Attempt(models.Model):
     # Why a failed attempt failed: exit, oom, lost, preempted (retryable); ingest, deadline,
     # rejected (not retried automatically).
     failure = models.CharField(max_length=20, blank=True)
+    # Set, once, in the transaction that adds the ended attempt to the usage records.
+    metered = models.BooleanField(default=False)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["job", "number"], name="one_attempt_number"),
+        ]
+        indexes = [
+            # Running and not-yet-recorded attempts: the live part of every usage answer.
+            models.Index(
+                fields=["job"], condition=models.Q(metered=False), name="attempt_unmetered"
+            ),
         ]
 
     def __str__(self) -> str:

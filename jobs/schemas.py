@@ -1,7 +1,7 @@
 """API schemas: explicit fields in and out."""
 
 import datetime as dt
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
 from pydantic import AfterValidator, Field, StringConstraints, model_validator
@@ -46,6 +46,11 @@ class JobIn(Schema):
     )
     priority: int = Field(0, ge=-100, le=100, strict=True)
     window: Text | None = Field(None, max_length=50)
+    window_policy: Literal["wait", "pause"] = Field(
+        "wait",
+        description="wait: start only inside the window; pause: also pause the job when its "
+        "window closes and resume it when it reopens",
+    )
     pending_deadline_s: int | None = Field(None, ge=1, le=7 * 24 * 3600, strict=True)
     max_retries: int | None = Field(
         None, ge=0, le=100, strict=True, description="automatic retries (default: the team's)"
@@ -86,6 +91,7 @@ class JobOut(Schema):
     entrypoint: list[str]
     priority: int
     window: str | None
+    window_policy: str
     attempt: int
     retry_count: int
     job_ref: str

@@ -24,6 +24,7 @@ from jobs.schemas import JobIn
 from jobs.snapshots import SnapshotRefused, read_project_file, snapshot_path
 from jobs.states import JobStatus
 from jobs.transitions import TransitionRefused, transition
+from metering.records import forget_deleted
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -49,11 +50,20 @@ def get_visible_job(user: User, job_id: int) -> Job:
 
 
 def submit_job(user: User, data: JobIn) -> Job:
-    team = _resolve_team(user, data.team)
+    membership = _resolve_membership(user, data.team)
+    team = membership.team
     cluster = _resolve_cluster(team, data.cluster)
     _check_fits(team, cluster, data.gpus)
+    _check_priority(user, membership, data.priority)
     _check_env(data.env)
     window = _resolve_window(data.window)
+    if data.window_policy == Job.WindowPolicy.PAUSE and not (
+        window or team.window_id or cluster.window_id
+    ):
+        raise BadRequest(
+            "--window-policy pause needs a window: pass --window NAME, or use a team or "
+            "cluster that has one"
+        )
     with transaction.atomic():
         # Locking the snapshot row keeps a concurrent job deletion from removing the blob.
         snapshot = _resolve_snapshot(data.snapshot)
@@ -70,6 +80,7 @@ def submit_job(user: User, data: JobIn) -> Job:
             snapshot=snapshot,
             priority=data.priority,
             window=window,
+            window_policy=data.window_policy,
             pending_deadline_s=data.pending_deadline_s,
             max_retries=_or(data.max_retries, team.default_max_retries),
             retry_cooldown_s=_or(data.retry_cooldown_s, team.default_retry_cooldown_s),
@@ -102,13 +113,15 @@ def pause_job(user: User, job_id: int) -> Job:
 
 def resume_job(user: User, job_id: int) -> Job:
     job = _controllable(user, job_id)
-    transition(
-        job.pk,
-        S.QUEUED,
-        reason=f"resumed by {user.username}; waiting for the scheduler",
-        actor=user.username,
-        expected={S.PAUSED},
-    )
+    with transaction.atomic():
+        transition(
+            job.pk,
+            S.QUEUED,
+            reason=f"resumed by {user.username}; waiting for the scheduler",
+            actor=user.username,
+            expected={S.PAUSED},
+        )
+        Job.objects.filter(pk=job.pk).update(paused_by_window=False)
     transaction.on_commit(kick_scheduler)
     return get_visible_job(user, job_id)
 
@@ -153,6 +166,7 @@ def delete_job(user: User, job_id: int) -> None:
         )
     with transaction.atomic():
         snapshot = _lock_snapshot(job.snapshot_id)
+        forget_deleted(job.pk)  # its GPU time stays billed in the usage records
         job.delete()
         transaction.on_commit(partial(logstore.delete_logs, job_id))
         if snapshot is not None and not Job.objects.filter(snapshot=snapshot).exists():
@@ -167,8 +181,9 @@ def _halt(user: User, job_id: int, target: JobStatus, reason: str) -> Job:
         changed = transition(
             job.pk, target, reason=reason, actor=user.username, attempt=job.attempt_count or None
         )
-        # A stop also cancels a pending automatic retry.
-        Job.objects.filter(pk=job.pk).update(next_attempt_at=None)
+        # A stop also cancels a pending automatic retry; a person's pause or stop is theirs,
+        # so a reopening window does not resume it.
+        Job.objects.filter(pk=job.pk).update(next_attempt_at=None, paused_by_window=False)
         had_attempt = Attempt.objects.filter(
             job_id=job.pk, number=job.attempt_count, end_time__isnull=True
         ).update(end_time=timezone.now(), end_reason=reason)
@@ -215,7 +230,7 @@ def kick_scheduler() -> None:
         log.warning("could not kick the scheduler (%s); beat's next tick will admit the job", exc)
 
 
-def _resolve_team(user: User, name: str | None) -> Team:
+def _resolve_membership(user: User, name: str | None) -> Membership:
     memberships = Membership.objects.filter(user=user).select_related("team").order_by("pk")
     if name:
         membership = memberships.filter(team__name=name).first()
@@ -229,7 +244,19 @@ def _resolve_team(user: User, name: str | None) -> Team:
         raise Forbidden(
             f"your role in team {membership.team.name} is viewer; viewers cannot submit jobs"
         )
-    return membership.team
+    return membership
+
+
+def _check_priority(user: User, membership: Membership, priority: int) -> None:
+    """Members raise priority up to the team's limit; team admins and staff up to 100."""
+    if user.is_staff or membership.role == Membership.Role.ADMIN:
+        return
+    limit = membership.team.max_member_priority
+    if priority > limit:
+        raise Forbidden(
+            f"priority {priority} is above {limit}, the highest a member of team "
+            f"{membership.team.name} may give; ask a team admin to raise it"
+        )
 
 
 def _resolve_cluster(team: Team, name: str | None) -> Cluster:
@@ -252,6 +279,16 @@ def _check_fits(team: Team, cluster: Cluster, gpus: int) -> None:
         raise BadRequest(
             f"this job asks for {gpus} GPUs but team {team.name}'s quota is "
             f"{team.gpu_quota}; it could never start"
+        )
+    if team.max_gpus_per_job is not None and gpus > team.max_gpus_per_job:
+        raise BadRequest(
+            f"this job asks for {gpus} GPUs but team {team.name} allows at most "
+            f"{team.max_gpus_per_job} per job"
+        )
+    if team.user_gpu_cap is not None and gpus > team.user_gpu_cap:
+        raise BadRequest(
+            f"this job asks for {gpus} GPUs but team {team.name} caps each member at "
+            f"{team.user_gpu_cap} GPUs at once; it could never start"
         )
     capacity = executor_for(cluster).capacity()
     if capacity.reachable and gpus > capacity.total_gpus:

@@ -12,8 +12,10 @@ from jobs.errors import ApiError
 from jobs.logstore import LogGap
 from jobs.metrics_api import router as metrics_router
 from jobs.snapshots import SnapshotRefused
+from jobs.teams_api import router as teams_router
 from jobs.tokens_api import router as tokens_router
 from jobs.transitions import TransitionRefused
+from metering.api import router as usage_router
 
 log = logging.getLogger(__name__)
 api = NinjaAPI(title="Starforge API", version="1", urls_namespace="api", docs_url="/docs")
@@ -21,6 +23,8 @@ api.add_router("/v1", jobs_router)
 api.add_router("/v1/ingest", ingest)
 api.add_router("/v1", metrics_router)
 api.add_router("/v1", tokens_router)
+api.add_router("/v1", teams_router)
+api.add_router("/v1", usage_router)
 
 
 def _answer(request: HttpRequest, http_status: int, detail: str, /, **extra):

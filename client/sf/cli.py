@@ -115,6 +115,13 @@ def _add_submit(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="human-readable job name")
     p.add_argument("--priority", type=int, default=0, help="scheduling priority (default 0)")
     p.add_argument("--window", help="named scheduling window")
+    p.add_argument(
+        "--window-policy",
+        choices=["wait", "pause"],
+        default="wait",
+        help="wait: start only inside the window (default); pause: also pause the job when "
+        "the window closes and resume it when it reopens",
+    )
     p.add_argument("--env", action="extend", nargs="+", default=[], metavar="K=V")
     p.add_argument(
         "--pending-deadline",
@@ -334,6 +341,7 @@ def _submit_payload(args: argparse.Namespace) -> dict:
         "env": env,
         "priority": args.priority,
         "window": args.window,
+        "window_policy": args.window_policy,
         "pending_deadline_s": args.pending_deadline,
         "max_retries": args.max_retries,
         "retry_cooldown_s": args.retry_cooldown,

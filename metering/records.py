@@ -1,0 +1,162 @@
+"""Writing and reading usage records.
+
+`meter_ended` moves ended attempts into the records exactly once (their `metered` flag flips in
+the same transaction). `usage_rows` answers "GPU-µs per day/team/user/cluster in a range" from
+the records plus the attempts not in them yet (running, or ended since the last sweep), so an
+answer is exact at any moment without scanning every attempt.
+"""
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+
+from django.db import connection, transaction
+from django.db.models import Q, Sum
+from django.utils import timezone
+
+from jobs.models import Attempt
+from metering.models import UsageRecord
+
+SWEEP_BATCH = 5000
+ONE_US = dt.timedelta(microseconds=1)
+Key = tuple[dt.date, int, int, int]  # day, team_id, user_id, cluster_id
+
+
+def day_pieces(
+    start: dt.datetime | None, end: dt.datetime | None, gpus: int, now: dt.datetime
+) -> Iterator[tuple[dt.date, int]]:
+    """(UTC day, GPU-µs) pieces of one attempt's running time; nothing if it never ran."""
+    if start is None or gpus == 0:
+        return
+    lo, hi = start.astimezone(dt.UTC), (end or now).astimezone(dt.UTC)
+    while lo < hi:
+        midnight = dt.datetime.combine(lo.date() + dt.timedelta(days=1), dt.time(), dt.UTC)
+        piece_end = min(hi, midnight)
+        yield lo.date(), (piece_end - lo) // ONE_US * gpus
+        lo = piece_end
+
+
+def meter_ended(job_ids: Iterable[int] | None = None) -> int:
+    """Add ended, unmetered attempts to the usage records; returns how many were added.
+
+    Safe to run concurrently: the attempts are locked (PostgreSQL) or the write lock is held
+    (SQLite, IMMEDIATE transactions), and only rows still unmetered are taken.
+    """
+    added = 0
+    while True:
+        with transaction.atomic():
+            rows = Attempt.objects.filter(metered=False, end_time__isnull=False)
+            if job_ids is not None:
+                rows = rows.filter(job_id__in=list(job_ids))
+            if connection.vendor == "postgresql":
+                rows = rows.select_for_update(skip_locked=True, of=("self",))
+            batch = list(
+                rows.values_list(
+                    "pk", "job__team_id", "job__user_id", "job__cluster_id",
+                    "start_time", "end_time", "gpus",
+                )[:SWEEP_BATCH]
+            )  # fmt: skip
+            if not batch:
+                return added
+            totals: dict[Key, int] = defaultdict(int)
+            for _, team, user, cluster, start, end, gpus in batch:
+                for day, gpu_us in day_pieces(start, end, gpus, end):
+                    totals[(day, team, user, cluster)] += gpu_us
+            _add(totals)
+            Attempt.objects.filter(pk__in=[row[0] for row in batch]).update(metered=True)
+            added += len(batch)
+        if len(batch) < SWEEP_BATCH:
+            return added
+
+
+def _add(totals: dict[Key, int], column: str = "gpu_us") -> None:
+    """Add `totals` to one column of the records, creating the rows that are missing."""
+    if not totals:
+        return
+    table = UsageRecord._meta.db_table
+    sql = (
+        f"INSERT INTO {table} (day, team_id, user_id, cluster_id, gpu_us, deleted_gpu_us) "
+        "VALUES (%s, %s, %s, %s, %s, %s) "
+        "ON CONFLICT (day, team_id, user_id, cluster_id) "
+        f"DO UPDATE SET {column} = {table}.{column} + EXCLUDED.{column}"
+    )
+    deleted = column == "deleted_gpu_us"
+    params = [
+        (day, team, user, cluster, value, value if deleted else 0)
+        for (day, team, user, cluster), value in totals.items()
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
+
+
+def forget_deleted(job_id: int) -> None:
+    """Before a job's rows are deleted: meter its attempts, then mark that usage as deleted.
+
+    The usage stays billed; the consistency check subtracts it, since its attempts are gone.
+    """
+    meter_ended([job_id])
+    totals: dict[Key, int] = defaultdict(int)
+    rows = Attempt.objects.filter(job_id=job_id, metered=True).values_list(
+        "job__team_id", "job__user_id", "job__cluster_id", "start_time", "end_time", "gpus"
+    )
+    for team, user, cluster, start, end, gpus in rows:
+        for day, gpu_us in day_pieces(start, end, gpus, end):
+            totals[(day, team, user, cluster)] += gpu_us
+    _add(totals, column="deleted_gpu_us")
+
+
+def usage_rows(
+    since: dt.date,
+    until: dt.date,
+    now: dt.datetime | None = None,
+    teams: Iterable[int] | None = None,
+    users: Iterable[int] | None = None,
+) -> dict[Key, int]:
+    """GPU-µs per (day, team, user, cluster) for days in [since, until), records plus live."""
+    now = now or timezone.now()
+    team_ids = None if teams is None else list(teams)
+    user_ids = None if users is None else list(users)
+    records = UsageRecord.objects.filter(day__gte=since, day__lt=until)
+    live = Attempt.objects.filter(metered=False, start_time__isnull=False).filter(
+        Q(end_time__isnull=True) | Q(end_time__gte=_midnight(since))
+    )
+    if team_ids is not None:
+        records = records.filter(team_id__in=team_ids)
+        live = live.filter(job__team_id__in=team_ids)
+    if user_ids is not None:
+        records = records.filter(user_id__in=user_ids)
+        live = live.filter(job__user_id__in=user_ids)
+    totals: dict[Key, int] = defaultdict(int)
+    for day, team, user, cluster, gpu_us in records.values_list(
+        "day", "team_id", "user_id", "cluster_id", "gpu_us"
+    ):
+        totals[(day, team, user, cluster)] += gpu_us
+    for team, user, cluster, start, end, gpus in live.values_list(
+        "job__team_id", "job__user_id", "job__cluster_id", "start_time", "end_time", "gpus"
+    ):
+        for day, gpu_us in day_pieces(start, end, gpus, now):
+            if since <= day < until:
+                totals[(day, team, user, cluster)] += gpu_us
+    return totals
+
+
+def team_gpu_us(since: dt.date, now: dt.datetime) -> dict[int, int]:
+    """GPU-µs per team from `since` (a UTC day) to now: the scheduler's budget and fair share."""
+    totals: dict[int, int] = defaultdict(int)
+    rows = UsageRecord.objects.filter(day__gte=since).values("team_id").annotate(us=Sum("gpu_us"))
+    for row in rows:
+        totals[row["team_id"]] += row["us"] or 0
+    live = Attempt.objects.filter(metered=False, start_time__isnull=False).filter(
+        Q(end_time__isnull=True) | Q(end_time__gte=_midnight(since))
+    )
+    for team, start, end, gpus in live.values_list(
+        "job__team_id", "start_time", "end_time", "gpus"
+    ):
+        for day, gpu_us in day_pieces(start, end, gpus, now):
+            if day >= since:
+                totals[team] += gpu_us
+    return totals
+
+
+def _midnight(day: dt.date) -> dt.datetime:
+    return dt.datetime.combine(day, dt.time(), dt.UTC)
