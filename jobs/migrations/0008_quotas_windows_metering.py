@@ -57,7 +57,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='team',
             name='max_jobs',
-            field=models.PositiveIntegerField(blank=True, help_text='slots: jobs the team may have SUBMITTED+PENDING+RUNNING at once; empty: no limit', null=True),
+            field=models.PositiveIntegerField(blank=True, help_text='slots: jobs the team may have SUBMITTED+PENDING+RUNNING at once; empty: none', null=True),
         ),
         migrations.AddField(
             model_name='team',
