@@ -1,8 +1,129 @@
-"""The teams API (`/api/v1/teams`): members see their teams; team admins manage members and
-defaults. (Being built for issue 6.)"""
+"""The teams API (`/api/v1/teams`): members read their teams; team admins (and staff) manage
+members and the team's defaults. Quotas are staff's, through the Django admin."""
 
-from ninja import Router
+from typing import Literal
 
+from ninja import Router, Schema, Status
+from pydantic import Field
+
+from jobs import teams
 from jobs.auth import ConsoleSession, UserToken
+from jobs.models import Team
+from jobs.schemas import Text
 
+# Same doors as the jobs API: a token for the CLI, the session (CSRF-checked) for the console.
 router = Router(auth=[UserToken(), ConsoleSession()], tags=["teams"])
+Role = Literal["member", "viewer", "admin"]
+
+
+class MemberOut(Schema):
+    username: str
+    role: str
+
+
+class QuotasOut(Schema):
+    gpu_quota: int
+    max_jobs: int | None
+    gpu_hours_per_month: float | None
+    budget_hard_stop: bool
+    user_gpu_cap: int | None
+    max_gpus_per_job: int | None
+    max_member_priority: int
+
+
+class DefaultsOut(Schema):
+    default_cluster: str | None
+    window: str | None
+    default_max_retries: int
+    default_retry_cooldown_s: int
+
+
+class TeamDetailOut(Schema):
+    name: str
+    role: str | None = Field(description="your role in the team; null for staff outside it")
+    can_manage: bool = Field(description="you may manage its members and defaults")
+    members: list[MemberOut]
+    quotas: QuotasOut = Field(description="set by staff in the Django admin")
+    defaults: DefaultsOut
+
+
+class MemberIn(Schema):
+    username: Text = Field(..., max_length=150)
+    role: Role = "member"
+
+
+class RoleIn(Schema):
+    role: Role
+
+
+class DefaultsIn(Schema):
+    # Only the fields sent change; null clears the cluster or the window. Ranges are checked
+    # by `teams.set_defaults`, so the console gets the same sentences.
+    default_cluster: Text | None = Field(None, max_length=50, description="a cluster's name")
+    window: Text | None = Field(None, max_length=50, description="a schedule window's name")
+    default_max_retries: int | None = Field(None, strict=True, description="0..100")
+    default_retry_cooldown_s: int | None = Field(None, strict=True, description="0..86400")
+
+
+def team_out(user, team: Team) -> dict:
+    quota = team.gpu_hours_per_month
+    return {
+        "name": team.name,
+        "role": teams.role_of(user, team),
+        "can_manage": teams.can_manage(user, team),
+        "members": [
+            {"username": m.user.username, "role": m.role}
+            for m in team.memberships  # type: ignore[attr-defined]
+        ],
+        "quotas": {
+            "gpu_quota": team.gpu_quota,
+            "max_jobs": team.max_jobs,
+            "gpu_hours_per_month": float(quota) if quota is not None else None,
+            "budget_hard_stop": team.budget_hard_stop,
+            "user_gpu_cap": team.user_gpu_cap,
+            "max_gpus_per_job": team.max_gpus_per_job,
+            "max_member_priority": team.max_member_priority,
+        },
+        "defaults": {
+            "default_cluster": team.default_cluster.name if team.default_cluster else None,
+            "window": team.window.name if team.window else None,
+            "default_max_retries": team.default_max_retries,
+            "default_retry_cooldown_s": team.default_retry_cooldown_s,
+        },
+    }
+
+
+@router.get("/teams", response=list[TeamDetailOut], summary="My teams (every team for staff)")
+def list_teams(request):
+    return [team_out(request.auth, team) for team in teams.visible_teams(request.auth)]
+
+
+@router.get("/teams/{name}", response=TeamDetailOut, summary="One of my teams")
+def get_team(request, name: str):
+    return team_out(request.auth, teams.get_team(request.auth, name))
+
+
+@router.patch("/teams/{name}", response=TeamDetailOut, summary="Set the team's defaults")
+def set_defaults(request, name: str, data: DefaultsIn):
+    team = teams.set_defaults(request.auth, name, data.model_dump(exclude_unset=True))
+    return team_out(request.auth, team)
+
+
+@router.post("/teams/{name}/members", response={201: MemberOut}, summary="Add a member with a role")
+def add_member(request, name: str, data: MemberIn):
+    membership = teams.add_member(request.auth, name, data.username, data.role)
+    return Status(201, {"username": data.username, "role": membership.role})
+
+
+@router.patch(
+    "/teams/{name}/members/{username}", response=MemberOut, summary="Change a member's role"
+)
+def change_role(request, name: str, username: str, data: RoleIn):
+    membership = teams.change_role(request.auth, name, username, data.role)
+    return {"username": username, "role": membership.role}
+
+
+@router.delete("/teams/{name}/members/{username}", response={204: None}, summary="Remove a member")
+def remove_member(request, name: str, username: str):
+    teams.remove_member(request.auth, name, username)
+    return Status(204, None)

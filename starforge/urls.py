@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
 
-from jobs import views
+from jobs import team_views, views
 from jobs.prometheus import metrics_view
 from metering.views import usage_page
 from starforge.api import api
@@ -14,6 +14,20 @@ urlpatterns = [
     path("states/", views.states_help, name="states"),
     path("usage/", usage_page, name="usage"),
     path("metrics", metrics_view, name="metrics"),
+    path("teams/", team_views.team_list, name="teams"),
+    path("teams/<slug:name>/", team_views.team_detail, name="team-detail"),
+    path("teams/<slug:name>/members/", team_views.member_add, name="team-member-add"),
+    path(
+        "teams/<slug:name>/members/<str:username>/role/",
+        team_views.member_role,
+        name="team-member-role",
+    ),
+    path(
+        "teams/<slug:name>/members/<str:username>/remove/",
+        team_views.member_remove,
+        name="team-member-remove",
+    ),
+    path("teams/<slug:name>/defaults/", team_views.team_defaults, name="team-defaults"),
     path("tokens/", views.token_list, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token-revoke"),
     # The console's own assets (Plotly's bundle included) are served by the app: it works

@@ -1,0 +1,127 @@
+"""The console's Teams pages: a member's teams, and one team's members, quotas and defaults.
+
+Team admins (and staff) manage members and defaults with CSRF-protected forms that call the
+same `jobs.teams` actions as the API; a refusal comes back as a message on the team page.
+"""
+
+from collections.abc import Callable
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from jobs import teams
+from jobs.errors import ApiError, BadRequest, Forbidden, NotFound
+from jobs.models import Cluster, ScheduleWindow
+
+
+@login_required
+def team_list(request):
+    rows = [
+        {"team": team, "role": teams.role_of(request.user, team)}
+        for team in teams.visible_teams(request.user)
+    ]
+    return render(request, "jobs/teams.html", {"rows": rows})
+
+
+@login_required
+def team_detail(request, name: str):
+    try:
+        team = teams.get_team(request.user, name)
+    except NotFound as exc:
+        raise Http404(exc.detail) from exc
+    return render(
+        request,
+        "jobs/team.html",
+        {
+            "team": team,
+            "members": team.memberships,  # type: ignore[attr-defined]
+            "role": teams.role_of(request.user, team),
+            "can_manage": teams.can_manage(request.user, team),
+            "roles": teams.ROLES,
+            "clusters": Cluster.objects.order_by("name").values_list("name", flat=True),
+            "windows": ScheduleWindow.objects.order_by("name").values_list("name", flat=True),
+            "max_retries_limit": teams.MAX_RETRIES_LIMIT,
+            "cooldown_limit": teams.RETRY_COOLDOWN_LIMIT_S,
+        },
+    )
+
+
+@login_required
+@require_POST
+def member_add(request, name: str):
+    username, role = request.POST.get("username", "").strip(), request.POST.get("role", "")
+    return _act(
+        request,
+        name,
+        lambda: teams.add_member(request.user, name, username, role),
+        f"{username} added to team {name} as {role}",
+    )
+
+
+@login_required
+@require_POST
+def member_role(request, name: str, username: str):
+    role = request.POST.get("role", "")
+    return _act(
+        request,
+        name,
+        lambda: teams.change_role(request.user, name, username, role),
+        f"{username} is now {role} in team {name}",
+    )
+
+
+@login_required
+@require_POST
+def member_remove(request, name: str, username: str):
+    return _act(
+        request,
+        name,
+        lambda: teams.remove_member(request.user, name, username),
+        f"{username} removed from team {name}",
+    )
+
+
+@login_required
+@require_POST
+def team_defaults(request, name: str):
+    def save() -> None:
+        changes = {
+            "default_cluster": request.POST.get("default_cluster", "").strip() or None,
+            "window": request.POST.get("window", "").strip() or None,
+            "default_max_retries": _whole("default_max_retries", request.POST),
+            "default_retry_cooldown_s": _whole("default_retry_cooldown_s", request.POST),
+        }
+        teams.set_defaults(request.user, name, changes)
+
+    return _act(request, name, save, f"defaults of team {name} saved")
+
+
+def _whole(field: str, form) -> int:
+    text = form.get(field, "").strip()
+    if not text.isdigit():
+        raise BadRequest(f"{field} must be a whole number, got {text!r}")
+    return int(text)
+
+
+def _act(request, name: str, action: Callable[[], object], done: str) -> HttpResponseRedirect:
+    """Run a team action; 404 and 403 as pages, other refusals as a message on the team page."""
+    try:
+        action()
+    except NotFound as exc:
+        if not teams.visible_teams(request.user).filter(name=name).exists():
+            raise Http404(exc.detail) from exc
+        messages.error(request, exc.detail)  # a member who is not there: the team is shown
+    except Forbidden as exc:
+        raise PermissionDenied(exc.detail) from exc
+    except ApiError as exc:
+        messages.error(request, exc.detail)
+    else:
+        messages.success(request, done)
+        if not teams.visible_teams(request.user).filter(name=name).exists():
+            return HttpResponseRedirect(reverse("teams"))  # they removed themselves
+    return HttpResponseRedirect(reverse("team-detail", args=[name]))

@@ -1,0 +1,202 @@
+"""Teams and their members: who may read a team, and what a team admin may change.
+
+Every member reads their teams (members, quotas, defaults). A team admin, or staff, adds and
+removes members, changes roles and sets the team's defaults. Quotas are staff's alone, through
+the Django admin. API and console both come through here.
+
+Each change locks the team row first, so two admins demoting each other at once cannot leave
+a team without an admin. Live pages a change concerns are told after commit (`jobs.live`), so
+a removed member's open websockets stop at once rather than at their next reconnect.
+"""
+
+import logging
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import Prefetch, QuerySet
+
+from jobs import live
+from jobs.errors import BadRequest, Conflict, Forbidden, NotFound
+from jobs.models import Cluster, Membership, ScheduleWindow, Team
+
+log = logging.getLogger(__name__)
+ROLES = tuple(Membership.Role.values)
+MAX_RETRIES_LIMIT = 100
+RETRY_COOLDOWN_LIMIT_S = 24 * 3600
+DEFAULT_FIELDS = ("default_cluster", "window", "default_max_retries", "default_retry_cooldown_s")
+
+
+def visible_teams(user: User) -> QuerySet[Team]:
+    """The teams the user is in (every team for staff), members prefetched, by name."""
+    teams = Team.objects.all() if user.is_staff else Team.objects.filter(membership__user=user)
+    members = Membership.objects.select_related("user").order_by("user__username")
+    return (
+        teams.select_related("default_cluster", "window")
+        .prefetch_related(Prefetch("membership_set", queryset=members, to_attr="memberships"))
+        .order_by("name")
+    )
+
+
+def get_team(user: User, name: str) -> Team:
+    team = visible_teams(user).filter(name=name).first()
+    if team is None:
+        raise NotFound(f"team {name} does not exist or you are not in it")
+    return team
+
+
+def role_of(user: User, team: Team) -> str | None:
+    """The user's role in a team read through `visible_teams` (None: staff outside it)."""
+    return next((m.role for m in team.memberships if m.user_id == user.pk), None)  # type: ignore[attr-defined]
+
+
+def can_manage(user: User, team: Team) -> bool:
+    return user.is_staff or role_of(user, team) == Membership.Role.ADMIN
+
+
+def can_control_jobs(user: User, team_id: int) -> bool:
+    """Members and team admins submit and control the team's jobs (staff: every job)."""
+    return (
+        user.is_staff
+        or Membership.objects.filter(
+            team_id=team_id, user=user, role__in=[Membership.Role.MEMBER, Membership.Role.ADMIN]
+        ).exists()
+    )
+
+
+def add_member(actor: User, team_name: str, username: str, role: str) -> Membership:
+    _check_role(role)
+    with transaction.atomic():
+        team = _managed_team(actor, team_name)
+        user = User.objects.filter(username=username).first()
+        if user is None:
+            raise BadRequest(f"unknown user {username!r}; staff create users in the admin")
+        existing = Membership.objects.filter(team=team, user=user).first()
+        if existing is not None:
+            raise Conflict(
+                f"{username} is already in team {team.name} as {existing.role}; "
+                "change their role instead"
+            )
+        membership = Membership.objects.create(team=team, user=user, role=role)
+        _membership_changed(actor, team, user, f"added as {role}")
+    return membership
+
+
+def change_role(actor: User, team_name: str, username: str, role: str) -> Membership:
+    _check_role(role)
+    with transaction.atomic():
+        team = _managed_team(actor, team_name)
+        membership = _membership(team, username)
+        if membership.role == Membership.Role.ADMIN and role != Membership.Role.ADMIN:
+            _keep_an_admin(team, username, f"make them {role}")
+        Membership.objects.filter(pk=membership.pk).update(role=role)
+        membership.role = role
+        _membership_changed(actor, team, membership.user, f"role set to {role}")
+    return membership
+
+
+def remove_member(actor: User, team_name: str, username: str) -> None:
+    with transaction.atomic():
+        team = _managed_team(actor, team_name)
+        membership = _membership(team, username)
+        if membership.role == Membership.Role.ADMIN:
+            _keep_an_admin(team, username, "remove them")
+        membership.delete()
+        _membership_changed(actor, team, membership.user, "removed")
+
+
+def set_defaults(actor: User, team_name: str, changes: dict[str, Any]) -> Team:
+    """Set the team's defaults named in `changes` (cluster and window by name, None clears)."""
+    unknown = set(changes) - set(DEFAULT_FIELDS)
+    if unknown:
+        raise BadRequest(
+            f"a team admin sets only {', '.join(DEFAULT_FIELDS)}; quotas are set by staff "
+            f"in the admin (got {', '.join(sorted(unknown))})"
+        )
+    values = _resolve_defaults(changes)
+    with transaction.atomic():
+        team = _managed_team(actor, team_name)
+        Team.objects.filter(pk=team.pk).update(**values)
+        log.info("team %s defaults set by %s: %s", team.name, actor.username, changes)
+    return get_team(actor, team_name)
+
+
+def _resolve_defaults(changes: dict[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    if "default_cluster" in changes:
+        values["default_cluster"] = _cluster(changes["default_cluster"])
+    if "window" in changes:
+        values["window"] = _window(changes["window"])
+    if "default_max_retries" in changes:
+        values["default_max_retries"] = _in_range(
+            "default_max_retries", changes["default_max_retries"], MAX_RETRIES_LIMIT
+        )
+    if "default_retry_cooldown_s" in changes:
+        values["default_retry_cooldown_s"] = _in_range(
+            "default_retry_cooldown_s", changes["default_retry_cooldown_s"], RETRY_COOLDOWN_LIMIT_S
+        )
+    return values
+
+
+def _cluster(name: str | None) -> Cluster | None:
+    if not name:
+        return None
+    cluster = Cluster.objects.filter(name=name).first()
+    if cluster is None:
+        known = ", ".join(Cluster.objects.order_by("name").values_list("name", flat=True))
+        raise BadRequest(f"unknown cluster {name!r}; known clusters: {known or 'none'}")
+    return cluster
+
+
+def _window(name: str | None) -> ScheduleWindow | None:
+    if not name:
+        return None
+    window = ScheduleWindow.objects.filter(name=name).first()
+    if window is None:
+        known = ", ".join(ScheduleWindow.objects.order_by("name").values_list("name", flat=True))
+        raise BadRequest(f"unknown schedule window {name!r}; known windows: {known or 'none'}")
+    return window
+
+
+def _in_range(field: str, value: Any, limit: int) -> int:
+    if type(value) is not int or not 0 <= value <= limit:
+        raise BadRequest(f"{field} must be a whole number from 0 to {limit}, got {value!r}")
+    return value
+
+
+def _check_role(role: str) -> None:
+    if role not in ROLES:
+        raise BadRequest(f"unknown role {role!r}; one of {', '.join(ROLES)}")
+
+
+def _managed_team(actor: User, name: str) -> Team:
+    """The team, row-locked, if the actor may manage it; 404 outside it, 403 for non-admins."""
+    team = get_team(actor, name)
+    if not can_manage(actor, team):
+        raise Forbidden(f"only team admins of team {name} can manage its members")
+    return Team.objects.select_for_update().get(pk=team.pk)
+
+
+def _membership(team: Team, username: str) -> Membership:
+    membership = (
+        Membership.objects.select_related("user").filter(team=team, user__username=username).first()
+    )
+    if membership is None:
+        raise NotFound(f"{username} is not a member of team {team.name}")
+    return membership
+
+
+def _keep_an_admin(team: Team, username: str, change: str) -> None:
+    others = Membership.objects.filter(team=team, role=Membership.Role.ADMIN).exclude(
+        user__username=username
+    )
+    if not others.exists():
+        raise Conflict(
+            f"{username} is the last admin of team {team.name}: make another member admin "
+            f"before you {change}"
+        )
+
+
+def _membership_changed(actor: User, team: Team, user: User, what: str) -> None:
+    log.info("team %s: %s %s by %s", team.name, user.username, what, actor.username)
+    live.publish_membership_changed(user.pk)
