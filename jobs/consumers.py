@@ -16,9 +16,13 @@ CLOSE_NOT_FOUND = 4404
 
 
 class JobConsumer(AsyncJsonWebsocketConsumer):
-    """`ws/jobs/<id>/`: a job page's log batches and status changes."""
+    """`ws/jobs/<id>/`: a job page's log batches and status changes.
 
-    group = ""
+    Also in the user's group: when their memberships change it checks the job again and
+    closes with 4404 once they may no longer see it.
+    """
+
+    groups_joined: tuple[str, ...] = ()
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -29,12 +33,20 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         elif not await _can_see(user, job_id):
             await self.close(code=CLOSE_NOT_FOUND)
         else:
-            self.group = live.job_group(job_id)
-            await self.channel_layer.group_add(self.group, self.channel_name)
+            self.groups_joined = (live.job_group(job_id), live.user_group(user.pk))
+            for group in self.groups_joined:
+                await self.channel_layer.group_add(group, self.channel_name)
 
     async def disconnect(self, code: int) -> None:
-        if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        await _leave(self, self.groups_joined)
+        self.groups_joined = ()
+
+    async def membership_changed(self, message: dict) -> None:
+        job_id = self.scope["url_route"]["kwargs"]["job_id"]
+        if not await _can_see(self.scope["user"], job_id):
+            await _leave(self, self.groups_joined)
+            self.groups_joined = ()
+            await self.close(code=CLOSE_NOT_FOUND)
 
     async def job_lines(self, message: dict) -> None:
         await self.send_json(message)
@@ -50,7 +62,7 @@ class JobListConsumer(AsyncJsonWebsocketConsumer):
     """`ws/jobs/`: status changes of the jobs of the user's teams (every job for staff)."""
 
     teams: frozenset[int] | None = frozenset()  # None: all teams
-    joined = False
+    groups_joined: tuple[str, ...] = ()
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -59,16 +71,25 @@ class JobListConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_SIGNED_OUT)
             return
         self.teams = None if user.is_staff else await _team_ids(user)
-        await self.channel_layer.group_add(live.JOBS_GROUP, self.channel_name)
-        self.joined = True
+        self.groups_joined = (live.JOBS_GROUP, live.user_group(user.pk))
+        for group in self.groups_joined:
+            await self.channel_layer.group_add(group, self.channel_name)
 
     async def disconnect(self, code: int) -> None:
-        if self.joined:
-            await self.channel_layer.group_discard(live.JOBS_GROUP, self.channel_name)
+        await _leave(self, self.groups_joined)
+
+    async def membership_changed(self, message: dict) -> None:
+        user = self.scope["user"]
+        self.teams = None if user.is_staff else await _team_ids(user)
 
     async def job_status(self, message: dict) -> None:
         if self.teams is None or message["team"] in self.teams:
             await self.send_json(message)
+
+
+async def _leave(consumer: AsyncJsonWebsocketConsumer, groups: tuple[str, ...]) -> None:
+    for group in groups:
+        await consumer.channel_layer.group_discard(group, consumer.channel_name)
 
 
 @database_sync_to_async

@@ -2,9 +2,12 @@
 
 Groups: ``job-<id>`` gets a job's log batches and status changes (the job page); ``jobs`` gets
 every status change with the job's team (list pages; the list consumer forwards only the
-user's teams). The channel layer is lossy by design (a full channel drops messages), so a log
-batch carries its attempt, its sequence numbers and the log cursor just after it: a page that
-sees a batch not continuing the last line it shows fetches the missing range from the logs API.
+user's teams); ``user-<id>`` hears that the user's memberships changed, so their open pages
+check again what they may see.
+
+The channel layer is lossy by design (a full channel drops messages), so a log batch carries
+its attempt, its sequence numbers and the log cursor just after it: a page that sees a batch
+not continuing the last line it shows fetches the missing range from the logs API.
 
 Publishing never breaks a write: it runs after commit, is bounded by a timeout, and a failure
 is logged and dropped (pages recover through the API).
@@ -27,6 +30,10 @@ SEND_TIMEOUT_S = 2.0
 
 def job_group(job_id: int) -> str:
     return f"job-{job_id}"
+
+
+def user_group(user_id: int) -> str:
+    return f"user-{user_id}"
 
 
 def lines_message(attempt: int, lines: list[dict], cursor: str) -> dict:
@@ -78,6 +85,12 @@ def publish_lines(job_id: int, attempt: int, lines: list[dict], cursor: str) -> 
     if lines and _layer() is not None:
         message = lines_message(attempt, lines, cursor)
         _send_on_commit([(job_group(job_id), message)])
+
+
+def publish_membership_changed(user_id: int) -> None:
+    """The user joined, left or changed role in a team: their consumers look again."""
+    if _layer() is not None:
+        _send_on_commit([(user_group(user_id), {"type": "membership.changed"})])
 
 
 def publish_statuses(messages: Iterable[dict]) -> None:

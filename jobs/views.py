@@ -8,14 +8,15 @@ import json
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from jobs import auth, diagnostics, services
-from jobs.errors import ApiError, BadRequest, NotFound
+from jobs import auth, diagnostics, services, teams
+from jobs.errors import ApiError, BadRequest, Forbidden, NotFound
 from jobs.models import Cluster, Membership
 from jobs.states import ALLOWED_TRANSITIONS, JobStatus
 from jobs.transitions import TransitionRefused
@@ -93,7 +94,7 @@ def job_detail(request, job_id: int):
             "attempts": attempts,
             "events": job.events.order_by("pk"),
             "diagnostics": diagnostics.explain(job, now),
-            "actions": _actions(job),
+            "actions": _actions(job, teams.can_control_jobs(request.user, job.team_id)),
             "follow_ons_json": json.dumps(
                 [
                     {"id": pk, "name": name}
@@ -118,6 +119,10 @@ def job_action(request, job_id: int, verb: str):
         job = ACTIONS[verb](request.user, job_id)
     except NotFound as exc:
         raise Http404(exc.detail) from exc
+    except Forbidden as exc:  # a viewer: the same 403 as the API, not a refused transition
+        if wants_json:
+            return JsonResponse({"detail": exc.detail}, status=exc.status)
+        raise PermissionDenied(exc.detail) from exc
     except (ApiError, TransitionRefused) as exc:
         if wants_json:
             return JsonResponse({"detail": str(exc)}, status=409)
@@ -180,7 +185,7 @@ def _visible(request, job_id: int):
         raise Http404(exc.detail) from exc
 
 
-def _actions(job) -> list[dict]:
+def _actions(job, can_control: bool) -> list[dict]:
     """The control buttons: shown where the table allows the verb, disabled with a reason."""
     allowed = ALLOWED_TRANSITIONS[JobStatus(job.status)]
     shown = []
@@ -192,5 +197,7 @@ def _actions(job) -> list[dict]:
         if target not in allowed:
             continue
         why_not = services.retry_unavailable_reason(job) if verb == "retry" else ""
+        if not can_control:
+            why_not = f"your role in team {job.team.name} is viewer: you can read this job only"
         shown.append({"verb": verb, "disabled": bool(why_not), "why_not": why_not})
     return shown
