@@ -1,0 +1,104 @@
+"""The usage records' consistency check (`manage.py check_usage`, and the ledger check's share).
+
+Records must agree exactly with the attempts they came from: for every (day, team, user,
+cluster), `gpu_us - deleted_gpu_us` equals the sum of `day_pieces` over the metered attempts
+still in the ledger. An ended attempt left unmetered for long means the metering sweep is stuck.
+"""
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass
+
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from jobs.models import Attempt, Cluster, Team
+from metering.models import UsageRecord
+from metering.records import Key, day_pieces
+
+STUCK_AFTER = dt.timedelta(minutes=10)
+MAX_LINES = 50  # per kind of violation; the rest is summed up in one line
+
+
+@dataclass(frozen=True)
+class UsageCheck:
+    violations: list[str]  # one sentence per violation; empty when the records agree
+    metered_attempts: int
+
+
+def check_usage_records(now: dt.datetime | None = None) -> UsageCheck:
+    """Compare every usage record with its metered attempts; list stuck, unmetered attempts."""
+    now = now or timezone.now()
+    expected, metered = _metered_totals()
+    recorded: dict[Key, int] = {}
+    for day, team, user, cluster, gpu_us, deleted in UsageRecord.objects.values_list(
+        "day", "team_id", "user_id", "cluster_id", "gpu_us", "deleted_gpu_us"
+    ).iterator(chunk_size=5000):
+        recorded[(day, team, user, cluster)] = gpu_us - deleted
+    wrong = sorted(
+        key for key in recorded.keys() | expected.keys() if recorded.get(key, 0) != expected[key]
+    )
+    names = _Names(wrong)
+    lines = [
+        f"{names.where(key)}: the records say {recorded.get(key, 0)} GPU-µs (not counting "
+        f"deleted jobs), the metered attempts {expected[key]}"
+        for key in wrong[:MAX_LINES]
+    ]
+    lines += _more(len(wrong), "records disagree with their attempts")
+    return UsageCheck(lines + _stuck_attempts(now), metered)
+
+
+def usage_violations(now: dt.datetime | None = None) -> list[str]:
+    """The check's violations alone, for callers that only report them."""
+    return check_usage_records(now).violations
+
+
+def _metered_totals() -> tuple[dict[Key, int], int]:
+    totals: dict[Key, int] = defaultdict(int)
+    count = 0
+    rows = Attempt.objects.filter(metered=True).values_list(
+        "job__team_id", "job__user_id", "job__cluster_id", "start_time", "end_time", "gpus"
+    )
+    for team, user, cluster, start, end, gpus in rows.iterator(chunk_size=5000):
+        count += 1
+        for day, gpu_us in day_pieces(start, end, gpus, end):
+            totals[(day, team, user, cluster)] += gpu_us
+    return totals, count
+
+
+def _stuck_attempts(now: dt.datetime) -> list[str]:
+    stuck = Attempt.objects.filter(metered=False, end_time__lt=now - STUCK_AFTER).order_by(
+        "end_time", "pk"
+    )
+    lines = [
+        f"attempt {name} (job {job_id}) ended at {end:%Y-%m-%d %H:%M:%S} UTC and is still not "
+        f"metered after {STUCK_AFTER.seconds // 60} minutes: the metering sweep is stuck"
+        for name, job_id, end in stuck.values_list("backend_name", "job_id", "end_time")[:MAX_LINES]
+    ]
+    return lines + _more(stuck.count(), "ended attempts are not metered")
+
+
+def _more(total: int, what: str) -> list[str]:
+    return [f"… and {total - MAX_LINES} more {what}"] if total > MAX_LINES else []
+
+
+class _Names:
+    """Team, user and cluster names for the keys a report mentions (ids when one is gone)."""
+
+    def __init__(self, keys: list[Key]) -> None:
+        self.teams = dict(
+            Team.objects.filter(pk__in={k[1] for k in keys}).values_list("pk", "name")
+        )
+        self.users = dict(
+            User.objects.filter(pk__in={k[2] for k in keys}).values_list("pk", "username")
+        )
+        self.clusters = dict(
+            Cluster.objects.filter(pk__in={k[3] for k in keys}).values_list("pk", "name")
+        )
+
+    def where(self, key: Key) -> str:
+        day, team, user, cluster = key
+        return (
+            f"{day} team {self.teams.get(team, team)} user {self.users.get(user, user)} "
+            f"cluster {self.clusters.get(cluster, cluster)}"
+        )
