@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from jobs import teams
-from jobs.errors import ApiError, BadRequest, Forbidden, NotFound
+from jobs.errors import ApiError, Forbidden, NotFound
 from jobs.models import Cluster, ScheduleWindow
 
 
@@ -54,7 +54,7 @@ def team_detail(request, name: str):
 @login_required
 @require_POST
 def member_add(request, name: str):
-    username, role = request.POST.get("username", "").strip(), request.POST.get("role", "")
+    username, role = request.POST.get("username", "").strip(), request.POST.get("role", "member")
     return _act(
         request,
         name,
@@ -101,11 +101,10 @@ def team_defaults(request, name: str):
     return _act(request, name, save, f"defaults of team {name} saved")
 
 
-def _whole(field: str, form) -> int:
+def _whole(field: str, form) -> int | str:
+    """The field as an int, or its text for `teams.set_defaults` to refuse with its sentence."""
     text = form.get(field, "").strip()
-    if not text.isdigit():
-        raise BadRequest(f"{field} must be a whole number, got {text!r}")
-    return int(text)
+    return int(text) if text.isdigit() else text
 
 
 def _act(request, name: str, action: Callable[[], object], done: str) -> HttpResponseRedirect:

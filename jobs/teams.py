@@ -65,9 +65,9 @@ def can_control_jobs(user: User, team_id: int) -> bool:
 
 
 def add_member(actor: User, team_name: str, username: str, role: str) -> Membership:
-    _check_role(role)
     with transaction.atomic():
         team = _managed_team(actor, team_name)
+        _check_role(role)
         user = User.objects.filter(username=username).first()
         if user is None:
             raise BadRequest(f"unknown user {username!r}; staff create users in the admin")
@@ -83,9 +83,9 @@ def add_member(actor: User, team_name: str, username: str, role: str) -> Members
 
 
 def change_role(actor: User, team_name: str, username: str, role: str) -> Membership:
-    _check_role(role)
     with transaction.atomic():
         team = _managed_team(actor, team_name)
+        _check_role(role)
         membership = _membership(team, username)
         if membership.role == Membership.Role.ADMIN and role != Membership.Role.ADMIN:
             _keep_an_admin(team, username, f"make them {role}")
@@ -107,15 +107,15 @@ def remove_member(actor: User, team_name: str, username: str) -> None:
 
 def set_defaults(actor: User, team_name: str, changes: dict[str, Any]) -> Team:
     """Set the team's defaults named in `changes` (cluster and window by name, None clears)."""
-    unknown = set(changes) - set(DEFAULT_FIELDS)
-    if unknown:
-        raise BadRequest(
-            f"a team admin sets only {', '.join(DEFAULT_FIELDS)}; quotas are set by staff "
-            f"in the admin (got {', '.join(sorted(unknown))})"
-        )
-    values = _resolve_defaults(changes)
     with transaction.atomic():
         team = _managed_team(actor, team_name)
+        unknown = set(changes) - set(DEFAULT_FIELDS)
+        if unknown:
+            raise BadRequest(
+                f"a team admin sets only {', '.join(DEFAULT_FIELDS)}; quotas are set by staff "
+                f"in the admin (got {', '.join(sorted(unknown))})"
+            )
+        values = _resolve_defaults(changes)
         Team.objects.filter(pk=team.pk).update(**values)
         log.info("team %s defaults set by %s: %s", team.name, actor.username, changes)
     return get_team(actor, team_name)
