@@ -1,7 +1,98 @@
-"""The usage API (`/api/v1/usage`). (Being built for issue 6.)"""
+"""The usage API (`/api/v1/usage`): GPU-hours of the caller's teams, grouped one way."""
 
-from ninja import Router
+import datetime as dt
+import re
+
+from django.utils import timezone
+from ninja import Query, Router, Schema
+from pydantic import Field
 
 from jobs.auth import ConsoleSession, UserToken
+from jobs.errors import BadRequest
+from metering.usage import (
+    Dimension,
+    gpu_hours,
+    gpu_seconds,
+    totals_by,
+    usage_lines,
+    usage_teams,
+)
 
 router = Router(auth=[UserToken(), ConsoleSession()], tags=["usage"])
+MAX_DAYS = 366
+DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+class UsageQuery(Schema):
+    team: str | None = Field(None, max_length=50, description="one team (default: all of yours)")
+    since: str | None = Field(None, description="first UTC day, YYYY-MM-DD (default: 1st of month)")
+    until: str | None = Field(
+        None, description="UTC day after the last, YYYY-MM-DD (default: tomorrow)"
+    )
+    by: Dimension = "team"
+
+
+class UsageRowOut(Schema):
+    team: str | None = None
+    user: str | None = None
+    cluster: str | None = None
+    day: dt.date | None = None
+    gpu_seconds: float
+    gpu_hours: float
+
+
+class UsageOut(Schema):
+    since: dt.date
+    until: dt.date = Field(description="exclusive: the day after the last one counted")
+    by: Dimension
+    rows: list[UsageRowOut]
+    total_gpu_seconds: float
+    total_gpu_hours: float
+
+
+@router.get(
+    "/usage",
+    response=UsageOut,
+    exclude_none=True,
+    summary="GPU-hours of my teams by team, user, cluster or UTC day",
+)
+def usage(request, query: Query[UsageQuery]):
+    today = timezone.now().astimezone(dt.UTC).date()
+    since = _day("since", query.since) or today.replace(day=1)
+    until = _day("until", query.until) or today + dt.timedelta(days=1)
+    if since > until:
+        raise BadRequest(f"since {since} is after until {until}")
+    if (until - since).days > MAX_DAYS:
+        raise BadRequest(
+            f"since {since} to until {until} is {(until - since).days} days; "
+            f"ask for at most {MAX_DAYS} at a time"
+        )
+    lines = usage_lines(usage_teams(request.auth, query.team), since, until)
+    rows = [
+        {
+            query.by: value,
+            "gpu_seconds": gpu_seconds(gpu_us),
+            "gpu_hours": gpu_hours(gpu_us),
+        }
+        for (value,), gpu_us in totals_by(lines, query.by)
+    ]
+    total = sum(line.gpu_us for line in lines)
+    return {
+        "since": since,
+        "until": until,
+        "by": query.by,
+        "rows": rows,
+        "total_gpu_seconds": gpu_seconds(total),
+        "total_gpu_hours": gpu_hours(total),
+    }
+
+
+def _day(name: str, text: str | None) -> dt.date | None:
+    if not text:
+        return None
+    try:
+        if not DATE.fullmatch(text):
+            raise ValueError
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        raise BadRequest(f"{name} must be a UTC day as YYYY-MM-DD, got {text!r}") from None

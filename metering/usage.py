@@ -1,13 +1,30 @@
-"""GPU-seconds = (end − start_time) × GPUs per attempt, from the moment the process is up.
+"""GPU-seconds of attempts, and usage answers for people: the console page, the API, the CLI.
 
+GPU-seconds = (end − start_time) × GPUs per attempt, from the moment the process is up.
 Queued and pending time is never billed (ARCHITECTURE.md invariant 5): an attempt without a
 `start_time` contributes nothing, and a running attempt accrues up to `now`.
+
+Usage answers read only `metering.records.usage_rows` (records plus live attempts), restricted
+to the teams the caller may see, and name teams, users and clusters for display.
 """
 
 import datetime as dt
+from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
 
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
 from django.utils import timezone
+
+from jobs.errors import NotFound
+from jobs.models import Cluster, Team
+from metering.records import usage_rows
+
+US_PER_SECOND = 10**6
+US_PER_HOUR = 3600 * US_PER_SECOND
+Dimension = Literal["team", "user", "cluster", "day"]
 
 
 def attempt_gpu_seconds(
@@ -27,22 +44,62 @@ def job_gpu_seconds(attempts: Iterable, now: dt.datetime | None = None) -> float
     return sum(attempt_gpu_seconds(a.start_time, a.end_time, a.gpus, now) for a in attempts)
 
 
-def gpu_seconds_by_day(
-    attempts: Iterable[tuple[str, str, dt.datetime | None, dt.datetime | None, int]],
-    start: dt.datetime,
-    end: dt.datetime,
-    now: dt.datetime,
-) -> dict[tuple[dt.date, str, str], float]:
-    """GPU-seconds per (UTC day, team, user) inside [start, end), an attempt split at midnight."""
-    totals: dict[tuple[dt.date, str, str], float] = {}
-    for team, user, began, ended, gpus in attempts:
-        if began is None:
-            continue  # never ran: queued and pending time is not billed
-        lo, hi = max(began, start), min(ended or now, end)
-        while lo < hi:
-            midnight = dt.datetime.combine(lo.date() + dt.timedelta(days=1), dt.time(), dt.UTC)
-            piece_end = min(hi, midnight)
-            key = (lo.date(), team, user)
-            totals[key] = totals.get(key, 0.0) + (piece_end - lo).total_seconds() * gpus
-            lo = piece_end
-    return totals
+@dataclass(frozen=True, order=True)
+class UsageLine:
+    """GPU-µs of one (UTC day, team, user, cluster), with names for display."""
+
+    day: dt.date
+    team: str
+    user: str
+    cluster: str
+    gpu_us: int
+
+
+def visible_teams(user: User) -> QuerySet[Team]:
+    """Staff see every team; anyone else the teams they are a member of (viewers included)."""
+    if user.is_staff:
+        return Team.objects.all()
+    return Team.objects.filter(membership__user=user)
+
+
+def usage_teams(user: User, name: str | None = None) -> dict[int, str]:
+    """Team id → name of the teams a usage answer covers: all visible ones, or the one named."""
+    teams = visible_teams(user)
+    if name:
+        teams = teams.filter(name=name)
+    found = dict(teams.values_list("pk", "name"))
+    if name and not found:
+        raise NotFound(f"team {name} does not exist or you are not in it")
+    return found
+
+
+def usage_lines(
+    teams: dict[int, str], since: dt.date, until: dt.date, now: dt.datetime | None = None
+) -> list[UsageLine]:
+    """Usage of `teams` per (day, team, user, cluster) for days in [since, until), sorted."""
+    if not teams:
+        return []
+    rows = usage_rows(since, until, now=now, teams=list(teams))
+    users = dict(User.objects.filter(pk__in={k[2] for k in rows}).values_list("pk", "username"))
+    clusters = dict(Cluster.objects.filter(pk__in={k[3] for k in rows}).values_list("pk", "name"))
+    return sorted(
+        UsageLine(day, teams[team], users[user], clusters[cluster], gpu_us)
+        for (day, team, user, cluster), gpu_us in rows.items()
+        if gpu_us
+    )
+
+
+def totals_by(lines: Iterable[UsageLine], *dimensions: Dimension) -> list[tuple[tuple, int]]:
+    """GPU-µs per value of `dimensions` (e.g. ("team", "user")), sorted by those values."""
+    totals: dict[tuple, int] = defaultdict(int)
+    for line in lines:
+        totals[tuple(getattr(line, d) for d in dimensions)] += line.gpu_us
+    return sorted(totals.items())
+
+
+def gpu_seconds(gpu_us: int) -> float:
+    return round(gpu_us / US_PER_SECOND, 3)
+
+
+def gpu_hours(gpu_us: int) -> float:
+    return round(gpu_us / US_PER_HOUR, 4)

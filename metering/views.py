@@ -1,68 +1,110 @@
-"""The usage page: GPU-hours by team, user and day, read from closed and running attempts.
+"""The usage page (`/usage/`): a month of GPU-hours by team, user, cluster and UTC day, a chart
+stacked by team, and the same month as CSV (`?format=csv`). Reads only the usage records plus
+live attempts (`metering.usage.usage_lines`)."""
 
-A first version that sums attempts on the fly for the chosen month; the metering issue adds
-usage records so it stays cheap at scale.
-"""
-
+import csv
 import datetime as dt
 import json
-from collections import defaultdict
+import re
 
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse, HttpResponseBadRequest, HttpResponseNotFound
 from django.shortcuts import render
 from django.utils import timezone
 
-from jobs.models import Attempt
-from jobs.services import visible_jobs
-from metering.usage import gpu_seconds_by_day
+from jobs.errors import NotFound
+from metering.usage import (
+    UsageLine,
+    gpu_hours,
+    gpu_seconds,
+    totals_by,
+    usage_lines,
+    usage_teams,
+    visible_teams,
+)
+
+MONTH = re.compile(r"(\d{4})-(\d{2})")
+CSV_COLUMNS = ("day", "team", "user", "cluster", "gpu_hours", "gpu_seconds")
 
 
 @login_required
 def usage_page(request):
-    now = timezone.now()
-    month = _month(request.GET.get("month", ""), now)
-    start = month
-    end = (month + dt.timedelta(days=32)).replace(day=1)
-    attempts = (
-        Attempt.objects.filter(job__in=visible_jobs(request.user), start_time__lt=end)
-        .exclude(end_time__lt=start)
-        .exclude(start_time__isnull=True)
-        .values_list("job__team__name", "job__user__username", "start_time", "end_time", "gpus")
-    )
-    rows = gpu_seconds_by_day(attempts, start, end, now)
-    by_team: dict[str, float] = defaultdict(float)
-    by_user: dict[tuple[str, str], float] = defaultdict(float)
-    by_day_team: dict[tuple[dt.date, str], float] = defaultdict(float)
-    for (day, team, user), seconds in rows.items():
-        hours = seconds / 3600
-        by_team[team] += hours
-        by_user[(team, user)] += hours
-        by_day_team[(day, team)] += hours
-    days = sorted({day for day, _ in by_day_team})
-    chart = [
-        {
-            "type": "bar",
-            "name": team,
-            "x": [d.isoformat() for d in days],
-            "y": [round(by_day_team.get((d, team), 0.0), 3) for d in days],
-        }
-        for team in sorted(by_team)
-    ]
+    try:
+        month = _month(request.GET.get("month", ""))
+    except ValueError as exc:
+        return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
+    team = request.GET.get("team") or None
+    try:
+        teams = usage_teams(request.user, team)
+    except NotFound as exc:
+        return HttpResponseNotFound(exc.detail, content_type="text/plain; charset=utf-8")
+    until = (month + dt.timedelta(days=32)).replace(day=1)
+    lines = usage_lines(teams, month, until)
+    if request.GET.get("format") == "csv":
+        return _csv(lines, month)
+    hours = {
+        dim: [(*key, gpu_hours(us)) for key, us in totals_by(lines, *dims)]
+        for dim, dims in (
+            ("team", ("team",)),
+            ("user", ("team", "user")),
+            ("cluster", ("cluster",)),
+            ("day", ("day",)),
+        )
+    }
     return render(
         request,
         "metering/usage.html",
         {
             "month": month,
-            "by_team": sorted(by_team.items()),
-            "by_user": sorted((t, u, h) for (t, u), h in by_user.items()),
-            "chart": json.dumps(chart),
+            "team": team,
+            "teams": visible_teams(request.user).order_by("name").values_list("name", flat=True),
+            "hours": hours,
+            "total": gpu_hours(sum(line.gpu_us for line in lines)),
+            "chart": json.dumps(stacked_chart(lines)),
         },
     )
 
 
-def _month(text: str, now: dt.datetime) -> dt.datetime:
-    try:
-        year, month = (int(part) for part in text.split("-"))
-        return dt.datetime(year, month, 1, tzinfo=dt.UTC)
-    except ValueError:
-        return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+def stacked_chart(lines: list[UsageLine]) -> dict:
+    """A Plotly bar chart of GPU-hours per UTC day with usage, one trace per team, stacked."""
+    by_day_team = dict(totals_by(lines, "day", "team"))
+    days = sorted({line.day for line in lines})
+    traces = [
+        {
+            "type": "bar",
+            "name": team,
+            "x": [day.isoformat() for day in days],
+            "y": [gpu_hours(by_day_team.get((day, team), 0)) for day in days],
+        }
+        for team in sorted({line.team for line in lines})
+    ]
+    return {"data": traces, "layout": {"barmode": "stack"}}
+
+
+def _csv(lines: list[UsageLine], month: dt.date) -> HttpResponse:
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="usage-{month:%Y-%m}.csv"'
+    writer = csv.writer(response)
+    writer.writerow(CSV_COLUMNS)
+    for line in lines:
+        writer.writerow(
+            (
+                line.day.isoformat(),
+                line.team,
+                line.user,
+                line.cluster,
+                gpu_hours(line.gpu_us),
+                gpu_seconds(line.gpu_us),
+            )
+        )
+    return response
+
+
+def _month(text: str) -> dt.date:
+    """The first day of `YYYY-MM`; the current UTC month when empty."""
+    if not text:
+        return timezone.now().astimezone(dt.UTC).date().replace(day=1)
+    match = MONTH.fullmatch(text)
+    if match and 1 <= int(match[1]) <= 9998 and 1 <= int(match[2]) <= 12:
+        return dt.date(int(match[1]), int(match[2]), 1)
+    raise ValueError(f"month must be YYYY-MM, e.g. 2026-11; got {text!r}")

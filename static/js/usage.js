@@ -1,13 +1,15 @@
-// Usage page: GPU-hours per day, stacked by team.
+// Usage page: GPU-hours per UTC day, one bar trace per team, stacked.
 (function () {
   const div = document.getElementById("usage-chart");
   if (!div || typeof Plotly === "undefined") return;
-  const data = JSON.parse(div.dataset.chart);
-  if (!data.length) return;
+  const chart = JSON.parse(div.dataset.chart);
+  if (!chart.data.length) return;
   const dark = window.matchMedia("(prefers-color-scheme: dark)").matches;
-  Plotly.newPlot(div, data, {
-    barmode: "stack", height: 320, margin: { l: 50, r: 10, t: 10, b: 40 },
+  Plotly.newPlot(div, chart.data, {
+    ...chart.layout, height: 320, margin: { l: 50, r: 10, t: 10, b: 40 },
+    xaxis: { type: "date", tickformat: "%b %d" },
     yaxis: { title: { text: "GPU-hours" } }, paper_bgcolor: "rgba(0,0,0,0)",
     plot_bgcolor: "rgba(0,0,0,0)", font: { color: dark ? "#d6dbe4" : "#1d2330" },
+    legend: { orientation: "h" },
   }, { displaylogo: false, responsive: true });
 })();
