@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_submit(sub, common)
     _add_job(sub, common)
     _add_token(sub, common)
+    _add_usage(sub, common)
     return parser
 
 
@@ -229,6 +230,16 @@ def _add_token(sub: Any, common: argparse.ArgumentParser) -> None:
     revoke.add_argument("id", type=int, help="token id (see `sf token list`)")
     revoke.set_defaults(handler=cmd_token_revoke, parser=revoke)
     token.set_defaults(handler=None, parser=token)
+
+
+def _add_usage(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("usage", parents=[common], help="GPU-hours of my teams (UTC days)")
+    p.add_argument("--team", help="one team (default: every team of mine)")
+    p.add_argument("--since", metavar="YYYY-MM-DD", help="first day (default: 1st of this month)")
+    p.add_argument("--until", metavar="YYYY-MM-DD", help="day after the last (default: tomorrow)")
+    p.add_argument("--by", choices=["team", "user", "cluster", "day"], default="team")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_usage, parser=p)
 
 
 def _usage(parser: argparse.ArgumentParser, message: str) -> None:
@@ -607,6 +618,31 @@ def cmd_token_revoke(args: argparse.Namespace) -> None:
     """DELETE a token: requests carrying it are refused from now on."""
     _client(args).request("DELETE", f"/api/v1/tokens/{args.id}")
     print(f"token {args.id} revoked")
+
+
+def cmd_usage(args: argparse.Namespace) -> None:
+    """GET /api/v1/usage and print one row per team, user, cluster or day, and the total."""
+    query = {"team": args.team, "since": args.since, "until": args.until, "by": args.by}
+    answer = _client(args).request("GET", "/api/v1/usage", query=query)
+    if args.json:
+        _print_json(answer)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False, show_footer=True)
+    table.add_column(args.by.upper(), "TOTAL", no_wrap=True)
+    table.add_column("GPU-HOURS", f"{answer['total_gpu_hours']:,.2f}", justify="right")
+    table.add_column("GPU-SECONDS", f"{answer['total_gpu_seconds']:,.0f}", justify="right")
+    for row in answer["rows"]:
+        table.add_row(
+            _name(row.get(args.by)), f"{row['gpu_hours']:,.2f}", f"{row['gpu_seconds']:,.0f}"
+        )
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
+    console.print(f"GPU usage {answer['since']} to {answer['until']} (UTC, until excluded)")
+    console.print(table)
 
 
 def _when(value: Any, empty: str = "-") -> str:

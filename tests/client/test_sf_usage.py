@@ -1,0 +1,68 @@
+"""`sf usage` against the fake API: the query it sends, the table and total it prints."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.client.conftest import FakeApi, run_cli
+
+ANSWER = {
+    "since": "2026-11-01",
+    "until": "2026-11-30",
+    "by": "user",
+    "rows": [
+        {"user": "alice", "gpu_seconds": 7200.0, "gpu_hours": 2.0},
+        {"user": "bob", "gpu_seconds": 45000.0, "gpu_hours": 12.5},
+    ],
+    "total_gpu_seconds": 52200.0,
+    "total_gpu_hours": 14.5,
+}
+
+
+@pytest.fixture
+def api(fake_api: FakeApi, sf_env: Any) -> FakeApi:
+    sf_env(fake_api.url)
+    fake_api.route("GET /api/v1/usage", lambda r: (200, ANSWER))
+    return fake_api
+
+
+def test_usage_sends_the_filters_and_prints_a_table_with_the_total(
+    api: FakeApi, capsys: pytest.CaptureFixture
+) -> None:
+    assert run_cli(["usage", "--team", "vision", "--since", "2026-11-01", "--by", "user"]) == 0
+    assert api.requests[-1].query == {"team": "vision", "since": "2026-11-01", "by": "user"}
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "GPU usage 2026-11-01 to 2026-11-30 (UTC, until excluded)"
+    assert lines[1].split() == ["USER", "GPU-HOURS", "GPU-SECONDS"]
+    assert lines[2].split() == ["alice", "2.00", "7,200"]
+    assert lines[3].split() == ["bob", "12.50", "45,000"]
+    assert lines[-1].split() == ["TOTAL", "14.50", "52,200"]
+
+
+def test_usage_defaults_to_by_team_and_lets_the_server_pick_the_days(
+    api: FakeApi, capsys: pytest.CaptureFixture
+) -> None:
+    assert run_cli(["usage"]) == 0
+    assert api.requests[-1].query == {"by": "team"}
+
+
+def test_usage_json_prints_the_answer(api: FakeApi, capsys: pytest.CaptureFixture) -> None:
+    assert run_cli(["usage", "--json", "--by", "user"]) == 0
+    assert json.loads(capsys.readouterr().out) == ANSWER
+
+
+def test_usage_refused_prints_the_servers_sentence(
+    api: FakeApi, capsys: pytest.CaptureFixture
+) -> None:
+    detail = "team nlp does not exist or you are not in it"
+    api.route("GET /api/v1/usage", lambda r: (404, {"detail": detail}))
+    assert run_cli(["usage", "--team", "nlp"]) == 1
+    assert capsys.readouterr().err == f"error: {detail}\n"
+
+
+def test_usage_rejects_an_unknown_grouping(api: FakeApi, capsys: pytest.CaptureFixture) -> None:
+    assert run_cli(["usage", "--by", "week"]) == 2
+    assert api.requests == []
