@@ -1,32 +1,51 @@
-"""The scheduler tick: admit QUEUED jobs through the window, quota and capacity gates.
+"""The scheduler tick: admit QUEUED jobs through the window, budget, quota, share and capacity
+gates, in fair-share order between teams.
 
-One tick reads the whole queue in one query, keeps running sums per team and per cluster in
-memory, and writes admissions and waiting reasons in batches, so its query count does not grow
-with the queue. Admissions are serialised by a lock held for the tick's transaction (a
-PostgreSQL advisory lock; SQLite's write lock on the embedded ledger), so two schedulers at
-once never over-admit: the second one finds the lock taken and skips its tick.
+One tick reads the whole queue in one query, keeps running sums per team, member, cluster and
+team-on-cluster in memory, and writes admissions and waiting reasons in batches, so its query
+count does not grow with the queue. Admissions are serialised by a lock held for the tick's
+transaction (a PostgreSQL advisory lock; SQLite's write lock on the embedded ledger), so two
+schedulers at once never over-admit: the second one finds the lock taken and skips its tick.
+
+Fair share: the queue is offered team by team. A team's score is its GPU-hours over the last
+`FAIR_SHARE_DAYS` days plus the GPUs it holds now (each counted as an hour), divided by its GPU
+quota; the team with the lowest score places its next job (highest priority, then oldest), its
+score grows by that job's GPUs / quota, and the offer goes to the lowest score again. Priority
+therefore orders jobs only within a team.
+
+The same tick applies the two time-driven rules: jobs submitted with `--window-policy pause`
+are paused when their window closes and queued again when it reopens, and a team whose monthly
+budget is used up with `budget_hard_stop` set has its running GPU jobs stopped.
 """
 
 import datetime as dt
+import heapq
 import logging
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from django.db import connection, transaction
 from django.db.models import Count, F, OuterRef, Subquery, Sum
 from django.utils import timezone
 
+from jobs import lifecycle
 from jobs.executors import Capacity, executor_for
+from jobs.launcher import cancel_current
 from jobs.lifecycle import requeue_due_retries
-from jobs.models import Attempt, Cluster, Job, ScheduleWindow, Team
+from jobs.models import Attempt, Cluster, ClusterShare, Job, ScheduleWindow, Team
 from jobs.states import JobStatus
 from jobs.transitions import Change, apply_transitions
 from jobs.windows import Window, WindowSpecError, parse_window
+from metering.records import meter_ended, team_gpu_us
 
 log = logging.getLogger(__name__)
+S = JobStatus
 ADVISORY_LOCK_KEY = 0x5F5C_4ED0  # any constant unique to Starforge's scheduler
 # Bounds one tick's transaction; the next tick (kicked right away by the task) goes on.
 MAX_ADMIT_PER_TICK = 5000
+FAIR_SHARE_DAYS = 7
+US_PER_HOUR = 3600 * 1_000_000
 
 
 @dataclass
@@ -35,97 +54,338 @@ class TickResult:
     admitted: list[int] = field(default_factory=list)  # attempt ids to launch
     waiting: int = 0
     queries: int = 0
+    paused: list[int] = field(default_factory=list)  # paused because their window closed
+    resumed: list[int] = field(default_factory=list)  # queued again as their window opened
+    stopped: list[int] = field(default_factory=list)  # stopped by a budget hard stop
 
 
 @dataclass
-class _Usage:
+class _Held:
     gpus: int = 0
     jobs: int = 0
+
+    def add(self, gpus: int) -> None:
+        self.gpus += gpus
+        self.jobs += 1
+
+
+@dataclass
+class _Ledger:
+    """What SUBMITTED+PENDING+RUNNING jobs hold: per team, member, cluster, team on cluster."""
+
+    team: dict[int, _Held] = field(default_factory=lambda: defaultdict(_Held))
+    member: dict[tuple[int, int], _Held] = field(default_factory=lambda: defaultdict(_Held))
+    cluster: dict[int, _Held] = field(default_factory=lambda: defaultdict(_Held))
+    team_cluster: dict[tuple[int, int], _Held] = field(default_factory=lambda: defaultdict(_Held))
+
+    def add(self, team: int, user: int, cluster: int, gpus: int, jobs: int = 1) -> None:
+        for held in (
+            self.team[team],
+            self.member[(team, user)],
+            self.cluster[cluster],
+            self.team_cluster[(team, cluster)],
+        ):
+            held.gpus += gpus
+            held.jobs += jobs
+
+
+@dataclass(frozen=True)
+class _Queued:
+    id: int
+    team: int
+    user: int
+    username: str
+    cluster: int
+    gpus: int
+    window: int | None
+    old_reason: str
+
+
+@dataclass
+class _Context:
+    now: dt.datetime
+    teams: dict[int, Team]
+    windows: dict[int, Window]
+    cluster_windows: dict[int, int | None]
+    capacities: dict[int, tuple[Cluster, Capacity]]
+    shares: dict[tuple[int, int], int]  # (team, cluster) -> percent
+    month_us: dict[int, int]  # GPU-µs used this month per team (only teams with a budget)
+    held: _Ledger
 
 
 def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
     """One scheduler tick. Safe to run concurrently and repeatedly."""
     now = now or timezone.now()
     requeue_due_retries(now)  # cooled-down FAILED jobs join this tick's queue
+    meter_ended()  # usage records current before budgets and fair share read them
     capacities = _cluster_capacities()  # asks the engines, outside any transaction
     with transaction.atomic():
         if not _take_scheduler_lock():
             return TickResult(skipped=True)
-        result = _admit(now, capacities)
+        teams = {t.pk: t for t in Team.objects.all()}
+        windows = _windows()
+        month_us = _month_usage(teams, now)
+        stopped = _hard_stops(teams, month_us)
+        paused, resumed = _apply_window_policy(now, teams, windows)
+        result = _admit(now, teams, windows, capacities, month_us)
+    result.stopped, result.paused, result.resumed = stopped, paused, resumed
     return result
 
 
-def _admit(now: dt.datetime, capacities: dict[int, tuple[Cluster, Capacity]]) -> TickResult:
-    teams = {t.pk: t for t in Team.objects.all()}
-    windows = _windows()
-    team_use = _usage("team")
-    cluster_use = _usage("cluster")
-    queue = (
-        Job.objects.filter(status=JobStatus.QUEUED)
-        .order_by("-priority", "submitted_at", "id")
-        .values_list("id", "team_id", "cluster_id", "gpus", "window_id", "status_reason")
+def _admit(
+    now: dt.datetime,
+    teams: dict[int, Team],
+    windows: dict[int, Window],
+    capacities: dict[int, tuple[Cluster, Capacity]],
+    month_us: dict[int, int],
+) -> TickResult:
+    ctx = _Context(
+        now=now,
+        teams=teams,
+        windows=windows,
+        cluster_windows=dict(Cluster.objects.values_list("pk", "window_id")),
+        capacities=capacities,
+        shares={(s.team_id, s.cluster_id): s.percent for s in ClusterShare.objects.all()},
+        month_us=month_us,
+        held=_held(),
     )
+    queue: dict[int, deque[_Queued]] = defaultdict(deque)
+    rows = (
+        Job.objects.filter(status=S.QUEUED)
+        .order_by("-priority", "submitted_at", "id")
+        .values_list(
+            "id", "team_id", "user_id", "user__username", "cluster_id", "gpus", "window_id",
+            "status_reason",
+        )
+    )  # fmt: skip
+    for row in rows:
+        queue[row[1]].append(_Queued(*row))
     admit: list[tuple[int, int]] = []
     reasons: dict[str, list[int]] = defaultdict(list)
-    for job_id, team_id, cluster_id, gpus, window_id, old_reason in queue:
-        team = teams[team_id]
-        window_key = window_id or team.window_id
-        window = windows.get(window_key) if window_key else None
-        reason = _gate(
-            now,
-            team,
-            team_use[team_id],
-            capacities.get(cluster_id),
-            cluster_use[cluster_id],
-            gpus,
-            window,
-        )
+    turn = _fair_share_order(ctx, list(queue))
+    while turn:
+        score, team_id = heapq.heappop(turn)
+        job = queue[team_id].popleft()
+        reason = _gate(ctx, job)
         if reason is None:
             if len(admit) >= MAX_ADMIT_PER_TICK:
                 break
-            admit.append((job_id, gpus))
-            team_use[team_id].gpus += gpus
-            team_use[team_id].jobs += 1
-            cluster_use[cluster_id].gpus += gpus
-            cluster_use[cluster_id].jobs += 1
-        elif reason != old_reason:
-            reasons[reason].append(job_id)
+            admit.append((job.id, job.gpus))
+            ctx.held.add(job.team, job.user, job.cluster, job.gpus)
+            score += job.gpus / max(ctx.teams[team_id].gpu_quota, 1)
+        elif reason != job.old_reason:
+            reasons[reason].append(job.id)
+        if queue[team_id]:
+            heapq.heappush(turn, (score, team_id))
     for reason, ids in reasons.items():
         # A waiting reason is not a status change: no event, and only QUEUED rows are touched.
-        Job.objects.filter(pk__in=ids, status=JobStatus.QUEUED).update(status_reason=reason)
+        Job.objects.filter(pk__in=ids, status=S.QUEUED).update(status_reason=reason)
     attempt_ids = _submit(admit, now)
     return TickResult(admitted=attempt_ids, waiting=sum(len(v) for v in reasons.values()))
 
 
-def _gate(
-    now, team: Team, team_use: _Usage, cap, cluster_use: _Usage, gpus: int, window: Window | None
-) -> str | None:
-    """Why this job cannot be admitted now, in words a user understands; None when it can."""
-    if window is not None and not window.is_open(now):
-        return window.describe_wait(now)
-    if team_use.gpus + gpus > team.gpu_quota:
-        return (
-            f"waiting for quota: team {team.name} uses {team_use.gpus} of "
-            f"{team.gpu_quota} GPUs; this job needs {gpus}"
+def _fair_share_order(ctx: _Context, team_ids: list[int]) -> list[tuple[float, int]]:
+    """A heap of (score, team): recent GPU-hours plus GPUs held now, per GPU of quota."""
+    if len(team_ids) < 2:
+        return [(0.0, t) for t in team_ids]
+    recent = team_gpu_us(ctx.now.date() - dt.timedelta(days=FAIR_SHARE_DAYS), ctx.now)
+    heap = [
+        (
+            (recent.get(t, 0) / US_PER_HOUR + ctx.held.team[t].gpus)
+            / max(ctx.teams[t].gpu_quota, 1),
+            t,
         )
+        for t in team_ids
+    ]
+    heapq.heapify(heap)
+    return heap
+
+
+def _gate(ctx: _Context, job: _Queued) -> str | None:
+    """Why this job cannot be admitted now, in words and numbers a user understands."""
+    team = ctx.teams[job.team]
+    closed = _closed_window(ctx, job.window or team.window_id, ctx.cluster_windows.get(job.cluster))
+    if closed is not None:
+        return closed.describe_wait(ctx.now)
+    if team.max_gpus_per_job is not None and job.gpus > team.max_gpus_per_job:
+        return (
+            f"waiting for quota: team {team.name} allows at most {team.max_gpus_per_job} "
+            f"GPUs per job; this job needs {job.gpus}"
+        )
+    if job.gpus and team.gpu_hours_per_month is not None:
+        used = ctx.month_us.get(team.pk, 0)
+        if used >= _budget_us(team):
+            return f"waiting for budget: {_budget_words(team, used, ctx.now)}"
+    held = ctx.held.team[team.pk]
+    if team.max_jobs is not None and held.jobs >= team.max_jobs:
+        return (
+            f"waiting for a slot: team {team.name} runs {held.jobs} of the "
+            f"{team.max_jobs} jobs it may run at once"
+        )
+    if held.gpus + job.gpus > team.gpu_quota:
+        return (
+            f"waiting for quota: team {team.name} uses {held.gpus} of "
+            f"{team.gpu_quota} GPUs; this job needs {job.gpus}"
+        )
+    member = ctx.held.member[(team.pk, job.user)]
+    if team.user_gpu_cap is not None and member.gpus + job.gpus > team.user_gpu_cap:
+        return (
+            f"waiting for quota: {job.username} uses {member.gpus} of the "
+            f"{team.user_gpu_cap} GPUs team {team.name} allows one member; "
+            f"this job needs {job.gpus}"
+        )
+    return _cluster_gate(ctx, team, job)
+
+
+def _cluster_gate(ctx: _Context, team: Team, job: _Queued) -> str | None:
+    cap = ctx.capacities.get(job.cluster)
     if cap is None:
         return "waiting for capacity: the job's cluster is disabled"
     cluster, capacity = cap
     if not capacity.reachable:
         return f"waiting for cluster {cluster.name}: it cannot be reached ({capacity.message})"
-    free = capacity.total_gpus - cluster_use.gpus
-    if gpus > free:
-        kind = "virtual GPU slots" if capacity.virtual else "GPUs"
+    used = ctx.held.cluster[cluster.pk]
+    free = capacity.total_gpus - used.gpus
+    kind = "virtual GPU slots" if capacity.virtual else "GPUs"
+    if job.gpus > free:
         return (
             f"waiting for capacity: cluster {cluster.name} has {max(free, 0)} of "
-            f"{capacity.total_gpus} {kind} free; this job needs {gpus}"
+            f"{capacity.total_gpus} {kind} free; this job needs {job.gpus}"
         )
-    if capacity.max_jobs is not None and cluster_use.jobs >= capacity.max_jobs:
+    if capacity.max_jobs is not None and used.jobs >= capacity.max_jobs:
         return (
-            f"waiting for capacity: cluster {cluster.name} runs {cluster_use.jobs} of "
+            f"waiting for capacity: cluster {cluster.name} runs {used.jobs} of "
             f"{capacity.max_jobs} jobs it allows at once"
         )
+    percent = ctx.shares.get((team.pk, cluster.pk))
+    if percent is not None and job.gpus:
+        limit = capacity.total_gpus * percent // 100
+        mine = ctx.held.team_cluster[(team.pk, cluster.pk)].gpus
+        if mine + job.gpus > limit:
+            return (
+                f"waiting for share: team {team.name} holds {mine} of its {limit} {kind} "
+                f"on cluster {cluster.name} ({percent}% of {capacity.total_gpus}); "
+                f"this job needs {job.gpus}"
+            )
     return None
+
+
+def _closed_window(ctx: _Context, *window_ids: int | None) -> Window | None:
+    for window_id in window_ids:
+        window = ctx.windows.get(window_id) if window_id else None
+        if window is not None and not window.is_open(ctx.now):
+            return window
+    return None
+
+
+def _budget_us(team: Team) -> int:
+    return int(Decimal(team.gpu_hours_per_month or 0) * US_PER_HOUR)
+
+
+def _budget_words(team: Team, used_us: int, now: dt.datetime) -> str:
+    renews = (now.astimezone(dt.UTC).replace(day=1) + dt.timedelta(days=32)).replace(day=1)
+    return (
+        f"team {team.name} used {used_us / US_PER_HOUR:.1f} of its "
+        f"{team.gpu_hours_per_month} GPU-hours this month; the budget renews "
+        f"{renews:%b} 1 00:00 UTC"
+    )
+
+
+def _month_usage(teams: dict[int, Team], now: dt.datetime) -> dict[int, int]:
+    if not any(t.gpu_hours_per_month is not None for t in teams.values()):
+        return {}
+    return team_gpu_us(now.astimezone(dt.UTC).date().replace(day=1), now)
+
+
+def _hard_stops(teams: dict[int, Team], month_us: dict[int, int]) -> list[int]:
+    """Stop the active GPU jobs of teams whose budget is used up and that asked for a hard stop."""
+    over = [
+        t
+        for t in teams.values()
+        if t.budget_hard_stop
+        and t.gpu_hours_per_month is not None
+        and month_us.get(t.pk, 0) >= _budget_us(t)
+    ]
+    stopped = []
+    for team in over:
+        ids = list(
+            Job.objects.filter(team=team, status__in=S.active(), gpus__gt=0).values_list(
+                "pk", flat=True
+            )
+        )
+        reason = (
+            f"stopped: team {team.name} used its monthly budget of "
+            f"{team.gpu_hours_per_month} GPU-hours (hard stop)"
+        )
+        stopped += _halt(ids, S.STOPPED, reason)
+    return stopped
+
+
+def _apply_window_policy(
+    now: dt.datetime, teams: dict[int, Team], windows: dict[int, Window]
+) -> tuple[list[int], list[int]]:
+    """Pause `--window-policy pause` jobs whose window closed; queue them again when it opens."""
+    jobs = Job.objects.filter(window_policy=Job.WindowPolicy.PAUSE).filter(
+        status__in=S.active() | {S.PAUSED}
+    )
+    to_pause: dict[str, list[int]] = defaultdict(list)
+    to_resume: list[int] = []
+    rows = jobs.values_list("pk", "status", "paused_by_window", "team_id", "window_id",
+                            "cluster__window_id")  # fmt: skip
+    for pk, status, by_window, team_id, window_id, cluster_window in rows:
+        ids = (window_id or teams[team_id].window_id, cluster_window)
+        closed = next(
+            (windows[w] for w in ids if w in windows and not windows[w].is_open(now)), None
+        )
+        if closed is not None and status in S.active():
+            opens = closed.next_opening(now)
+            to_pause[
+                f"paused: window {closed.name} closed; the job resumes when it opens "
+                f"({opens:%a %H:%M} {opens.tzname()})"
+            ].append(pk)
+        elif closed is None and status == S.PAUSED and by_window:
+            to_resume.append(pk)
+    paused = [pk for reason, ids in to_pause.items() for pk in _halt(ids, S.PAUSED, reason)]
+    Job.objects.filter(pk__in=paused).update(paused_by_window=True)
+    resumed = []
+    if to_resume:
+        changed, _ = apply_transitions(
+            S.QUEUED,
+            [Change(pk, "window opened: resumed; waiting for the scheduler") for pk in to_resume],
+            actor="scheduler",
+            expected={S.PAUSED},
+        )
+        resumed = [job.pk for job in changed]
+        Job.objects.filter(pk__in=resumed).update(paused_by_window=False)
+    return paused, resumed
+
+
+def _halt(ids: list[int], target: JobStatus, reason: str) -> list[int]:
+    """Stop or pause active jobs as the scheduler: close their attempts, cancel after commit."""
+    if not ids:
+        return []
+    changed, _ = apply_transitions(
+        target, [Change(pk, reason) for pk in ids], actor="scheduler", expected=S.active()
+    )
+    halted = [job.pk for job in changed]
+    current = Job.objects.filter(pk__in=halted).values("current_attempt")
+    Attempt.objects.filter(pk__in=current, end_time__isnull=True).update(
+        end_time=timezone.now(), end_reason=reason
+    )
+    Job.objects.filter(pk__in=halted).update(next_attempt_at=None)
+    if target == S.STOPPED:
+        for job in Job.objects.filter(pk__in=halted).only("pk", "then"):
+            lifecycle.not_succeeded(job, S.STOPPED)  # notes follow-ons not created, if any
+    transaction.on_commit(lambda: _cancel(halted))
+    return halted
+
+
+def _cancel(job_ids: list[int]) -> None:
+    for job_id in job_ids:
+        try:
+            cancel_current(job_id)
+        except Exception:  # the reconciler's orphan sweep cancels it again on its next tick
+            log.exception("cancel of job %s failed; the reconciler will retry", job_id)
 
 
 def _submit(admit: list[tuple[int, int]], now: dt.datetime) -> list[int]:
@@ -133,10 +393,10 @@ def _submit(admit: list[tuple[int, int]], now: dt.datetime) -> list[int]:
         return []
     gpus_by_job = dict(admit)
     changed, _ = apply_transitions(
-        JobStatus.SUBMITTED,
+        S.SUBMITTED,
         [Change(job_id, "admitted; launching") for job_id, _ in admit],
         actor="scheduler",
-        expected={JobStatus.QUEUED},
+        expected={S.QUEUED},
     )
     jobs = list(
         Job.objects.filter(pk__in=[j.pk for j in changed]).only("id", "run_id", "attempt_count")
@@ -164,16 +424,17 @@ def backend_name(run_id: str, attempt: int) -> str:
     return f"sf-{run_id}-a{attempt}"
 
 
-def _usage(by: str) -> dict[int, _Usage]:
-    usage: dict[int, _Usage] = defaultdict(_Usage)
+def _held() -> _Ledger:
+    """What SUBMITTED+PENDING+RUNNING jobs hold now, in one grouped query."""
+    ledger = _Ledger()
     rows = (
-        Job.objects.filter(status__in=JobStatus.holds_quota())
-        .values(by)
+        Job.objects.filter(status__in=S.holds_quota())
+        .values("team_id", "user_id", "cluster_id")
         .annotate(gpus=Sum("gpus"), jobs=Count("id"))
     )
     for row in rows:
-        usage[row[by]] = _Usage(row["gpus"] or 0, row["jobs"])
-    return usage
+        ledger.add(row["team_id"], row["user_id"], row["cluster_id"], row["gpus"] or 0, row["jobs"])
+    return ledger
 
 
 def _windows() -> dict[int, Window]:

@@ -23,12 +23,14 @@ Key = tuple[dt.date, int, int, int]  # day, team_id, user_id, cluster_id
 
 
 def day_pieces(
-    start: dt.datetime | None, end: dt.datetime | None, gpus: int, now: dt.datetime
+    start: dt.datetime | None, end: dt.datetime | None, gpus: int, now: dt.datetime | None
 ) -> Iterator[tuple[dt.date, int]]:
-    """(UTC day, GPU-µs) pieces of one attempt's running time; nothing if it never ran."""
-    if start is None or gpus == 0:
+    """(UTC day, GPU-µs) pieces of one attempt's running time up to its end, or `now` while it
+    runs; nothing if it never ran."""
+    stop = end or now
+    if start is None or stop is None or gpus == 0:
         return
-    lo, hi = start.astimezone(dt.UTC), (end or now).astimezone(dt.UTC)
+    lo, hi = start.astimezone(dt.UTC), stop.astimezone(dt.UTC)
     while lo < hi:
         midnight = dt.datetime.combine(lo.date() + dt.timedelta(days=1), dt.time(), dt.UTC)
         piece_end = min(hi, midnight)
