@@ -11,7 +11,17 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 
 from jobs import services
-from jobs.models import ApiToken, Attempt, Cluster, Job, JobEvent, Membership, ScheduleWindow, Team
+from jobs.models import (
+    ApiToken,
+    Attempt,
+    Cluster,
+    ClusterShare,
+    Job,
+    JobEvent,
+    Membership,
+    ScheduleWindow,
+    Team,
+)
 from jobs.states import JobStatus
 
 UNDELETABLE = JobStatus.active() | {JobStatus.QUEUED}
@@ -22,15 +32,61 @@ class MembershipInline(admin.TabularInline):
     extra = 1
 
 
+class ClusterShareInline(admin.TabularInline):
+    model = ClusterShare
+    extra = 1
+
+
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
-    list_display = ("name", "gpu_quota", "default_cluster", "window")
-    inlines = [MembershipInline]
+    """Quotas count from the scheduler's next tick; waiting jobs then say the new numbers."""
+
+    list_display = (
+        "name",
+        "gpu_quota",
+        "max_jobs",
+        "gpu_hours_per_month",
+        "budget_hard_stop",
+        "user_gpu_cap",
+        "max_gpus_per_job",
+        "default_cluster",
+        "window",
+    )
+    list_editable = ("gpu_quota", "max_jobs", "gpu_hours_per_month")
+    fieldsets = (
+        (None, {"fields": ("name",)}),
+        (
+            "Quotas (take effect at the scheduler's next tick)",
+            {
+                "fields": (
+                    "gpu_quota",
+                    "max_jobs",
+                    "user_gpu_cap",
+                    "max_gpus_per_job",
+                    ("gpu_hours_per_month", "budget_hard_stop"),
+                    "max_member_priority",
+                )
+            },
+        ),
+        (
+            "Defaults (team admins can change these on the team page)",
+            {
+                "fields": (
+                    "default_cluster",
+                    "window",
+                    "default_max_retries",
+                    "default_retry_cooldown_s",
+                )
+            },
+        ),
+    )
+    inlines = [MembershipInline, ClusterShareInline]
 
 
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
-    list_display = ("name", "kind", "enabled", "health")
+    list_display = ("name", "kind", "enabled", "window", "health")
+    inlines = [ClusterShareInline]
     readonly_fields = (
         "unreachable_since",
         "unreachable_reason",

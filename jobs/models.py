@@ -96,6 +96,7 @@ class Team(models.Model):
         decimal_places=2,
         null=True,
         blank=True,
+        validators=[MinValueValidator(0)],
         help_text="monthly budget (UTC calendar month); when used up new jobs wait; empty: none",
     )
     budget_hard_stop = models.BooleanField(
@@ -112,6 +113,7 @@ class Team(models.Model):
     )
     max_member_priority = models.IntegerField(
         default=10,
+        validators=[MinValueValidator(-100), MaxValueValidator(100)],
         help_text="highest --priority a member may give; team admins and staff go up to 100",
     )
     default_cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.SET_NULL)
