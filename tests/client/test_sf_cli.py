@@ -124,6 +124,17 @@ def test_submit_uploads_snapshot_then_creates_job(
     )
 
 
+def test_submit_sends_the_window_and_its_policy(fake_api: Any, sf_env: Any, tmp_path: Path) -> None:
+    sf_env(fake_api.url)
+    fake_api.route("POST /api/v1/snapshots", lambda r: (201, {"size": len(r.body)}))
+    fake_api.route("POST /api/v1/jobs", lambda r: (201, JOB))
+    argv = ["submit", "--dir", str(tmp_path), "--window", "nights", "--window-policy", "pause"]
+    assert run_cli([*argv, "--", "true"]) == 0
+    body = fake_api.requests[-1].json()
+    assert (body["window"], body["window_policy"]) == ("nights", "pause")
+    assert run_cli(["submit", "--window-policy", "sometimes", "--", "true"]) == 2
+
+
 def test_status_without_id_shows_latest_job(
     fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
 ) -> None:

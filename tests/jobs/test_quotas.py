@@ -271,3 +271,24 @@ def test_a_cluster_window_applies_to_every_job_on_it(nlp, make_user, nights, noo
     job = queued_job(nlp, ann)
     admit_queued_jobs(MONDAY_NOON)
     assert status_of(job) == (S.QUEUED, "waiting for window nights (opens Mon 20:00 UTC)")
+
+
+def test_the_api_refuses_an_unknown_window_policy(nlp, make_user, api_as):
+    answer = api_as(make_user("ann", nlp)).post(
+        "/jobs", {"entrypoint": ["true"], "window_policy": "sometimes"}
+    )
+    assert answer.status_code == 422
+    assert answer.json()["detail"].startswith("window_policy: ")
+
+
+def test_the_admin_shows_quotas_shares_and_usage_records(nlp, noop_cluster, client):
+    from django.contrib.auth.models import User
+
+    ClusterShare.objects.create(cluster=noop_cluster, team=nlp, percent=50)
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    team_page = client.get(f"/admin/jobs/team/{nlp.pk}/change/")
+    assert team_page.status_code == 200
+    assert b"Quotas (take effect at the scheduler" in team_page.content
+    assert b"gpu_hours_per_month" in team_page.content and b"shares-0-percent" in team_page.content
+    assert client.get("/admin/jobs/team/").status_code == 200
+    assert client.get("/admin/metering/usagerecord/").status_code == 200
