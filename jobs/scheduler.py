@@ -160,7 +160,7 @@ def _admit(
     )  # fmt: skip
     for row in rows:
         queue[row[1]].append(_Queued(*row))
-    admit: list[tuple[int, int]] = []
+    admit: list[tuple[int, int, dict]] = []
     reasons: dict[str, list[int]] = defaultdict(list)
     turn = _fair_share_order(ctx, list(queue))
     while turn:
@@ -170,8 +170,8 @@ def _admit(
         if reason is None:
             if len(admit) >= MAX_ADMIT_PER_TICK:
                 break
-            admit.append((job.id, job.gpus))
             ctx.held.add(job.team, job.user, job.cluster, job.gpus)
+            admit.append((job.id, job.gpus, _admission_record(ctx, job)))
             score += job.gpus / max(ctx.teams[team_id].gpu_quota, 1)
         elif reason != job.old_reason:
             reasons[reason].append(job.id)
@@ -182,6 +182,21 @@ def _admit(
         Job.objects.filter(pk__in=ids, status=S.QUEUED).update(status_reason=reason)
     attempt_ids = _submit(admit, now)
     return TickResult(admitted=attempt_ids, waiting=sum(len(v) for v in reasons.values()))
+
+
+def _admission_record(ctx: _Context, job: _Queued) -> dict:
+    """What the team held with this job and the quotas it was admitted under, kept in the
+    admission event so `check_ledger` can verify every admission after the fact."""
+    team = ctx.teams[job.team]
+    held, member = ctx.held.team[team.pk], ctx.held.member[(team.pk, job.user)]
+    return {
+        "team_gpus": held.gpus,
+        "team_jobs": held.jobs,
+        "member_gpus": member.gpus,
+        "gpu_quota": team.gpu_quota,
+        "max_jobs": team.max_jobs,
+        "user_gpu_cap": team.user_gpu_cap,
+    }
 
 
 def _fair_share_order(ctx: _Context, team_ids: list[int]) -> list[tuple[float, int]]:
@@ -388,13 +403,13 @@ def _cancel(job_ids: list[int]) -> None:
             log.exception("cancel of job %s failed; the reconciler will retry", job_id)
 
 
-def _submit(admit: list[tuple[int, int]], now: dt.datetime) -> list[int]:
+def _submit(admit: list[tuple[int, int, dict]], now: dt.datetime) -> list[int]:
     if not admit:
         return []
-    gpus_by_job = dict(admit)
+    gpus_by_job = {job_id: gpus for job_id, gpus, _ in admit}
     changed, _ = apply_transitions(
         S.SUBMITTED,
-        [Change(job_id, "admitted; launching") for job_id, _ in admit],
+        [Change(job_id, "admitted; launching", data=data) for job_id, _, data in admit],
         actor="scheduler",
         expected={S.QUEUED},
     )
