@@ -1,0 +1,163 @@
+"""`check_ledger`: verify the ledger keeps ARCHITECTURE.md's invariants, one line per violation.
+
+Reads the whole ledger in a few streaming queries; safe to run on a live system (it reports an
+attempt just launched or a job just moved only if the ledger is really inconsistent). The
+backend side of invariant 4 (no live backend object without a non-terminal attempt) needs a
+listing of each engine's objects, which the executors do not offer yet; that check is not here.
+"""
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.db.models import Count, F, Q, Sum
+from django.utils import timezone
+
+from jobs.models import Attempt, Job, JobEvent, Team
+from jobs.states import JobStatus, is_allowed
+
+S = JobStatus
+
+
+def violations(now: dt.datetime | None = None) -> list[str]:
+    now = now or timezone.now()
+    found: list[str] = []
+    for check in (timelines, quotas_now, admissions, attempts, follow_ons, metering):
+        found.extend(check(now))
+    return found
+
+
+def timelines(now: dt.datetime) -> Iterator[str]:
+    """Every status is reached by allowed transitions, and the row agrees with its last event."""
+    status = dict(Job.objects.values_list("pk", "status"))
+    events = (
+        JobEvent.objects.filter(kind=JobEvent.Kind.STATUS)
+        .order_by("job_id", "id")
+        .values_list("job_id", "from_status", "to_status")
+    )
+    last: dict[int, str] = {}
+    for job_id, src, dst in events.iterator(chunk_size=10_000):
+        before = last.get(job_id)
+        if before is None:
+            if src or dst != S.QUEUED:
+                yield f"job {job_id}: its timeline starts with {src or '∅'}→{dst}, not ∅→QUEUED"
+        elif src != before:
+            yield f"job {job_id}: an event goes {src}→{dst} but the job was {before}"
+        elif not is_allowed(src, dst):
+            yield f"job {job_id}: {src}→{dst} is not an allowed transition"
+        last[job_id] = dst
+    for job_id, current in status.items():
+        if job_id not in last:
+            yield f"job {job_id}: {current} with no status events"
+        elif last[job_id] != current:
+            yield f"job {job_id}: the row says {current} but its last event says {last[job_id]}"
+
+
+def quotas_now(now: dt.datetime) -> Iterator[str]:
+    """No team holds more GPUs, slots or member GPUs than its quotas allow, now."""
+    teams = {t.pk: t for t in Team.objects.all()}
+    active = Job.objects.filter(status__in=S.holds_quota())
+    for row in active.values("team_id").annotate(gpus=Sum("gpus"), jobs=Count("id")):
+        team = teams[row["team_id"]]
+        if row["gpus"] > team.gpu_quota:
+            yield f"team {team.name}: holds {row['gpus']} GPUs, quota {team.gpu_quota}"
+        if team.max_jobs is not None and row["jobs"] > team.max_jobs:
+            yield f"team {team.name}: runs {row['jobs']} jobs, slots {team.max_jobs}"
+    by_member = active.values("team_id", "user__username").annotate(held=Sum("gpus"))
+    for member in by_member:
+        team = teams[member["team_id"]]
+        if team.user_gpu_cap is not None and member["held"] > team.user_gpu_cap:
+            yield (
+                f"team {team.name}: {member['user__username']} holds {member['held']} GPUs, "
+                f"per-member cap {team.user_gpu_cap}"
+            )
+
+
+def admissions(now: dt.datetime) -> Iterator[str]:
+    """Replay every status event in order: at each admission the team held no more than the
+    quotas recorded in that admission event."""
+    gpus = dict(Job.objects.values_list("pk", "gpus"))
+    owner = {pk: (team, user) for pk, team, user in Job.objects.values_list("pk", "team", "user")}
+    team_gpus: dict[int, int] = defaultdict(int)
+    team_jobs: dict[int, int] = defaultdict(int)
+    member_gpus: dict[tuple[int, int], int] = defaultdict(int)
+    holding = S.holds_quota()
+    events = JobEvent.objects.filter(kind=JobEvent.Kind.STATUS).order_by("id")
+    rows = events.values_list("job_id", "from_status", "to_status", "data")
+    for job_id, src, dst, data in rows.iterator(chunk_size=10_000):
+        team, user = owner[job_id]
+        sign = (dst in holding) - (src in holding)
+        team_gpus[team] += sign * gpus[job_id]
+        team_jobs[team] += sign
+        member_gpus[(team, user)] += sign * gpus[job_id]
+        if dst != S.SUBMITTED or src != S.QUEUED or not data:
+            continue
+        limits = [
+            ("GPUs", team_gpus[team], data.get("gpu_quota")),
+            ("jobs", team_jobs[team], data.get("max_jobs")),
+            ("member GPUs", member_gpus[(team, user)], data.get("user_gpu_cap")),
+        ]
+        for what, held, limit in limits:
+            if limit is not None and held > limit:
+                yield f"job {job_id}: admitted while its team held {held} {what}, limit {limit}"
+
+
+def attempts(now: dt.datetime) -> Iterator[str]:
+    """One open attempt per active job, none for others; each launched within the grace."""
+    grace = dt.timedelta(seconds=settings.SF_LOST_GRACE_S)
+    open_attempts = Attempt.objects.filter(end_time__isnull=True)
+    per_job = open_attempts.values("job_id").annotate(n=Count("id")).filter(n__gt=1)
+    for row in per_job:
+        yield f"job {row['job_id']}: {row['n']} open attempts"
+    for job_id, status in open_attempts.exclude(job__status__in=S.active()).values_list(
+        "job_id", "job__status"
+    ):
+        yield f"job {job_id}: {status} but an attempt is still open"
+    lacking = (
+        Job.objects.filter(status__in=S.active())
+        .filter(Q(current_attempt__isnull=True) | Q(current_attempt__end_time__isnull=False))
+        .values_list("pk", "status")
+    )
+    for job_id, status in lacking:
+        yield f"job {job_id}: {status} without an open current attempt"
+    unlaunched = open_attempts.filter(job_ref="", submitted_at__lt=now - grace)
+    for job_id, name in unlaunched.values_list("job_id", "backend_name"):
+        yield f"job {job_id}: attempt {name} has no backend object after {grace.seconds} s"
+    early = Attempt.objects.filter(start_time__lt=F("submitted_at"))
+    for job_id, name in early.values_list("job_id", "backend_name"):
+        yield f"job {job_id}: attempt {name} is billed from before it was admitted"
+
+
+def follow_ons(now: dt.datetime) -> Iterator[str]:
+    """Follow-on jobs exist once per name, only for a parent that succeeded, and every name a
+    succeeded parent asked for was created (a child deleted since then is not missing)."""
+    children: dict[int, list[str]] = defaultdict(list)
+    for parent, name in Job.objects.filter(parent__isnull=False).values_list(
+        "parent_id", "follow_on_name"
+    ):
+        children[parent].append(name)
+    created: dict[int, set[str]] = defaultdict(set)
+    notes = JobEvent.objects.filter(kind=JobEvent.Kind.NOTE, reason__startswith="follow-on ")
+    for pk, reason in notes.filter(reason__contains=" created as job ").values_list(
+        "job_id", "reason"
+    ):
+        created[pk].add(reason.split()[1])
+    parents = Job.objects.filter(Q(pk__in=list(children)) | Q(status=S.SUCCEEDED))
+    for pk, status, then in parents.values_list("pk", "status", "then").iterator():
+        made = children.get(pk, [])
+        if status != S.SUCCEEDED and made:
+            yield f"job {pk}: {status} but follow-ons {', '.join(sorted(made))} exist"
+            continue
+        for name in sorted(set(made)):
+            if made.count(name) > 1:
+                yield f"job {pk}: follow-on {name} exists {made.count(name)} times"
+        for name in then or []:
+            if status == S.SUCCEEDED and name not in made and name not in created[pk]:
+                yield f"job {pk}: succeeded but its follow-on {name} was never created"
+
+
+def metering(now: dt.datetime) -> Iterator[str]:
+    from metering.consistency import usage_violations
+
+    yield from usage_violations(now)

@@ -1,0 +1,125 @@
+"""`check_ledger`: silent on a ledger the real loops wrote, one line per planted violation."""
+
+import datetime as dt
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from jobs import services
+from jobs.executors import Observation
+from jobs.launcher import launch_attempts
+from jobs.ledgercheck import violations
+from jobs.models import Attempt, Job, JobEvent
+from jobs.reconciler import reconcile_all
+from jobs.scheduler import admit_queued_jobs
+from jobs.schemas import JobIn
+from jobs.states import JobStatus
+from metering.models import UsageRecord
+from metering.records import meter_ended
+from tests.jobs.factories import place, queued_job, with_attempt
+
+pytestmark = pytest.mark.django_db
+S = JobStatus
+
+
+@pytest.fixture
+def ran_ledger(backend, team, alice, make_user):
+    """Jobs through the real scheduler, launcher and reconciler: one succeeded, one failed,
+    one paused, one still queued behind the quota, one running."""
+    team.gpu_quota = 3
+    team.save()
+    jobs = [services.submit_job(alice, JobIn(entrypoint=["true"], gpus=1)) for _ in range(4)]
+    launch_attempts(admit_queued_jobs().admitted)
+    refs = list(Attempt.objects.order_by("pk").values_list("job_ref", flat=True))
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    backend.states[refs[0]] = Observation("OK", exit_code=0, start_time=start)
+    backend.states[refs[1]] = Observation("BAD", exit_code=3, start_time=start)
+    backend.states[refs[2]] = Observation("RUN", start_time=start)
+    reconcile_all()
+    services.pause_job(alice, jobs[2].pk)
+    launch_attempts(admit_queued_jobs().admitted)  # the fourth job takes the freed GPUs
+    meter_ended()
+    return jobs
+
+
+def test_a_ledger_written_by_the_real_loops_has_no_violations(ran_ledger, capsys):
+    assert [j.status for j in Job.objects.order_by("pk")] == [
+        S.SUCCEEDED,
+        S.FAILED,
+        S.PAUSED,
+        S.PENDING,
+    ]
+    assert violations() == []
+    call_command("check_ledger")
+    assert capsys.readouterr().out == "ledger ok: no violations\n"
+
+
+def test_a_status_written_around_the_transitions_is_reported(ran_ledger, capsys):
+    place(ran_ledger[1], S.RUNNING)  # FAILED → RUNNING behind the table's back
+    with pytest.raises(CommandError):
+        call_command("check_ledger")
+    out = capsys.readouterr().out
+    job = ran_ledger[1].pk
+    assert f"job {job}: the row says RUNNING but its last event says FAILED" in out
+    assert f"job {job}: RUNNING without an open current attempt" in out
+
+
+def test_a_forbidden_transition_in_a_timeline_is_reported(ran_ledger):
+    job = ran_ledger[0]
+    JobEvent.objects.create(
+        job=job, kind=JobEvent.Kind.STATUS, from_status=S.SUCCEEDED, to_status=S.QUEUED, actor="x"
+    )
+    place(job, S.QUEUED)
+    assert f"job {job.pk}: SUCCEEDED→QUEUED is not an allowed transition" in violations()
+
+
+def test_a_team_over_its_quotas_is_reported_now_and_at_admission(team, alice, make_user):
+    team.gpu_quota, team.max_jobs, team.user_gpu_cap = 4, 1, 2
+    team.save()
+    for _ in range(2):
+        with_attempt(queued_job(team, alice, gpus=3), S.RUNNING)
+    found = violations()
+    assert "team vision: holds 6 GPUs, quota 4" in found
+    assert "team vision: runs 2 jobs, slots 1" in found
+    assert "team vision: alice holds 6 GPUs, per-member cap 2" in found
+    # An admission event recorded under a quota the replayed timeline exceeds.
+    job = queued_job(team, alice, gpus=2)
+    JobEvent.objects.create(job=job, kind=JobEvent.Kind.STATUS, to_status=S.QUEUED, actor="a")
+    JobEvent.objects.create(
+        job=job,
+        kind=JobEvent.Kind.STATUS,
+        from_status=S.QUEUED,
+        to_status=S.SUBMITTED,
+        actor="scheduler",
+        data={"gpu_quota": 1, "max_jobs": None, "user_gpu_cap": None},
+    )
+    assert f"job {job.pk}: admitted while its team held 2 GPUs, limit 1" in violations()
+
+
+def test_open_attempts_of_finished_jobs_and_unlaunched_attempts_are_reported(team, alice, settings):
+    done = queued_job(team, alice)
+    with_attempt(done, S.SUCCEEDED)
+    stale = queued_job(team, alice)
+    old = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=settings.SF_LOST_GRACE_S + 5)
+    with_attempt(stale, S.SUBMITTED, submitted_at=old)
+    found = violations()
+    assert f"job {done.pk}: SUCCEEDED but an attempt is still open" in found
+    assert f"job {stale.pk}: attempt sf-{stale.run_id}-a1 has no backend object after" in " ".join(
+        found
+    )
+
+
+def test_billing_from_before_admission_is_reported(team, alice):
+    job = queued_job(team, alice)
+    now = dt.datetime.now(dt.UTC)
+    with_attempt(job, S.SUCCEEDED, submitted_at=now, start_time=now - dt.timedelta(hours=1))
+    Attempt.objects.filter(job=job).update(end_time=now)
+    assert f"job {job.pk}: attempt sf-{job.run_id}-a1 is billed from before it was admitted" in (
+        violations()
+    )
+
+
+def test_tampered_usage_records_are_reported(ran_ledger):
+    UsageRecord.objects.update(gpu_us=1)
+    found = [line for line in violations() if "the records say 1 GPU-µs" in line]
+    assert len(found) == UsageRecord.objects.count() >= 1
