@@ -37,6 +37,7 @@ BENCHES: dict[str, tuple[str, int]] = {
     "console": ("jobs list and job page HTML with 1,000,000 jobs and 1,000,000 log lines", 600),
     "metrics": ("Charts series of 1,000,000 metric points: rollups vs raw, and ingest", 300),
     "live": ("log line latency from print() to the browser through the real stack", 300),
+    "usage": ("GET /api/v1/usage for a team with 100,000 metered attempts", 300),
     "slurm-vs-sbatch": ("200 short jobs through Starforge on a real Slurm vs straight sbatch", 600),
     "slurm-reconcile-1000": ("one reconciler tick over 1,000 PENDING jobs on a real Slurm", 300),
 }
@@ -64,6 +65,10 @@ def _child(name: str, out: Path) -> None:
         result = live_bench.run()
     elif name == "metrics":
         result = metrics_bench.run()
+    elif name == "usage":
+        from bench import usage_bench
+
+        result = usage_bench.run()
     elif name in ("slurm-vs-sbatch", "slurm-reconcile-1000"):
         from bench import slurm_bench
 
@@ -253,6 +258,18 @@ def _rows(results: dict) -> list[tuple[str, str, str, bool | None]]:
                 live["p95_ms"] < 300,
             )
         )
+    usage = results.get("usage", {})
+    for key in ("by_user", "by_day", "by_user_this_month"):
+        if key in usage:
+            r = usage[key]
+            rows.append(
+                (
+                    f"GET /api/v1/usage {key.replace('_', ' ')}, {usage['attempts']:,} attempts",
+                    f"median {r['median_ms']:.0f} ms, p95 {r['p95_ms']:.0f} ms ({r['rows']} rows)",
+                    "median < 100 ms",
+                    r["median_ms"] < 100,
+                )
+            )
     rows += _slurm_rows(results)
     return rows
 

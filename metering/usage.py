@@ -11,8 +11,7 @@ to the teams the caller may see, and name teams, users and clusters for display.
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
@@ -44,9 +43,9 @@ def job_gpu_seconds(attempts: Iterable, now: dt.datetime | None = None) -> float
     return sum(attempt_gpu_seconds(a.start_time, a.end_time, a.gpus, now) for a in attempts)
 
 
-@dataclass(frozen=True, order=True)
-class UsageLine:
-    """GPU-µs of one (UTC day, team, user, cluster), with names for display."""
+class UsageLine(NamedTuple):
+    """GPU-µs of one (UTC day, team, user, cluster), with names for display (a tuple: the page
+    and the API sort and sum thousands of them per request)."""
 
     day: dt.date
     team: str
