@@ -14,11 +14,11 @@ from collections.abc import Iterable
 from typing import Literal, NamedTuple
 
 from django.contrib.auth.models import User
-from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs.errors import NotFound
-from jobs.models import Cluster, Team
+from jobs.models import Cluster
+from jobs.teams import visible_teams
 from metering.records import usage_rows
 
 US_PER_SECOND = 10**6
@@ -54,15 +54,10 @@ class UsageLine(NamedTuple):
     gpu_us: int
 
 
-def visible_teams(user: User) -> QuerySet[Team]:
-    """Staff see every team; anyone else the teams they are a member of (viewers included)."""
-    if user.is_staff:
-        return Team.objects.all()
-    return Team.objects.filter(membership__user=user)
-
-
 def usage_teams(user: User, name: str | None = None) -> dict[int, str]:
-    """Team id → name of the teams a usage answer covers: all visible ones, or the one named."""
+    """Team id → name of the teams a usage answer covers: all visible ones, or the one named.
+
+    Staff see every team; anyone else the teams they are a member of, viewers included."""
     teams = visible_teams(user)
     if name:
         teams = teams.filter(name=name)

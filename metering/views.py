@@ -13,6 +13,7 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from jobs.errors import NotFound
+from jobs.teams import visible_teams
 from metering.usage import (
     UsageLine,
     gpu_hours,
@@ -20,7 +21,6 @@ from metering.usage import (
     totals_by,
     usage_lines,
     usage_teams,
-    visible_teams,
 )
 
 MONTH = re.compile(r"(\d{4})-(\d{2})")
@@ -57,7 +57,7 @@ def usage_page(request):
         {
             "month": month,
             "team": team,
-            "teams": visible_teams(request.user).order_by("name").values_list("name", flat=True),
+            "teams": visible_teams(request.user).values_list("name", flat=True),
             "hours": hours,
             "total": gpu_hours(sum(line.gpu_us for line in lines)),
             "chart": json.dumps(stacked_chart(lines)),
