@@ -12,6 +12,12 @@ from tests.jobs.api_helpers import assert_refused
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    """Four users per test: PBKDF2's deliberate slowness would dominate the suite."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 def patch(api, path: str, body: dict):
     return api.client.patch(f"/api/v1{path}", json.dumps(body), content_type="application/json")
 

@@ -1,0 +1,566 @@
+"""Team isolation over the whole URL map: a user never sees, streams, controls or meters another
+team's jobs, and a viewer reads but never controls.
+
+`ROUTES` has one entry per route of the project: the console's URL patterns, every operation of
+the API and every websocket route. `test_every_route_has_an_entry` compares it with the routes
+the project really serves, so a new endpoint without a check (or a stale entry) fails the suite.
+An entry is either a `Check` (what bob, a member of another team, gets when he reaches for
+alice's job or team; and what vic, a viewer of alice's team, gets) or an `Exempt` with a reason.
+"""
+
+import datetime as dt
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
+
+from jobs import logstore, metrics
+from jobs.auth import create_token
+from jobs.models import ApiToken, Job, JobEvent, Membership, Team
+from jobs.states import JobStatus
+from jobs.transitions import transition
+from starforge.api import api as ninja_api
+from starforge.asgi import websocket_urlpatterns
+from tests.jobs.factories import queued_job, with_attempt
+from tests.jobs.test_live import close_code, session_of, socket
+
+SECRET_NAME = "alice-secret-run"
+SECRET_LINE = "alice secret line"
+SECRET_METRIC = "alice_secret_metric"
+SECRET_TOKEN = "alice-laptop"
+VERBS = ("stop", "pause", "resume", "retry")
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    """Four users per test: PBKDF2's deliberate slowness would dominate the suite."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+# -- the world: team vision (alice, member; vic, viewer) and team nlp (bob) -----------------------
+
+
+@dataclass
+class World:
+    team: Team
+    job: Job  # alice's, RUNNING for an hour, with an attempt, logs, metrics and events
+    token: ApiToken  # alice's
+    bob: User
+    vic: User
+
+    def api(self, user: User) -> Client:
+        return Client(HTTP_AUTHORIZATION=f"Bearer {create_token(user, 'test')[1]}")
+
+    def console(self, user: User) -> Client:
+        client = Client()
+        client.force_login(user)
+        return client
+
+    def path(self, template: str) -> str:
+        return template.format(
+            job_id=self.job.pk,
+            name=self.team.name,
+            username="alice",
+            token_id=self.token.pk,
+            verb="{verb}",
+        )
+
+
+@pytest.fixture
+def world(make_team, make_user) -> World:
+    vision, nlp = make_team("vision"), make_team("nlp")
+    alice = make_user("alice", vision)
+    make_user("ada", vision, role="admin")
+    vic = make_user("vic", vision, role="viewer")
+    bob = make_user("bob", nlp, role="admin")  # an admin of his own team, to show it is no key
+    queued_job(nlp, bob, name="bobs-run")
+    job = queued_job(vision, alice, name=SECRET_NAME)
+    with_attempt(job, JobStatus.RUNNING, start_time=timezone.now() - dt.timedelta(hours=1))
+    JobEvent.objects.create(job=job, kind=JobEvent.Kind.NOTE, reason="alice's note", actor="a")
+    lines = [{"seq": 0, "stream": "stdout", "ts": 1.0, "text": SECRET_LINE}]
+    logstore.append(job.pk, 1, lines)
+    point = {"seq": 0, "kind": "train", "name": SECRET_METRIC, "step": 1, "value": 0.5, "ts": 1.0}
+    metrics.append(job.pk, 1, [point])
+    token, _ = create_token(alice, SECRET_TOKEN)
+    job.refresh_from_db()
+    return World(team=vision, job=job, token=token, bob=bob, vic=vic)
+
+
+# -- what an answer may hold ---------------------------------------------------------------------
+
+
+def body(response) -> str:
+    if not response.streaming:
+        return response.content.decode()
+    if response.is_async:
+
+        async def collect() -> bytes:
+            return b"".join([chunk async for chunk in response.streaming_content])
+
+        return async_to_sync(collect)().decode()
+    return b"".join(response.streaming_content).decode()
+
+
+def leaks(text: str, w: World) -> list[str]:
+    """The pieces of alice's job found in an answer meant for someone outside her team."""
+    secrets = (SECRET_NAME, SECRET_LINE, SECRET_METRIC, SECRET_TOKEN, w.job.run_id)
+    return [secret for secret in secrets if secret in text]
+
+
+def hidden(response, w: World, status: int = 404) -> None:
+    assert response.status_code == status, body(response)[:500]
+    assert not leaks(body(response), w)
+
+
+def absent(response, w: World, team_too: bool = True) -> None:
+    """A list answered (200) without a trace of alice's job (nor her team, with `team_too`)."""
+    assert response.status_code == 200, body(response)[:500]
+    text = body(response)
+    assert not leaks(text, w)
+    if team_too:
+        assert "vision" not in text and "alice" not in text
+
+
+def shows(response, *fragments: str) -> None:
+    assert response.status_code == 200, body(response)[:500]
+    text = body(response)
+    for fragment in fragments:
+        assert fragment in text
+
+
+def untouched(w: World) -> None:
+    """Alice's job, team and token are as the world made them."""
+    job = Job.objects.get(pk=w.job.pk)
+    assert job.status == JobStatus.RUNNING and job.retry_count == 0
+    assert not JobEvent.objects.filter(job=job, actor__in=["bob", "vic"]).exists()
+    roles = dict(Membership.objects.filter(team=w.team).values_list("user__username", "role"))
+    assert roles == {"alice": "member", "ada": "admin", "vic": "viewer"}
+    team = Team.objects.get(pk=w.team.pk)
+    assert (team.default_max_retries, team.default_cluster_id) == (0, w.team.default_cluster_id)
+    assert ApiToken.objects.get(pk=w.token.pk).revoked_at is None
+
+
+def send(client: Client, method: str, path: str, data: dict | None = None, **extra):
+    """An API call with a JSON body (GET: query parameters)."""
+    if method == "GET":
+        return client.get(path, data or {}, **extra)
+    payload = json.dumps(data or {})
+    return getattr(client, method.lower())(path, payload, content_type="application/json", **extra)
+
+
+# -- entry kinds ---------------------------------------------------------------------------------
+
+Probe = Callable[[World], None]
+SocketProbe = Callable[[World], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Check:
+    outsider: Probe | None = None  # bob, of team nlp
+    viewer: Probe | None = None  # vic, a viewer in alice's team vision
+    socket_outsider: SocketProbe | None = None
+    socket_viewer: SocketProbe | None = None
+
+
+@dataclass(frozen=True)
+class Exempt:
+    reason: str
+
+
+def api_read(method: str, template: str, data: dict | None = None, *expect: str) -> Check:
+    """An API read of alice's job or team: 404 for bob; vic reads it."""
+
+    def outsider(w: World) -> None:
+        hidden(send(w.api(w.bob), method, w.path(template), data), w)
+
+    def viewer(w: World) -> None:
+        shows(send(w.api(w.vic), method, w.path(template), data), *expect)
+
+    return Check(outsider, viewer)
+
+
+def api_control(method: str, template: str, data: dict | None = None) -> Check:
+    """An API write on alice's job or team: 404 for bob, 403 for vic, and nothing changes."""
+
+    def outsider(w: World) -> None:
+        hidden(send(w.api(w.bob), method, w.path(template), data), w)
+        untouched(w)
+
+    def viewer(w: World) -> None:
+        response = send(w.api(w.vic), method, w.path(template), data)
+        assert response.status_code == 403, response.content
+        untouched(w)
+
+    return Check(outsider, viewer)
+
+
+def console_control(template: str, form: dict | None = None) -> Check:
+    """A console form posting to alice's team: 404 for bob, 403 for vic, nothing changes."""
+
+    def outsider(w: World) -> None:
+        hidden(w.console(w.bob).post(w.path(template), form or {}), w)
+        untouched(w)
+
+    def viewer(w: World) -> None:
+        assert w.console(w.vic).post(w.path(template), form or {}).status_code == 403
+        untouched(w)
+
+    return Check(outsider, viewer)
+
+
+# -- the probes that need more than one request ----------------------------------------------------
+
+
+def job_list_outsider(w: World) -> None:
+    client = w.api(w.bob)
+    absent(client.get("/api/v1/jobs"), w)
+    page = client.get("/api/v1/jobs", {"team": "vision", "user": "alice"})
+    assert page.status_code == 200 and page.json()["items"] == []
+
+
+def console_list_outsider(w: World) -> None:
+    client = w.console(w.bob)
+    absent(client.get("/"), w)
+    absent(client.get("/", {"team": "vision", "q": "alice"}), w, team_too=False)
+
+
+def console_verbs_outsider(w: World) -> None:
+    client = w.console(w.bob)
+    for verb in VERBS:
+        hidden(client.post(f"/jobs/{w.job.pk}/{verb}/"), w)
+        hidden(client.post(f"/jobs/{w.job.pk}/{verb}/", HTTP_ACCEPT="application/json"), w)
+    untouched(w)
+
+
+def console_verbs_viewer(w: World) -> None:
+    client = w.console(w.vic)
+    for verb in VERBS:
+        assert client.post(f"/jobs/{w.job.pk}/{verb}/").status_code == 403
+        refused = client.post(f"/jobs/{w.job.pk}/{verb}/", HTTP_ACCEPT="application/json")
+        assert refused.status_code == 403 and "viewer" in refused.json()["detail"]
+    untouched(w)
+
+
+def console_job_viewer(w: World) -> None:
+    page = w.console(w.vic).get(f"/jobs/{w.job.pk}/")
+    shows(page, SECRET_NAME, "is viewer: you can read this job only")
+    assert "<button" in body(page) and " disabled " in body(page)
+
+
+def submit_outsider(w: World) -> None:
+    response = send(w.api(w.bob), "POST", "/api/v1/jobs", {"entrypoint": ["x"], "team": "vision"})
+    assert response.status_code == 403, response.content
+    assert not Job.objects.filter(team=w.team, user=w.bob).exists()
+
+
+def submit_viewer(w: World) -> None:
+    response = send(w.api(w.vic), "POST", "/api/v1/jobs", {"entrypoint": ["x"], "team": "vision"})
+    assert response.status_code == 403 and "viewer" in response.json()["detail"]
+    assert not Job.objects.filter(team=w.team, user=w.vic).exists()
+
+
+def token_create_outsider(w: World) -> None:
+    created = send(w.api(w.bob), "POST", "/api/v1/tokens", {"name": "bobs"}).json()
+    assert ApiToken.objects.get(pk=created["id"]).user == w.bob
+    me = Client(HTTP_AUTHORIZATION=f"Bearer {created['secret']}").get("/api/v1/me").json()
+    assert me["username"] == "bob"
+
+
+def token_revoke_outsider(w: World) -> None:
+    hidden(w.api(w.bob).delete(f"/api/v1/tokens/{w.token.pk}"), w)
+    hidden(w.console(w.bob).post(f"/tokens/{w.token.pk}/revoke/"), w)
+    untouched(w)
+
+
+def metrics_endpoint_outsider(w: World) -> None:
+    # Loopback may scrape by design (README: Prometheus metrics); from anywhere else a member's
+    # token is refused, so only staff tokens and trusted networks read every team's counts.
+    token = create_token(w.bob, "scrape")[1]
+    outside = {"REMOTE_ADDR": "203.0.113.9"}
+    assert Client().get("/metrics", **outside).status_code == 403
+    refused = Client(HTTP_AUTHORIZATION=f"Bearer {token}").get("/metrics", **outside)
+    assert refused.status_code == 403 and "vision" not in body(refused)
+
+
+def usage_api_outsider(w: World) -> None:
+    client = w.api(w.bob)
+    for by in ("team", "user", "cluster", "day"):
+        absent(client.get("/api/v1/usage", {"by": by}), w)
+    hidden(client.get("/api/v1/usage", {"team": "vision"}), w)
+
+
+def usage_api_viewer(w: World) -> None:
+    rows = w.api(w.vic).get("/api/v1/usage", {"team": "vision", "by": "user"}).json()["rows"]
+    assert [row["user"] for row in rows] == ["alice"] and rows[0]["gpu_seconds"] > 0
+
+
+def usage_page_outsider(w: World) -> None:
+    client = w.console(w.bob)
+    absent(client.get("/usage/"), w)
+    absent(client.get("/usage/", {"format": "csv"}), w)
+    hidden(client.get("/usage/", {"team": "vision"}), w)
+    hidden(client.get("/usage/", {"team": "vision", "format": "csv"}), w)
+
+
+def usage_page_viewer(w: World) -> None:
+    shows(w.console(w.vic).get("/usage/", {"team": "vision", "format": "csv"}), "vision", "alice")
+
+
+# -- websockets ----------------------------------------------------------------------------------
+
+
+async def job_socket_outsider(w: World) -> None:
+    assert await close_code(socket(f"/ws/jobs/{w.job.pk}/", await _session(w.bob))) == 4404
+
+
+async def job_socket_viewer(w: World) -> None:
+    page = socket(f"/ws/jobs/{w.job.pk}/", await _session(w.vic))
+    assert (await page.connect())[0]
+    await _stop_alices_job(w)
+    assert (await page.receive_json_from())["status"] == JobStatus.STOPPED
+    await page.disconnect()
+
+
+async def list_socket_outsider(w: World) -> None:
+    listing = socket("/ws/jobs/", await _session(w.bob))
+    assert (await listing.connect())[0]
+    await _stop_alices_job(w)
+    bobs = await database_sync_to_async(Job.objects.get)(name="bobs-run")
+    await database_sync_to_async(transition)(bobs.pk, JobStatus.STOPPED, reason="r", actor="bob")
+    message = await listing.receive_json_from()  # his own job's change arrives, alice's never
+    assert message["job"] == bobs.pk
+    assert await listing.receive_nothing(timeout=0.3)
+    await listing.disconnect()
+
+
+async def list_socket_viewer(w: World) -> None:
+    listing = socket("/ws/jobs/", await _session(w.vic))
+    assert (await listing.connect())[0]
+    await _stop_alices_job(w)
+    assert (await listing.receive_json_from())["job"] == w.job.pk
+    await listing.disconnect()
+
+
+async def _session(user: User) -> str:
+    return await database_sync_to_async(session_of)(user)
+
+
+async def _stop_alices_job(w: World) -> None:
+    await database_sync_to_async(transition)(
+        w.job.pk, JobStatus.STOPPED, reason="stopped by alice", actor="alice"
+    )
+
+
+# -- the table -----------------------------------------------------------------------------------
+
+JOB = "/api/v1/jobs/{job_id}"
+TEAM = "/api/v1/teams/{name}"
+NOT_LEDGER = "no ledger data: the same page for everyone"
+RUNNER = (
+    "the runner's door: a signed job token names one job and attempt, and a user's token or "
+    "session is not accepted"
+)
+
+ROUTES: dict[str, Check | Exempt] = {
+    # The console.
+    "* /": Check(console_list_outsider, lambda w: shows(w.console(w.vic).get("/"), SECRET_NAME)),
+    "* /jobs/<int:job_id>/": Check(
+        lambda w: hidden(w.console(w.bob).get(f"/jobs/{w.job.pk}/"), w), console_job_viewer
+    ),
+    "* /jobs/<int:job_id>/<str:verb>/": Check(console_verbs_outsider, console_verbs_viewer),
+    "* /states/": Exempt(NOT_LEDGER),
+    "* /usage/": Check(usage_page_outsider, usage_page_viewer),
+    "* /metrics": Check(metrics_endpoint_outsider),
+    "* /teams/": Check(
+        lambda w: absent(w.console(w.bob).get("/teams/"), w),
+        lambda w: shows(w.console(w.vic).get("/teams/"), "vision", "viewer"),
+    ),
+    "* /teams/<slug:name>/": Check(
+        lambda w: hidden(w.console(w.bob).get("/teams/vision/"), w),
+        lambda w: shows(w.console(w.vic).get("/teams/vision/"), "alice", "Quotas"),
+    ),
+    "* /teams/<slug:name>/members/": console_control(
+        "/teams/{name}/members/", {"username": "bob", "role": "admin"}
+    ),
+    "* /teams/<slug:name>/members/<str:username>/role/": console_control(
+        "/teams/{name}/members/{username}/role/", {"role": "viewer"}
+    ),
+    "* /teams/<slug:name>/members/<str:username>/remove/": console_control(
+        "/teams/{name}/members/{username}/remove/"
+    ),
+    "* /teams/<slug:name>/defaults/": console_control(
+        "/teams/{name}/defaults/",
+        {"default_cluster": "", "window": "", "default_max_retries": "9"},
+    ),
+    "* /tokens/": Check(lambda w: absent(w.console(w.bob).get("/tokens/"), w)),
+    "* /tokens/<int:token_id>/revoke/": Check(token_revoke_outsider),
+    "* /static/…": Exempt("the console's own assets (CSS, scripts, Plotly): " + NOT_LEDGER),
+    "* /accounts/…": Exempt("Django's sign-in, sign-out and password pages: " + NOT_LEDGER),
+    "* /admin/…": Exempt("the Django admin: staff only, checked by the admin site"),
+    "* /api/": Exempt("the API's index: " + NOT_LEDGER),
+    "* /api/docs": Exempt("the API's documentation: " + NOT_LEDGER),
+    "* /api/openapi.json": Exempt("the API's schema: " + NOT_LEDGER),
+    # The API.
+    "GET /api/v1/me": Check(
+        lambda w: absent(w.api(w.bob).get("/api/v1/me"), w),
+        lambda w: shows(w.api(w.vic).get("/api/v1/me"), '"vision"', '"viewer"'),
+    ),
+    "POST /api/v1/snapshots": Exempt(
+        "uploads the caller's own bytes and answers their sha256; jobs of other teams are "
+        "reached only through the job endpoints"
+    ),
+    "GET /api/v1/jobs": Check(
+        job_list_outsider, lambda w: shows(w.api(w.vic).get("/api/v1/jobs"), SECRET_NAME)
+    ),
+    "POST /api/v1/jobs": Check(submit_outsider, submit_viewer),
+    "GET /api/v1/jobs/{job_id}": api_read("GET", JOB, None, SECRET_NAME),
+    "DELETE /api/v1/jobs/{job_id}": api_control("DELETE", JOB),
+    "GET /api/v1/jobs/{job_id}/events": api_read("GET", JOB + "/events", None, "alice's note"),
+    "GET /api/v1/jobs/{job_id}/diagnostics": api_read("GET", JOB + "/diagnostics", None, "RUNNING"),
+    "GET /api/v1/jobs/{job_id}/attempts": api_read("GET", JOB + "/attempts", None, "sf-run"),
+    "POST /api/v1/jobs/{job_id}/stop": api_control("POST", JOB + "/stop"),
+    "POST /api/v1/jobs/{job_id}/pause": api_control("POST", JOB + "/pause"),
+    "POST /api/v1/jobs/{job_id}/resume": api_control("POST", JOB + "/resume"),
+    "POST /api/v1/jobs/{job_id}/retry": api_control("POST", JOB + "/retry"),
+    "GET /api/v1/jobs/{job_id}/logs": api_read("GET", JOB + "/logs", {"tail": 0}, SECRET_LINE),
+    "GET /api/v1/jobs/{job_id}/logs/download": api_read(
+        "GET", JOB + "/logs/download", None, SECRET_LINE
+    ),
+    "GET /api/v1/jobs/{job_id}/metrics": api_read("GET", JOB + "/metrics", None, SECRET_METRIC),
+    "POST /api/v1/ingest/logs": Exempt(RUNNER),
+    "POST /api/v1/ingest/started": Exempt(RUNNER),
+    "GET /api/v1/ingest/snapshot": Exempt(RUNNER),
+    "POST /api/v1/ingest/metrics": Exempt(RUNNER),
+    "GET /api/v1/tokens": Check(lambda w: absent(w.api(w.bob).get("/api/v1/tokens"), w)),
+    "POST /api/v1/tokens": Check(token_create_outsider),
+    "DELETE /api/v1/tokens/{token_id}": Check(token_revoke_outsider),
+    "GET /api/v1/teams": Check(
+        lambda w: absent(w.api(w.bob).get("/api/v1/teams"), w),
+        lambda w: shows(w.api(w.vic).get("/api/v1/teams"), '"vision"', '"alice"'),
+    ),
+    "GET /api/v1/teams/{name}": api_read("GET", TEAM, None, '"alice"', '"gpu_quota"'),
+    "PATCH /api/v1/teams/{name}": api_control("PATCH", TEAM, {"default_max_retries": 9}),
+    "POST /api/v1/teams/{name}/members": api_control(
+        "POST", TEAM + "/members", {"username": "bob", "role": "admin"}
+    ),
+    "PATCH /api/v1/teams/{name}/members/{username}": api_control(
+        "PATCH", TEAM + "/members/{username}", {"role": "viewer"}
+    ),
+    "DELETE /api/v1/teams/{name}/members/{username}": api_control(
+        "DELETE", TEAM + "/members/{username}"
+    ),
+    "GET /api/v1/usage": Check(usage_api_outsider, usage_api_viewer),
+    # The websockets.
+    "WS /ws/jobs/": Check(socket_outsider=list_socket_outsider, socket_viewer=list_socket_viewer),
+    "WS /ws/jobs/<int:job_id>/": Check(
+        socket_outsider=job_socket_outsider, socket_viewer=job_socket_viewer
+    ),
+}
+
+
+# -- the routes the project serves ---------------------------------------------------------------
+
+COLLAPSED = ("/admin/", "/accounts/", "/static/")  # one entry each for what they hold
+
+
+def served_routes() -> set[str]:
+    """Every route: console patterns (any method), API operations, websocket paths."""
+    routes = {f"* {route}" for route in _console_routes()}
+    for prefix, router in ninja_api._routers:
+        for path, path_view in router.path_operations.items():
+            for operation in path_view.operations:
+                for method in operation.methods:
+                    routes.add(f"{method} /api{prefix}{path}")
+    routes |= {f"WS /{pattern.pattern}" for pattern in websocket_urlpatterns}
+    return routes
+
+
+def _console_routes(resolver: URLResolver | None = None, prefix: str = "/") -> set[str]:
+    routes = set()
+    for pattern in (resolver or get_resolver()).url_patterns:
+        route = prefix + str(pattern.pattern).lstrip("^").rstrip("$")
+        collapsed = next((c for c in COLLAPSED if route.startswith(c)), None)
+        if collapsed:
+            routes.add(collapsed + "…")
+        elif isinstance(pattern, URLResolver):
+            routes |= _console_routes(pattern, route)
+        elif isinstance(pattern, URLPattern) and pattern.callback.__module__ != "ninja.operation":
+            routes.add(route)  # API operations come from the routers, with their methods
+    return routes
+
+
+def test_every_route_has_an_entry_and_every_entry_a_route():
+    served = served_routes()
+    assert sorted(served - ROUTES.keys()) == [], "new routes: add them to ROUTES with a check"
+    assert sorted(ROUTES.keys() - served) == [], "stale entries: these routes are gone"
+
+
+def test_every_exemption_says_why_and_every_check_probes_someone():
+    for key, entry in ROUTES.items():
+        if isinstance(entry, Exempt):
+            assert len(entry.reason) > 20, key
+        else:
+            assert entry.outsider or entry.socket_outsider, key
+
+
+def _keys(kind: str) -> list[str]:
+    return sorted(k for k, e in ROUTES.items() if isinstance(e, Check) and getattr(e, kind))
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("key", _keys("outsider"))
+def test_another_team_cannot_see_stream_control_or_meter_alices_job(key, world):
+    ROUTES[key].outsider(world)  # type: ignore[union-attr,misc]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("key", _keys("viewer"))
+def test_a_viewer_reads_alices_job_but_controls_nothing(key, world):
+    ROUTES[key].viewer(world)  # type: ignore[union-attr,misc]
+
+
+@pytest.fixture
+def in_memory_layer(settings):
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("key", _keys("socket_outsider"))
+def test_another_team_cannot_stream_alices_job(key, world, in_memory_layer):
+    async_to_sync(ROUTES[key].socket_outsider)(world)  # type: ignore[union-attr,misc]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("key", _keys("socket_viewer"))
+def test_a_viewer_streams_alices_job(key, world, in_memory_layer):
+    async_to_sync(ROUTES[key].socket_viewer)(world)  # type: ignore[union-attr,misc]
+
+
+# -- leaving a team closes what was open ---------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_removed_member_stops_streaming_the_team_at_once(world, in_memory_layer):
+    ada = User.objects.get(username="ada")
+    admin = world.api(ada)
+
+    async def scenario() -> None:
+        session = await _session(world.vic)
+        page, listing = socket(f"/ws/jobs/{world.job.pk}/", session), socket("/ws/jobs/", session)
+        for communicator in (page, listing):
+            assert (await communicator.connect())[0]
+        removed = await database_sync_to_async(admin.delete)("/api/v1/teams/vision/members/vic")
+        assert removed.status_code == 204
+        assert (await page.receive_output())["code"] == 4404
+        await _stop_alices_job(world)
+        assert await listing.receive_nothing(timeout=0.3)
+        await listing.disconnect()
+
+    async_to_sync(scenario)()
