@@ -171,10 +171,12 @@ def _check_role(role: str) -> None:
 
 def _managed_team(actor: User, name: str) -> Team:
     """The team, row-locked, if the actor may manage it; 404 outside it, 403 for non-admins."""
-    team = get_team(actor, name)
-    if not can_manage(actor, team):
+    team = Team.objects.select_for_update().get(pk=get_team(actor, name).pk)
+    # Read after the lock: an admin demoted a moment ago no longer manages.
+    is_admin = Membership.objects.filter(team=team, user=actor, role=Membership.Role.ADMIN)
+    if not (actor.is_staff or is_admin.exists()):
         raise Forbidden(f"only team admins of team {name} can manage its members")
-    return Team.objects.select_for_update().get(pk=team.pk)
+    return team
 
 
 def _membership(team: Team, username: str) -> Membership:
