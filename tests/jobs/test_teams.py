@@ -336,3 +336,13 @@ def test_removing_yourself_leads_back_to_the_teams_list(admin, make_user, team):
     make_user("eve", team, role="admin")
     response = signed_in(admin).post("/teams/vision/members/ada/remove/")
     assert response.url == "/teams/"
+
+
+def test_staff_see_any_team_page_with_the_admin_link_for_quotas(make_user, make_team):
+    nlp = make_team("nlp")
+    staff = make_user("root")
+    staff.is_staff = True
+    staff.save()
+    page = signed_in(staff).get("/teams/nlp/").content.decode()
+    assert "staff (not a member)" in page and "Add member" in page
+    assert f"/admin/jobs/team/{nlp.pk}/change/" in page
