@@ -9,6 +9,7 @@ from pydantic import Field
 
 from jobs.auth import ConsoleSession, UserToken
 from jobs.errors import BadRequest
+from jobs.schemas import Text
 from metering.usage import (
     Dimension,
     gpu_hours,
@@ -24,7 +25,7 @@ DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 class UsageQuery(Schema):
-    team: str | None = Field(None, max_length=50, description="one team (default: all of yours)")
+    team: Text | None = Field(None, max_length=50, description="one team (default: all of yours)")
     since: str | None = Field(None, description="first UTC day, YYYY-MM-DD (default: 1st of month)")
     until: str | None = Field(
         None, description="UTC day after the last, YYYY-MM-DD (default: tomorrow)"
