@@ -2,10 +2,15 @@
 through the API (/api/v1/teams) and the console (/teams/); quotas stay staff's."""
 
 import json
+import threading
+import time
 
 import pytest
+from django.db import connection, transaction
 from django.test import Client
 
+from jobs import teams
+from jobs.errors import ApiError
 from jobs.models import Cluster, Membership, ScheduleWindow, Team
 from tests.jobs.api_helpers import assert_refused
 
@@ -191,6 +196,38 @@ def test_the_last_admin_cannot_be_demoted_or_removed(admin_api, alice, team):
     patch(admin_api, "/teams/vision/members/alice", {"role": "admin"})
     assert patch(admin_api, "/teams/vision/members/ada", {"role": "viewer"}).status_code == 200
     assert roles(team) == {"alice": "admin", "ada": "viewer"}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_admins_demoting_each_other_at_once_leave_the_team_one_admin(make_user, team):
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrency is proven on PostgreSQL (run by `make test`)")
+    first, second = make_user("a1", team, role="admin"), make_user("a2", team, role="admin")
+    results: dict[str, object] = {}
+
+    def demote(actor, target: str) -> None:
+        try:
+            teams.change_role(actor, "vision", target, "member")
+            results[actor.username] = "done"
+        except ApiError as exc:
+            results[actor.username] = exc.status
+        finally:
+            connection.close()
+
+    threads = [
+        threading.Thread(target=demote, args=(first, "a2")),
+        threading.Thread(target=demote, args=(second, "a1")),
+    ]
+    with transaction.atomic():  # hold the team row: both have read their role and now queue
+        Team.objects.select_for_update().get(pk=team.pk)
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)
+    for thread in threads:
+        thread.join()
+    assert sorted(results.values(), key=str) == [403, "done"]
+    assert list(roles(team).values()).count("admin") == 1
 
 
 def test_a_removed_member_loses_the_team_at_once(api, admin_api):
