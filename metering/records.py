@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 from django.db import connection, transaction
-from django.db.models import Q, Sum
+from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from jobs.models import Attempt
@@ -83,9 +83,11 @@ def _add(totals: dict[Key, int], column: str = "gpu_us") -> None:
         f"DO UPDATE SET {column} = {table}.{column} + EXCLUDED.{column}"
     )
     deleted = column == "deleted_gpu_us"
+    # In key order: two sweeps that share keys then lock their rows in the same order and
+    # cannot deadlock.
     params = [
         (day, team, user, cluster, value, value if deleted else 0)
-        for (day, team, user, cluster), value in totals.items()
+        for (day, team, user, cluster), value in sorted(totals.items())
     ]
     with connection.cursor() as cursor:
         cursor.executemany(sql, params)
@@ -96,6 +98,9 @@ def forget_deleted(job_id: int) -> None:
 
     The usage stays billed; the consistency check subtracts it, since its attempts are gone.
     """
+    # Wait for a sweep that holds these attempts (its skip_locked would skip them here), so
+    # everything it meters is counted as deleted below.
+    list(Attempt.objects.select_for_update().filter(job_id=job_id).values_list("pk"))
     meter_ended([job_id])
     totals: dict[Key, int] = defaultdict(int)
     rows = Attempt.objects.filter(job_id=job_id, metered=True).values_list(
@@ -119,23 +124,20 @@ def usage_rows(
     team_ids = None if teams is None else list(teams)
     user_ids = None if users is None else list(users)
     records = UsageRecord.objects.filter(day__gte=since, day__lt=until)
-    live = Attempt.objects.filter(metered=False, start_time__isnull=False).filter(
-        Q(end_time__isnull=True) | Q(end_time__gte=_midnight(since))
-    )
+    live = _live(since)
     if team_ids is not None:
         records = records.filter(team_id__in=team_ids)
         live = live.filter(job__team_id__in=team_ids)
     if user_ids is not None:
         records = records.filter(user_id__in=user_ids)
         live = live.filter(job__user_id__in=user_ids)
+    recorded, running = _read_consistently(
+        records.values_list("day", "team_id", "user_id", "cluster_id", "gpu_us"), live
+    )
     totals: dict[Key, int] = defaultdict(int)
-    for day, team, user, cluster, gpu_us in records.values_list(
-        "day", "team_id", "user_id", "cluster_id", "gpu_us"
-    ):
+    for day, team, user, cluster, gpu_us in recorded:
         totals[(day, team, user, cluster)] += gpu_us
-    for team, user, cluster, start, end, gpus in live.values_list(
-        "job__team_id", "job__user_id", "job__cluster_id", "start_time", "end_time", "gpus"
-    ):
+    for team, user, cluster, start, end, gpus in running:
         for day, gpu_us in day_pieces(start, end, gpus, now):
             if since <= day < until:
                 totals[(day, team, user, cluster)] += gpu_us
@@ -144,20 +146,41 @@ def usage_rows(
 
 def team_gpu_us(since: dt.date, now: dt.datetime) -> dict[int, int]:
     """GPU-µs per team from `since` (a UTC day) to now: the scheduler's budget and fair share."""
+    records = UsageRecord.objects.filter(day__gte=since).values("team_id")
+    records = records.annotate(us=Sum("gpu_us"))
+    recorded, running = _read_consistently(records.values_list("team_id", "us"), _live(since))
     totals: dict[int, int] = defaultdict(int)
-    rows = UsageRecord.objects.filter(day__gte=since).values("team_id").annotate(us=Sum("gpu_us"))
-    for row in rows:
-        totals[row["team_id"]] += row["us"] or 0
-    live = Attempt.objects.filter(metered=False, start_time__isnull=False).filter(
-        Q(end_time__isnull=True) | Q(end_time__gte=_midnight(since))
-    )
-    for team, start, end, gpus in live.values_list(
-        "job__team_id", "start_time", "end_time", "gpus"
-    ):
+    for team, gpu_us in recorded:
+        totals[team] += gpu_us or 0
+    for team, _, _, start, end, gpus in running:
         for day, gpu_us in day_pieces(start, end, gpus, now):
             if day >= since:
                 totals[team] += gpu_us
     return totals
+
+
+def _live(since: dt.date) -> QuerySet[Attempt]:
+    """Attempts not in the records that may have run on or after `since`."""
+    return Attempt.objects.filter(metered=False, start_time__isnull=False).filter(
+        Q(end_time__isnull=True) | Q(end_time__gte=_midnight(since))
+    )
+
+
+def _read_consistently(records: QuerySet, live: QuerySet[Attempt]) -> tuple[list, list]:
+    """The live attempts, then the records, then a check that no live attempt was metered in
+    between (it would be counted twice); read again in that rare case."""
+    for _ in range(5):
+        running = list(
+            live.values_list(
+                "pk", "job__team_id", "job__user_id", "job__cluster_id",
+                "start_time", "end_time", "gpus",
+            )
+        )  # fmt: skip
+        recorded = list(records)
+        ids = [row[0] for row in running]
+        if not ids or not Attempt.objects.filter(pk__in=ids, metered=True).exists():
+            break
+    return recorded, [row[1:] for row in running]
 
 
 def _midnight(day: dt.date) -> dt.datetime:

@@ -56,3 +56,39 @@ def test_two_sweeps_at_once_meter_every_attempt_once(team, alice, monkeypatch):
     total = UsageRecord.objects.aggregate(us=Sum("gpu_us"))["us"]
     assert total == 120 * 30 * 60 * 10**6
     assert check_usage_records(START + dt.timedelta(days=1)).violations == []
+
+
+def test_sweeps_whose_batches_share_many_keys_do_not_deadlock(team, make_user, monkeypatch):
+    # Batches of 40 attempts over 6 days and 4 users: every batch touches many of the same
+    # records, in orders that differ between batches unless the upsert sorts its keys.
+    monkeypatch.setattr("metering.records.SWEEP_BATCH", 40)
+    users = [make_user(f"u{i}", team) for i in range(4)]
+    for rep in range(100):
+        for day in range(6):
+            start = START + dt.timedelta(days=(day * 7 + rep) % 6, minutes=rep)
+            with_attempt(
+                queued_job(team, users[(rep + day) % 4]),
+                "SUCCEEDED",
+                start_time=start,
+                end_time=start + dt.timedelta(minutes=5),
+            )
+    errors, added = [], []
+    barrier = threading.Barrier(4)
+
+    def sweep():
+        try:
+            barrier.wait()
+            added.append(meter_ended())
+        except Exception as exc:  # a deadlock surfaces here as OperationalError
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=sweep) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert sum(added) == 600
+    assert check_usage_records().violations == []
