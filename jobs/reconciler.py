@@ -323,4 +323,7 @@ def _sweep_orphan(executor: Executor, attempt: Attempt, obs: Observation | None)
     ended = attempt.end_time
     started = _start_of(attempt, obs)
     if attempt.start_time is None and started and ended and started < ended:
-        Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(start_time=started)
+        # Metered already with no start (0 GPU-µs): metering it again adds exactly its time.
+        Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(
+            start_time=started, metered=False
+        )

@@ -247,11 +247,6 @@ def test_an_attempt_across_a_month_boundary_is_split_between_the_months(engine, 
     assert job_gpu_seconds(job.attempts.all(), now=later) == 18000.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the orphan sweep sets start_time on an attempt a tick's meter_ended already "
-    "metered with 0 GPU-µs, so the records miss its running time",
-)
 def test_a_start_learned_after_the_pause_and_a_tick_is_billed_in_the_records(engine, clock, vision):
     team, alice, _ = vision
     job = queued_job(team, alice, gpus=2, submitted_at=T0)
