@@ -125,7 +125,7 @@ def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
         teams = {t.pk: t for t in Team.objects.all()}
         windows = _windows()
         month_us = _month_usage(teams, now)
-        stopped = _hard_stops(teams, month_us)
+        stopped = _hard_stops(teams, month_us, now)
         paused, resumed = _apply_window_policy(now, teams, windows)
         result = _admit(now, teams, windows, capacities, month_us)
     result.stopped, result.paused, result.resumed = stopped, paused, resumed
@@ -312,7 +312,7 @@ def _month_usage(teams: dict[int, Team], now: dt.datetime) -> dict[int, int]:
     return team_gpu_us(now.astimezone(dt.UTC).date().replace(day=1), now)
 
 
-def _hard_stops(teams: dict[int, Team], month_us: dict[int, int]) -> list[int]:
+def _hard_stops(teams: dict[int, Team], month_us: dict[int, int], now: dt.datetime) -> list[int]:
     """Stop the active GPU jobs of teams whose budget is used up and that asked for a hard stop."""
     over = [
         t
@@ -332,7 +332,7 @@ def _hard_stops(teams: dict[int, Team], month_us: dict[int, int]) -> list[int]:
             f"stopped: team {team.name} used its monthly budget of "
             f"{team.gpu_hours_per_month} GPU-hours (hard stop)"
         )
-        stopped += _halt(ids, S.STOPPED, reason)
+        stopped += _halt(ids, S.STOPPED, reason, now)
     return stopped
 
 
@@ -360,7 +360,7 @@ def _apply_window_policy(
             ].append(pk)
         elif closed is None and status == S.PAUSED and by_window:
             to_resume.append(pk)
-    paused = [pk for reason, ids in to_pause.items() for pk in _halt(ids, S.PAUSED, reason)]
+    paused = [pk for reason, ids in to_pause.items() for pk in _halt(ids, S.PAUSED, reason, now)]
     Job.objects.filter(pk__in=paused).update(paused_by_window=True)
     resumed = []
     if to_resume:
@@ -375,7 +375,7 @@ def _apply_window_policy(
     return paused, resumed
 
 
-def _halt(ids: list[int], target: JobStatus, reason: str) -> list[int]:
+def _halt(ids: list[int], target: JobStatus, reason: str, now: dt.datetime) -> list[int]:
     """Stop or pause active jobs as the scheduler: close their attempts, cancel after commit."""
     if not ids:
         return []
@@ -385,7 +385,7 @@ def _halt(ids: list[int], target: JobStatus, reason: str) -> list[int]:
     halted = [job.pk for job in changed]
     current = Job.objects.filter(pk__in=halted).values("current_attempt")
     Attempt.objects.filter(pk__in=current, end_time__isnull=True).update(
-        end_time=timezone.now(), end_reason=reason
+        end_time=now, end_reason=reason
     )
     Job.objects.filter(pk__in=halted).update(next_attempt_at=None)
     if target == S.STOPPED:
