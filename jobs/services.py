@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from jobs import lifecycle, logstore
+from jobs import lifecycle, logstore, teams
 from jobs.errors import BadRequest, Conflict, Forbidden, NotFound
 from jobs.executors import Capacity, executor_for
 from jobs.launcher import cancel_current
@@ -208,12 +208,7 @@ def _cancel_after_commit(job_id: int) -> None:
 
 def _controllable(user: User, job_id: int) -> Job:
     job = get_visible_job(user, job_id)
-    if (
-        not user.is_staff
-        and not Membership.objects.filter(
-            team=job.team, user=user, role__in=["member", "admin"]
-        ).exists()
-    ):
+    if not teams.can_control_jobs(user, job.team_id):
         raise Forbidden(
             f"you can read job {job_id} but not control it (viewer role in team {job.team.name})"
         )

@@ -17,6 +17,12 @@ def _isolated_storage(settings, tmp_path):
     settings.SF_LOCAL_STATE_DIR = tmp_path / "local-executor"
 
 
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    """Test users' passwords hashed cheaply: the default hasher costs about a second each."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def local_cluster(db) -> Cluster:
     return Cluster.objects.create(name="local", kind="local", settings={"gpu_slots": 4})
