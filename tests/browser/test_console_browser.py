@@ -17,17 +17,6 @@ from tests.e2e.stack import Stack
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 TICKER = """
 import time
 import sf
@@ -46,17 +35,6 @@ carol = User.objects.create_user("carol", password="carol-pw")
 Membership.objects.create(team=team, user=carol)
 print(issue_token(carol))
 """
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail("Chromium is missing: `make test` installs Debian's chromium package")
-    running = Stack(tmp_path_factory.mktemp("var")).start()
-    try:
-        yield running
-    finally:
-        running.close()
 
 
 @pytest.fixture(scope="module")
@@ -97,16 +75,6 @@ def sign_in(page, base_url: str, username: str, password: str) -> None:
     page.fill("#id_password", password)
     page.click("button[type=submit]")
     page.wait_for_url(f"{base_url}/")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

@@ -6,15 +6,14 @@ chart. Screenshots land in test-artifacts/ for a person to look at.
 """
 
 import json
-import os
 import re
 import urllib.request
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
-from tests.browser.test_console_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, sign_in, submit
+from tests.browser.test_console_browser import ARTIFACTS, sign_in, submit
 from tests.e2e.stack import Stack, live_runners, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -41,28 +40,9 @@ USAGE_CHART = "#usage-chart"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    if not os.path.exists(CHROMIUM):
-        pytest.fail("Chromium is missing: `make test` installs Debian's chromium package")
-    running = Stack(tmp_path_factory.mktemp("var")).start()
-    try:
-        yield running
-    finally:
-        running.close()
-
-
-@pytest.fixture(scope="module")
 def nlp(stack) -> dict:
     """Team nlp (quota 1 GPU) with members nina and omar, and staff superuser olga."""
     return json.loads(stack._manage("shell", "-c", SETUP_TEAM).stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

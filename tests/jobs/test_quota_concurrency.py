@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
 
@@ -29,6 +29,7 @@ from jobs.scheduler import admit_queued_jobs
 from jobs.states import JobStatus
 from jobs.transitions import Change, apply_transitions
 from tests.jobs.scripted import ScriptedExecutor
+from tests.jobs.threads import looping
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 S = JobStatus
@@ -212,20 +213,6 @@ def _replay_timeline(limits: Limits) -> tuple[list[str], int, set[str]]:
     return out, admissions, reached
 
 
-def _in_thread(step, errors: list, stop: threading.Event) -> threading.Thread:
-    def run():
-        try:
-            while not stop.is_set():
-                step()
-        except Exception as exc:  # surfaced by the test, not swallowed
-            errors.append(exc)
-            stop.set()
-        finally:
-            connections.close_all()
-
-    return threading.Thread(target=run)
-
-
 def _scheduler(admitted: list[int], skipped: list[int]):
     def step():
         result = admit_queued_jobs()
@@ -285,10 +272,10 @@ def test_two_schedulers_never_let_a_team_exceed_any_quota_on_500_jobs(farm):
         time.sleep(0.02)
 
     threads = [
-        _in_thread(_scheduler(admitted[0], skipped[0]), errors, stop),
-        _in_thread(_scheduler(admitted[1], skipped[1]), errors, stop),
-        _in_thread(_finisher(random.Random(6)), errors, stop),
-        _in_thread(sample, errors, stop),
+        looping(_scheduler(admitted[0], skipped[0]), errors, stop),
+        looping(_scheduler(admitted[1], skipped[1]), errors, stop),
+        looping(_finisher(random.Random(6)), errors, stop),
+        looping(sample, errors, stop),
     ]
     started = time.monotonic()
     for thread in threads:

@@ -4,7 +4,7 @@ import random
 import threading
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.db.models import Sum
 
 from jobs.models import Job, Team
@@ -12,6 +12,7 @@ from jobs.scheduler import admit_queued_jobs
 from jobs.states import JobStatus
 from jobs.transitions import Change, apply_transitions
 from tests.jobs.factories import queued_job
+from tests.jobs.threads import looping
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 S = JobStatus
@@ -30,20 +31,6 @@ def _usage() -> dict[str, int]:
         .annotate(gpus=Sum("gpus"))
     )
     return {r["team__name"]: r["gpus"] for r in rows}
-
-
-def _in_thread(fn, errors: list, stop: threading.Event):
-    def run():
-        try:
-            while not stop.is_set():
-                fn()
-        except Exception as exc:  # surfaced by the test, not swallowed
-            errors.append(exc)
-            stop.set()
-        finally:
-            connections.close_all()
-
-    return threading.Thread(target=run)
 
 
 def _finish_some():
@@ -66,10 +53,10 @@ def test_two_schedulers_at_once_never_exceed_any_quota(make_team, make_user):
         samples.append(_usage())
 
     threads = [
-        _in_thread(admit_queued_jobs, errors, stop),
-        _in_thread(admit_queued_jobs, errors, stop),
-        _in_thread(_finish_some, errors, stop),
-        _in_thread(sample, errors, stop),
+        looping(admit_queued_jobs, errors, stop),
+        looping(admit_queued_jobs, errors, stop),
+        looping(_finish_some, errors, stop),
+        looping(sample, errors, stop),
     ]
     for thread in threads:
         thread.start()
