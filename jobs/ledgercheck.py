@@ -1,9 +1,11 @@
 """`check_ledger`: verify the ledger keeps ARCHITECTURE.md's invariants, one line per violation.
 
 Reads the whole ledger in a few streaming queries; safe to run on a live system (it reports an
-attempt just launched or a job just moved only if the ledger is really inconsistent). The
-backend side of invariant 4 (no live backend object without a non-terminal attempt) needs a
-listing of each engine's objects, which the executors do not offer yet; that check is not here.
+attempt just launched or a job just moved only if the ledger is really inconsistent). For
+the backend side of invariant 4 it asks each cluster's engine about the attempts that ended in
+the last day: a backend object still pending or running behind a closed attempt is an orphan.
+(Objects no attempt ever recorded, say from a launch whose attempt row was lost, would need a
+listing of each engine's objects, which the executors do not offer.)
 """
 
 import datetime as dt
@@ -14,7 +16,8 @@ from django.conf import settings
 from django.db.models import Count, F, Q, Sum
 from django.utils import timezone
 
-from jobs.models import Attempt, Job, JobEvent, Team
+from jobs.executors import executor_for
+from jobs.models import Attempt, Cluster, Job, JobEvent, Team
 from jobs.states import JobStatus, is_allowed
 
 S = JobStatus
@@ -23,7 +26,8 @@ S = JobStatus
 def violations(now: dt.datetime | None = None) -> list[str]:
     now = now or timezone.now()
     found: list[str] = []
-    for check in (timelines, quotas_now, admissions, attempts, follow_ons, metering):
+    checks = (timelines, quotas_now, admissions, attempts, orphans, follow_ons, metering)
+    for check in checks:
         found.extend(check(now))
     return found
 
@@ -127,6 +131,43 @@ def attempts(now: dt.datetime) -> Iterator[str]:
     early = Attempt.objects.filter(start_time__lt=F("submitted_at"))
     for job_id, name in early.values_list("job_id", "backend_name"):
         yield f"job {job_id}: attempt {name} is billed from before it was admitted"
+
+
+ORPHAN_LOOKBACK = dt.timedelta(days=1)
+
+
+def orphans(now: dt.datetime) -> Iterator[str]:
+    """No backend object still pending or running behind an attempt that ended (past the
+    grace period the reconciler has to cancel it again)."""
+    grace = dt.timedelta(seconds=settings.SF_LOST_GRACE_S)
+    for cluster in Cluster.objects.filter(enabled=True).exclude(kind=Cluster.Kind.NOOP):
+        closed = list(
+            Attempt.objects.filter(
+                job__cluster=cluster, end_time__gte=now - ORPHAN_LOOKBACK, end_time__lt=now - grace
+            )
+        )
+        if not closed:
+            continue
+        try:
+            executor = executor_for(cluster)
+            by_ref = {a.job_ref: a for a in closed if a.job_ref}
+            for attempt in closed:
+                if not attempt.job_ref:  # closed before its launch was recorded
+                    ref = executor.find(attempt.backend_name)
+                    if ref:
+                        by_ref[ref] = attempt
+            seen = executor.poll(list(by_ref)) if by_ref else {}
+        except Exception as exc:  # cannot verify: say so rather than pass
+            yield f"cluster {cluster.name}: its backend objects could not be checked ({exc})"
+            continue
+        for ref, obs in seen.items():
+            if executor.STATE_TABLE.get(obs.native_state) in (S.PENDING, S.RUNNING):
+                attempt = by_ref[ref]
+                yield (
+                    f"job {attempt.job_id}: attempt {attempt.backend_name} ended at "
+                    f"{attempt.end_time:%Y-%m-%d %H:%M:%S} but its backend object {ref} on "
+                    f"cluster {cluster.name} is still {obs.native_state}"
+                )
 
 
 def follow_ons(now: dt.datetime) -> Iterator[str]:

@@ -123,3 +123,24 @@ def test_tampered_usage_records_are_reported(ran_ledger):
     UsageRecord.objects.update(gpu_us=1)
     found = [line for line in violations() if "the records say 1 GPU-µs" in line]
     assert len(found) == UsageRecord.objects.count() >= 1
+
+
+def test_a_backend_object_alive_behind_a_closed_attempt_is_an_orphan(
+    backend, team, alice, monkeypatch, settings
+):
+    monkeypatch.setattr("jobs.ledgercheck.executor_for", backend)
+    ended = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=settings.SF_LOST_GRACE_S + 5)
+    orphan, gone = queued_job(team, alice), queued_job(team, alice)
+    for job, ref in ((orphan, "ref-1"), (gone, "ref-2")):
+        with_attempt(job, S.STOPPED, job_ref=ref, start_time=ended, end_time=ended)
+    backend.states["ref-1"] = Observation("RUN")
+    backend.states["ref-2"] = Observation("HALTED")
+    found = [line for line in violations() if "backend object" in line]
+    assert found == [
+        f"job {orphan.pk}: attempt sf-{orphan.run_id}-a1 ended at "
+        f"{ended:%Y-%m-%d %H:%M:%S} but its backend object ref-1 on cluster local is still RUN"
+    ]
+    backend.poll_error = RuntimeError("controller down")
+    assert "cluster local: its backend objects could not be checked (controller down)" in (
+        violations()
+    )
