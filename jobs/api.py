@@ -329,6 +329,23 @@ def batch_items(body: bytes, attempt: int, field: str, limit: int, *, finite: bo
     return items
 
 
+def ingest_body(request) -> bytes:
+    """The runner's request body, refused with a 413 past SF_INGEST_MAX_BODY_BYTES.
+
+    Read here rather than through request.body, whose cap (DATA_UPLOAD_MAX_MEMORY_SIZE) ends
+    in a 500 and would refuse the long lines of a legitimate batch.
+    """
+    limit = settings.SF_INGEST_MAX_BODY_BYTES
+    length = request.headers.get("Content-Length", "")
+    declared_too_long = length.isdigit() and int(length) > limit
+    body = b"" if declared_too_long else request.read(limit + 1)
+    if declared_too_long or len(body) > limit:
+        raise PayloadTooLarge(
+            f"a batch is at most {limit} bytes; send fewer lines or points per request"
+        )
+    return body
+
+
 def runner_body(body: bytes, attempt: int, *, finite: bool = True) -> dict:
     """A runner's JSON object naming this token's attempt, or a 400 saying what is wrong."""
     try:
@@ -379,7 +396,7 @@ def _ingesting_attempt(principal) -> Attempt:
 )
 def ingest_logs(request):
     attempt = _ingesting_attempt(request.auth)
-    lines = _parse_batch(request.body, attempt.number)
+    lines = _parse_batch(ingest_body(request), attempt.number)
     result = logstore.append(attempt.job_id, attempt.number, lines)
     return {
         "accepted": result.accepted,
@@ -413,7 +430,7 @@ def ingest_started(request):
     time; an attempt already closed (stopped while starting) keeps what it has.
     """
     attempt = _ingesting_attempt(request.auth)
-    runner_body(request.body, attempt.number)
+    runner_body(ingest_body(request), attempt.number)
     Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True, end_time__isnull=True).update(
         start_time=timezone.now()
     )

@@ -7,7 +7,7 @@ from ninja import Query, Router, Schema
 from pydantic import Field
 
 from jobs import live, metrics, services
-from jobs.api import _ingesting_attempt, batch_body_doc, batch_items
+from jobs.api import _ingesting_attempt, batch_body_doc, batch_items, ingest_body
 from jobs.auth import ConsoleSession, JobToken, UserToken
 
 router = Router(tags=["metrics"])
@@ -28,7 +28,7 @@ class MetricIngestResult(Schema):
 )
 def ingest_metrics(request):
     attempt = _ingesting_attempt(request.auth)
-    points = _parse_batch(request.body, attempt.number)
+    points = _parse_batch(ingest_body(request), attempt.number)
     result = metrics.append(attempt.job_id, attempt.number, points)
     live.publish_metrics(attempt.job_id, (p["kind"] for p in points), result.accepted)
     return {"accepted": result.accepted, "duplicates": result.duplicates}

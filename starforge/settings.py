@@ -145,6 +145,8 @@ SF_RETRY_COOLDOWN_CAP_S = _env_int("SF_RETRY_COOLDOWN_CAP_S", 3600)
 SF_LAUNCH_STUCK_S = _env_int("SF_LAUNCH_STUCK_S", 30)
 SF_LOG_BATCH_MAX_LINES = _env_int("SF_LOG_BATCH_MAX_LINES", 20000)
 SF_METRIC_BATCH_MAX_POINTS = _env_int("SF_METRIC_BATCH_MAX_POINTS", 20000)
+# A runner's batch in bytes: beyond it, 413 (Django's own 2.5 MB cap would answer a 500).
+SF_INGEST_MAX_BODY_BYTES = _env_int("SF_INGEST_MAX_BODY_MB", 16) * 1024 * 1024
 SF_LOG_PAGE_MAX_LINES = 50000
 # Where runners reach the API; the local executor passes it to every job.
 SF_API_URL = os.environ.get("SF_API_URL", "http://127.0.0.1:8000")
