@@ -176,8 +176,11 @@ def delete_job(user: User, job_id: int) -> None:
 
 
 def _halt(user: User, job_id: int, target: JobStatus, reason: str) -> Job:
-    job = _controllable(user, job_id)
+    _controllable(user, job_id)
     with transaction.atomic():
+        # Read the row under its lock: a scheduler tick may have admitted the job (a new open
+        # attempt) since the check above, and that attempt is the one to close.
+        job = Job.objects.select_for_update().get(pk=job_id)
         changed = transition(
             job.pk, target, reason=reason, actor=user.username, attempt=job.attempt_count or None
         )
