@@ -15,6 +15,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja.security import HttpBearer, SessionAuth
 
+from jobs import throttle
 from jobs.errors import ApiError, BadRequest, NotFound
 from jobs.launcher import JOB_TOKEN_SALT
 from jobs.models import ApiToken
@@ -82,8 +83,10 @@ def revoke_token(user: User, token_id: int) -> ApiToken:
 
 class UserToken(HttpBearer):
     def authenticate(self, request, token: str) -> User | None:
+        throttle.check_token_address(request)
         row = ApiToken.objects.select_related("user").filter(key_hash=hash_token(token)).first()
         if row is None or not row.user.is_active:
+            throttle.record_bad_token(request)
             return None
         now = timezone.now()
         # Raised, not declined: the caller holds a real token and deserves to know its fate.
@@ -107,10 +110,12 @@ class JobPrincipal:
 
 class JobToken(HttpBearer):
     def authenticate(self, request, token: str) -> JobPrincipal | None:
+        throttle.check_token_address(request)
         try:
             job_id, attempt = signing.Signer(salt=JOB_TOKEN_SALT).unsign(token).split(".")
             return JobPrincipal(int(job_id), int(attempt))
         except (signing.BadSignature, ValueError):
+            throttle.record_bad_token(request)
             return None
 
 

@@ -99,6 +99,10 @@ STATICFILES_DIRS = [
 STATIC_ROOT = VAR_DIR / "static"
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
+# Sent on every answer, console and API alike (Django's defaults, stated so nobody drops them).
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = REDIS_URL
@@ -121,6 +125,15 @@ CELERY_BEAT_SCHEDULE = {
         "task": "jobs.tasks.reconcile_tick",
         "schedule": 2.0,
         "options": {"expires": 10},
+    },
+}
+# The brute-force throttles' counts (jobs.throttle), shared by every server process.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "throttle": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "sf-throttle",
     },
 }
 CHANNEL_LAYERS = {
@@ -148,6 +161,12 @@ SF_METRIC_BATCH_MAX_POINTS = _env_int("SF_METRIC_BATCH_MAX_POINTS", 20000)
 # A runner's batch in bytes: beyond it, 413 (Django's own 2.5 MB cap would answer a 500).
 SF_INGEST_MAX_BODY_BYTES = _env_int("SF_INGEST_MAX_BODY_MB", 16) * 1024 * 1024
 SF_LOG_PAGE_MAX_LINES = 50000
+# Brute-force throttles (jobs.throttle): failed sign-ins per username and address, unknown
+# bearer tokens per address, each within a window; past the limit, 429 until the window ends.
+SF_LOGIN_MAX_FAILURES = _env_int("SF_LOGIN_MAX_FAILURES", 10)
+SF_LOGIN_WINDOW_S = _env_int("SF_LOGIN_WINDOW_S", 600)
+SF_TOKEN_MAX_FAILURES = _env_int("SF_TOKEN_MAX_FAILURES", 20)
+SF_TOKEN_WINDOW_S = _env_int("SF_TOKEN_WINDOW_S", 60)
 # Where runners reach the API; the local executor passes it to every job.
 SF_API_URL = os.environ.get("SF_API_URL", "http://127.0.0.1:8000")
 # Addresses that may scrape /metrics without a staff token: comma-separated CIDRs.

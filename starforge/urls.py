@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
 
-from jobs import team_views, views
+from jobs import team_views, throttle, views
 from jobs.prometheus import metrics_view
 from metering.views import usage_page
 from starforge.api import api
@@ -33,6 +33,7 @@ urlpatterns = [
     # The console's own assets (Plotly's bundle included) are served by the app: it works
     # with no internet access and without a separate web server.
     re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}),
+    path("accounts/login/", throttle.login, name="login"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("api/", api.urls),

@@ -88,3 +88,15 @@ def alice(make_user, team):
 @pytest.fixture
 def api(alice) -> ApiClient:
     return ApiClient(alice)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_throttle_counts(settings, request):
+    """Each test counts failed sign-ins and bad tokens from zero, in its own in-memory cache."""
+    settings.CACHES = {
+        **settings.CACHES,
+        "throttle": {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "LOCATION": f"throttle-{request.node.nodeid}",
+        },
+    }

@@ -1,0 +1,119 @@
+"""Brute-force throttles: failed console sign-ins, and unknown bearer tokens, counted in a cache.
+
+Failures are counted in fixed windows in the `throttle` cache (Redis in a deployment, so every
+server process shares the counts). A username and address pair that failed to sign in
+SF_LOGIN_MAX_FAILURES times within SF_LOGIN_WINDOW_S gets 429 on every further attempt, a
+right password included, until the window ends; a successful sign-in clears its count. An
+address that sent SF_TOKEN_MAX_FAILURES unknown or badly signed bearer tokens within
+SF_TOKEN_WINDOW_S gets 429 on every bearer request until the window ends. Requests that
+succeed never count. When the cache cannot be reached the throttles let requests through
+(and log it) rather than lock everyone out.
+"""
+
+import hashlib
+import logging
+import math
+import time
+
+from django.conf import settings
+from django.contrib.auth.views import LoginView
+from django.core.cache import caches
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+
+from jobs.errors import ApiError
+
+log = logging.getLogger(__name__)
+CACHE_ALIAS = "throttle"
+
+
+class Throttled(ApiError):
+    status = 429
+
+
+def _key(kind: str, *parts: str) -> str:
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    return f"{kind}:{digest}"
+
+
+def seconds_blocked(key: str, limit: int) -> int:
+    """Seconds until `key` may try again; 0 when it has fewer than `limit` recent failures."""
+    try:
+        found = caches[CACHE_ALIAS].get_many([key, f"{key}:until"])
+    except Exception:  # an unreachable cache must not refuse everyone
+        log.warning("throttle cache unavailable; not throttling", exc_info=True)
+        return 0
+    if found.get(key, 0) < limit:
+        return 0
+    return max(1, math.ceil(found.get(f"{key}:until", 0) - time.time()))
+
+
+def record_failure(key: str, window_s: int) -> None:
+    """Count one failure of `key` in its window (which starts at the first failure)."""
+    try:
+        cache = caches[CACHE_ALIAS]
+        if cache.add(key, 0, window_s):
+            cache.set(f"{key}:until", time.time() + window_s, window_s)
+        cache.incr(key)
+    except ValueError:
+        pass  # the window ended between add and incr: this failure starts no new one
+    except Exception:
+        log.warning("throttle cache unavailable; failure not counted", exc_info=True)
+
+
+def clear(key: str) -> None:
+    try:
+        caches[CACHE_ALIAS].delete_many([key, f"{key}:until"])
+    except Exception:
+        log.warning("throttle cache unavailable; count not cleared", exc_info=True)
+
+
+def client_address(request: HttpRequest) -> str:
+    return request.META.get("REMOTE_ADDR", "") or "unknown"
+
+
+# -- bearer tokens -------------------------------------------------------------------------------
+
+
+def check_token_address(request: HttpRequest) -> None:
+    """Refuse a bearer request from an address that sent too many bad tokens lately."""
+    wait = seconds_blocked(_key("token", client_address(request)), settings.SF_TOKEN_MAX_FAILURES)
+    if wait:
+        raise Throttled(
+            f"too many unknown tokens from your address; try again in {wait} seconds",
+            retry_after=wait,
+        )
+
+
+def record_bad_token(request: HttpRequest) -> None:
+    record_failure(_key("token", client_address(request)), settings.SF_TOKEN_WINDOW_S)
+
+
+# -- console sign-in -----------------------------------------------------------------------------
+
+
+def _login_key(request: HttpRequest) -> str:
+    username = str(request.POST.get("username", "")).strip().lower()
+    return _key("login", username, client_address(request))
+
+
+def login(request: HttpRequest) -> HttpResponseBase:
+    """Django's sign-in view, refusing with 429 after too many failures for a name and address."""
+    if request.method != "POST":
+        return LoginView.as_view()(request)
+    key = _login_key(request)
+    wait = seconds_blocked(key, settings.SF_LOGIN_MAX_FAILURES)
+    if wait:
+        minutes = math.ceil(wait / 60)
+        refusal = HttpResponse(
+            f"Too many failed sign-ins; try again in {minutes} minute{'s' * (minutes != 1)}.\n",
+            status=429,
+            content_type="text/plain; charset=utf-8",
+        )
+        refusal["Retry-After"] = str(wait)
+        return refusal
+    response = LoginView.as_view()(request)
+    if request.user.is_authenticated:
+        clear(key)
+    else:
+        record_failure(key, settings.SF_LOGIN_WINDOW_S)
+    return response
