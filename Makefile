@@ -61,5 +61,13 @@ bench: venv engines ## Benchmarks: scheduling throughput, log ingest/replay, sf 
 	export REDIS_URL=redis://127.0.0.1:$$(cat var/ci-redis-port)/12; \
 	$(PY) bench/run.py
 
+# Each round has its own PostgreSQL database, Redis and (Slurm) slurmctld + slurmd, and stops them.
+.PHONY: chaos
+chaos: venv engines ## Fault injection: 300 jobs on local and on Slurm while processes are killed
+	@.ci/services.sh start
+	@trap '.ci/services.sh stop' EXIT; \
+	$(PY) -m tests.chaos.driver --executor local --jobs 300 --duration 180 && \
+	$(PY) -m tests.chaos.driver --executor slurm --jobs 300 --duration 180
+
 clean: ## Remove the virtualenv and var/
 	rm -rf $(VENV) var
