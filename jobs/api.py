@@ -19,6 +19,7 @@ from jobs.models import Attempt, Job, Membership
 from jobs.schemas import (
     AttemptOut,
     DiagnosticsOut,
+    ErrorOut,
     EventOut,
     IngestResult,
     JobIn,
@@ -84,7 +85,9 @@ def job_out(job: Job, virtual: dict[int, bool] | None = None) -> dict:
     }
 
 
-@router.get("/me", response=MeOut, summary="Who the token belongs to, and their teams")
+@router.get(
+    "/me", response={200: MeOut, 401: ErrorOut}, summary="Who the token belongs to, and their teams"
+)
 def me(request):
     memberships = (
         Membership.objects.filter(user=request.auth)
@@ -109,7 +112,7 @@ def me(request):
 
 @router.post(
     "/snapshots",
-    response={201: SnapshotOut},
+    response={201: SnapshotOut, (400, 401, 413, 415): ErrorOut},
     summary="Upload a working-directory .tar.gz",
     openapi_extra={
         "requestBody": {
@@ -125,7 +128,9 @@ def upload_snapshot(request):
     return Status(201, {"sha256": snapshot.sha256, "size": snapshot.size, "created": created})
 
 
-@router.post("/jobs", response={201: JobOut}, summary="Submit a job")
+@router.post(
+    "/jobs", response={201: JobOut, (400, 401, 403, 422): ErrorOut}, summary="Submit a job"
+)
 def submit(request, data: JobIn):
     job = services.submit_job(request.auth, data)
     return Status(201, job_out(services.get_visible_job(request.auth, job.pk)))
@@ -140,7 +145,11 @@ class JobFilters(Schema):
     before: int | None = Field(None, ge=1, description="job id to page back from")
 
 
-@router.get("/jobs", response=JobPage, summary="List jobs of your teams, newest first")
+@router.get(
+    "/jobs",
+    response={200: JobPage, (400, 401, 422): ErrorOut},
+    summary="List jobs of your teams, newest first",
+)
 def list_jobs(request, filters: Query[JobFilters]):
     jobs = services.visible_jobs(request.auth)
     if filters.status:
@@ -171,18 +180,26 @@ def list_jobs(request, filters: Query[JobFilters]):
     }
 
 
-@router.get("/jobs/{job_id}", response=JobOut, summary="One job")
+@router.get("/jobs/{job_id}", response={200: JobOut, (401, 404, 422): ErrorOut}, summary="One job")
 def get_job(request, job_id: int):
     return job_out(services.get_visible_job(request.auth, job_id))
 
 
-@router.delete("/jobs/{job_id}", response={204: None}, summary="Delete a finished job")
+@router.delete(
+    "/jobs/{job_id}",
+    response={204: None, (401, 403, 404, 409, 422): ErrorOut},
+    summary="Delete a finished job",
+)
 def delete_job(request, job_id: int):
     services.delete_job(request.auth, job_id)
     return Status(204, None)
 
 
-@router.get("/jobs/{job_id}/events", response=list[EventOut], summary="The job's timeline")
+@router.get(
+    "/jobs/{job_id}/events",
+    response={200: list[EventOut], (401, 404, 422): ErrorOut},
+    summary="The job's timeline",
+)
 def job_events(request, job_id: int):
     job = services.get_visible_job(request.auth, job_id)
     return list(job.events.order_by("pk"))
@@ -190,7 +207,7 @@ def job_events(request, job_id: int):
 
 @router.get(
     "/jobs/{job_id}/diagnostics",
-    response=DiagnosticsOut,
+    response={200: DiagnosticsOut, (401, 404, 422): ErrorOut},
     summary="Why the job is where it is, in sentences (the console's Diagnostics tab)",
 )
 def job_diagnostics(request, job_id: int):
@@ -198,7 +215,11 @@ def job_diagnostics(request, job_id: int):
     return {"status": job.status, "sentences": diagnostics.explain(job)}
 
 
-@router.get("/jobs/{job_id}/attempts", response=list[AttemptOut], summary="The job's attempts")
+@router.get(
+    "/jobs/{job_id}/attempts",
+    response={200: list[AttemptOut], (401, 404, 422): ErrorOut},
+    summary="The job's attempts",
+)
 def job_attempts(request, job_id: int):
     job = services.get_visible_job(request.auth, job_id)
     now = timezone.now()
@@ -214,7 +235,7 @@ def job_attempts(request, job_id: int):
 def _verb(name: str, action):
     @router.post(
         f"/jobs/{{job_id}}/{name}",
-        response=JobOut,
+        response={200: JobOut, (401, 403, 404, 409, 422): ErrorOut},
         summary=f"{name.title()} a job",
         operation_id=f"{name}_job",
     )
@@ -241,7 +262,7 @@ class LogQuery(Schema):
 @router.get(
     "/jobs/{job_id}/logs",
     summary="Log lines after a cursor; waits for new ones with follow",
-    response={200: dict},
+    response={200: dict, (400, 401, 404, 422): ErrorOut},
 )
 async def job_logs(request, job_id: int, q: Query[LogQuery]):
     job = await sync_to_async(services.get_visible_job)(request.auth, job_id)
@@ -276,7 +297,7 @@ def _status(job_id: int) -> str:
 @router.get(
     "/jobs/{job_id}/logs/download",
     summary="The whole log of every attempt as plain text",
-    response={200: None},
+    response={200: None, (401, 404, 422): ErrorOut},
 )
 async def download_logs(request, job_id: int):
     job = await sync_to_async(services.get_visible_job)(request.auth, job_id)
@@ -358,14 +379,14 @@ def runner_body(body: bytes, attempt: int, *, finite: bool = True) -> dict:
     return batch
 
 
-def batch_body_doc(field: str) -> dict:
+def batch_body_doc(field: str, item: dict) -> dict:
     """The OpenAPI request body of a runner's batch (parsed by hand, for speed)."""
     schema = {
         "type": "object",
         "required": ["attempt", field],
         "properties": {
-            "attempt": {"type": "integer"},
-            field: {"type": "array", "items": {"type": "object"}},
+            "attempt": {"type": "integer", "description": "the attempt this job token names"},
+            field: {"type": "array", "items": item},
         },
     }
     return {"requestBody": {"content": {"application/json": {"schema": schema}}}}
@@ -388,11 +409,23 @@ def _ingesting_attempt(principal) -> Attempt:
     return attempt
 
 
+LINE_DOC = {
+    "type": "object",
+    "required": ["seq", "stream", "ts", "text"],
+    "properties": {
+        "seq": {"type": "integer", "minimum": 0, "description": "the attempt's line number"},
+        "stream": {"enum": ["stdout", "stderr"]},
+        "ts": {"type": "number", "description": "epoch seconds, by the runner's clock"},
+        "text": {"type": "string"},
+    },
+}
+
+
 @ingest.post(
     "/logs",
-    response=IngestResult,
+    response={200: IngestResult, (400, 401, 404, 409, 410, 413): ErrorOut},
     summary="Append a batch of log lines",
-    openapi_extra=batch_body_doc("lines"),
+    openapi_extra=batch_body_doc("lines", LINE_DOC),
 )
 def ingest_logs(request):
     attempt = _ingesting_attempt(request.auth)
@@ -407,7 +440,7 @@ def ingest_logs(request):
 
 @ingest.post(
     "/started",
-    response=StartedOut,
+    response={200: StartedOut, (400, 401, 404, 410, 413): ErrorOut},
     summary="The runner spawned the entrypoint: the attempt's start time, by the server's clock",
     openapi_extra={
         "requestBody": {
@@ -465,7 +498,9 @@ class PayloadTooLarge(BadRequest):
 
 
 @ingest.get(
-    "/snapshot", summary="The job's working-directory snapshot (.tar.gz)", response={200: None}
+    "/snapshot",
+    summary="The job's working-directory snapshot (.tar.gz)",
+    response={200: None, (401, 404, 410): ErrorOut},
 )
 def ingest_snapshot(request):
     attempt = _ingesting_attempt(request.auth)

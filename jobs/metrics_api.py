@@ -9,6 +9,7 @@ from pydantic import Field
 from jobs import live, metrics, services
 from jobs.api import _ingesting_attempt, batch_body_doc, batch_items, ingest_body
 from jobs.auth import ConsoleSession, JobToken, UserToken
+from jobs.schemas import ErrorOut
 
 router = Router(tags=["metrics"])
 
@@ -18,13 +19,27 @@ class MetricIngestResult(Schema):
     duplicates: int
 
 
+POINT_DOC = {
+    "type": "object",
+    "required": ["seq", "kind", "name", "step", "value", "ts"],
+    "properties": {
+        "seq": {"type": "integer", "minimum": 0, "description": "the attempt's point number"},
+        "kind": {"enum": list(metrics.KINDS)},
+        "name": {"type": "string", "minLength": 1, "maxLength": metrics.MAX_NAME},
+        "step": {"type": "integer", "minimum": 0},
+        "value": {"type": "number"},
+        "ts": {"type": "number", "description": "epoch seconds, by the runner's clock"},
+    },
+}
+
+
 @router.post(
     "/ingest/metrics",
     auth=JobToken(),
-    response=MetricIngestResult,
+    response={200: MetricIngestResult, (400, 401, 404, 410, 413): ErrorOut},
     tags=["runner ingest"],
     summary="Append a batch of metric points",
-    openapi_extra=batch_body_doc("points"),
+    openapi_extra=batch_body_doc("points", POINT_DOC),
 )
 def ingest_metrics(request):
     attempt = _ingesting_attempt(request.auth)
@@ -67,7 +82,7 @@ class MetricsOut(Schema):
 @router.get(
     "/jobs/{job_id}/metrics",
     auth=[UserToken(), ConsoleSession()],
-    response=MetricsOut,
+    response={200: MetricsOut, (401, 404, 422): ErrorOut},
     summary="The job's metrics of one kind, each series downsampled (LTTB) to max_points",
 )
 def job_metrics(request, job_id: int, q: Query[MetricsQuery]):

@@ -9,7 +9,7 @@ from pydantic import Field
 from jobs import teams
 from jobs.auth import ConsoleSession, UserToken
 from jobs.models import Team
-from jobs.schemas import Text
+from jobs.schemas import ErrorOut, Text
 
 # Same doors as the jobs API: a token for the CLI, the session (CSRF-checked) for the console.
 router = Router(auth=[UserToken(), ConsoleSession()], tags=["teams"])
@@ -93,37 +93,59 @@ def team_out(user, team: Team) -> dict:
     }
 
 
-@router.get("/teams", response=list[TeamDetailOut], summary="My teams (every team for staff)")
+@router.get(
+    "/teams",
+    response={200: list[TeamDetailOut], 401: ErrorOut},
+    summary="My teams (every team for staff)",
+)
 def list_teams(request):
     return [team_out(request.auth, team) for team in teams.visible_teams(request.auth)]
 
 
-@router.get("/teams/{name}", response=TeamDetailOut, summary="One of my teams")
+@router.get(
+    "/teams/{name}",
+    response={200: TeamDetailOut, (401, 404): ErrorOut},
+    summary="One of my teams",
+)
 def get_team(request, name: str):
     return team_out(request.auth, teams.get_team(request.auth, name))
 
 
-@router.patch("/teams/{name}", response=TeamDetailOut, summary="Set the team's defaults")
+@router.patch(
+    "/teams/{name}",
+    response={200: TeamDetailOut, (400, 401, 403, 404, 422): ErrorOut},
+    summary="Set the team's defaults",
+)
 def set_defaults(request, name: str, data: DefaultsIn):
     team = teams.set_defaults(request.auth, name, data.model_dump(exclude_unset=True))
     return team_out(request.auth, team)
 
 
-@router.post("/teams/{name}/members", response={201: MemberOut}, summary="Add a member with a role")
+@router.post(
+    "/teams/{name}/members",
+    response={201: MemberOut, (400, 401, 403, 404, 409, 422): ErrorOut},
+    summary="Add a member with a role",
+)
 def add_member(request, name: str, data: MemberIn):
     membership = teams.add_member(request.auth, name, data.username, data.role)
     return Status(201, {"username": data.username, "role": membership.role})
 
 
 @router.patch(
-    "/teams/{name}/members/{username}", response=MemberOut, summary="Change a member's role"
+    "/teams/{name}/members/{username}",
+    response={200: MemberOut, (400, 401, 403, 404, 409, 422): ErrorOut},
+    summary="Change a member's role",
 )
 def change_role(request, name: str, username: str, data: RoleIn):
     membership = teams.change_role(request.auth, name, username, data.role)
     return {"username": username, "role": membership.role}
 
 
-@router.delete("/teams/{name}/members/{username}", response={204: None}, summary="Remove a member")
+@router.delete(
+    "/teams/{name}/members/{username}",
+    response={204: None, (401, 403, 404, 409): ErrorOut},
+    summary="Remove a member",
+)
 def remove_member(request, name: str, username: str):
     teams.remove_member(request.auth, name, username)
     return Status(204, None)

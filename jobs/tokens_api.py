@@ -8,7 +8,7 @@ from pydantic import Field
 from jobs import auth
 from jobs.auth import ConsoleSession, UserToken
 from jobs.models import ApiToken
-from jobs.schemas import Text
+from jobs.schemas import ErrorOut, Text
 
 # Same doors as the jobs API: a token for the CLI, the session (CSRF-checked) for the console.
 router = Router(auth=[UserToken(), ConsoleSession()], tags=["tokens"])
@@ -46,18 +46,28 @@ def token_out(row: ApiToken) -> dict:
     }
 
 
-@router.get("/tokens", response=list[TokenOut], summary="My API tokens, newest first")
+@router.get(
+    "/tokens", response={200: list[TokenOut], 401: ErrorOut}, summary="My API tokens, newest first"
+)
 def list_tokens(request):
     return [token_out(row) for row in auth.user_tokens(request.auth)]
 
 
-@router.post("/tokens", response={201: NewTokenOut}, summary="Create an API token")
+@router.post(
+    "/tokens",
+    response={201: NewTokenOut, (400, 401, 422): ErrorOut},
+    summary="Create an API token",
+)
 def create_token(request, data: TokenIn):
     row, secret = auth.create_token(request.auth, data.name, data.expires_in_days)
     return Status(201, {**token_out(row), "secret": secret})
 
 
-@router.delete("/tokens/{token_id}", response={204: None}, summary="Revoke one of my tokens")
+@router.delete(
+    "/tokens/{token_id}",
+    response={204: None, (401, 404, 422): ErrorOut},
+    summary="Revoke one of my tokens",
+)
 def revoke_token(request, token_id: int):
     auth.revoke_token(request.auth, token_id)
     return Status(204, None)

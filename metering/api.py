@@ -9,7 +9,7 @@ from pydantic import Field
 
 from jobs.auth import ConsoleSession, UserToken
 from jobs.errors import BadRequest
-from jobs.schemas import Text
+from jobs.schemas import ErrorOut, Text
 from metering.usage import (
     Dimension,
     gpu_hours,
@@ -53,7 +53,7 @@ class UsageOut(Schema):
 
 @router.get(
     "/usage",
-    response=UsageOut,
+    response={200: UsageOut, (400, 401, 404, 422): ErrorOut},
     exclude_none=True,
     summary="GPU-hours of my teams by team, user, cluster or UTC day",
 )
