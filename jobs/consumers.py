@@ -82,9 +82,10 @@ class JobListConsumer(AsyncJsonWebsocketConsumer):
         user = self.scope["user"]
         self.teams = None if user.is_staff else await _team_ids(user)
 
-    async def job_status(self, message: dict) -> None:
-        if self.teams is None or message["team"] in self.teams:
-            await self.send_json(message)
+    async def job_statuses(self, message: dict) -> None:
+        for status in message["statuses"]:
+            if self.teams is None or status["team"] in self.teams:
+                await self.send_json(status)
 
 
 async def _leave(consumer: AsyncJsonWebsocketConsumer, groups: tuple[str, ...]) -> None:

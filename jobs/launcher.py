@@ -6,6 +6,7 @@ job_ref, or whose job moved on, is skipped, and the executor adopts an existing 
 object of the same deterministic name instead of creating a second one.
 """
 
+import datetime as dt
 import json
 import logging
 import time
@@ -15,7 +16,7 @@ from pathlib import PurePosixPath
 
 from django.conf import settings
 from django.core import signing
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs.executors import LaunchError, LaunchSpec, executor_for
@@ -84,10 +85,7 @@ def _record(outcomes: list[LaunchOutcome]) -> None:
     launched = [o for o in outcomes if o.job_ref]
     now = timezone.now()
     with transaction.atomic():
-        Attempt.objects.bulk_update(
-            [Attempt(pk=o.attempt_id, job_ref=o.job_ref, pending_at=now) for o in launched],
-            ["job_ref", "pending_at"],
-        )
+        _set_job_refs(launched, now)
         by_attempt = dict(
             Attempt.objects.filter(pk__in=[o.attempt_id for o in outcomes]).values_list(
                 "pk", "job_id"
@@ -108,6 +106,32 @@ def _record(outcomes: list[LaunchOutcome]) -> None:
     for outcome in outcomes:
         if outcome.error:
             _launch_failed(by_attempt[outcome.attempt_id], outcome)
+
+
+def _set_job_refs(launched: list[LaunchOutcome], now: dt.datetime) -> None:
+    """Each launched attempt's job_ref and pending_at, in one UPDATE.
+
+    Plain SQL because `bulk_update` resolves a Case/When expression per row and field, which
+    costs more than the launches themselves on a fast backend (a batch is recorded every
+    `RECORD_EVERY` launches).
+    """
+    if not launched:
+        return
+    table = connection.ops.quote_name(Attempt._meta.db_table)
+    pk = connection.ops.quote_name(Attempt._meta.pk.attname)
+    whens = " ".join(["WHEN %s THEN %s"] * len(launched))
+    ids = ", ".join(["%s"] * len(launched))
+    refs = [value for o in launched for value in (o.attempt_id, o.job_ref)]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET pending_at = %s, job_ref = CASE {pk} {whens} END "
+            f"WHERE {pk} IN ({ids})",
+            [
+                connection.ops.adapt_datetimefield_value(now),
+                *refs,
+                *(o.attempt_id for o in launched),
+            ],
+        )
 
 
 def _launch_failed(job_id: int, outcome: LaunchOutcome) -> None:

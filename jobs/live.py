@@ -1,31 +1,37 @@
 """Live updates for console pages: payloads built where events are written, sent after commit.
 
 Groups: ``job-<id>`` gets a job's log batches and status changes (the job page); ``jobs`` gets
-every status change with the job's team (list pages; the list consumer forwards only the
-user's teams); ``user-<id>`` hears that the user's memberships changed, so their open pages
-check again what they may see.
+every status change with the job's team, several to a message (list pages; the list consumer
+forwards only the user's teams); ``user-<id>`` hears that the user's memberships changed, so
+their open pages check again what they may see.
 
 The channel layer is lossy by design (a full channel drops messages), so a log batch carries
 its attempt, its sequence numbers and the log cursor just after it: a page that sees a batch
 not continuing the last line it shows fetches the missing range from the logs API.
 
 Publishing never breaks a write: it runs after commit, is bounded by a timeout, and a failure
-is logged and dropped (pages recover through the API).
+is logged and dropped (pages recover through the API). One commit can change thousands of jobs
+(a scheduler tick), so a publish costs a fixed number of Redis round trips for the groups nobody
+listens to, and the jobs group gets one message per `STATUS_BATCH` changes, not one per job.
 """
 
 import asyncio
 import logging
+import time
+from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
 
 from asgiref.sync import async_to_sync
 from channels.layers import BaseChannelLayer, get_channel_layer
+from channels_redis.core import RedisChannelLayer
 from django.db import transaction
 
 log = logging.getLogger(__name__)
 
 JOBS_GROUP = "jobs"
 SEND_TIMEOUT_S = 2.0
+STATUS_BATCH = 500  # status changes per message to the jobs group
 
 
 def job_group(job_id: int) -> str:
@@ -71,6 +77,11 @@ def status_message(
     }
 
 
+def statuses_message(messages: list[dict]) -> dict:
+    """Several `status_message`s for the list pages, in the order they were written."""
+    return {"type": "job.statuses", "statuses": messages}
+
+
 def metrics_message(kinds: Iterable[str], accepted: int) -> dict:
     """New metric points were stored: the open charts of these kinds should refresh."""
     return {"type": "job.metrics", "kinds": sorted(set(kinds)), "points": accepted}
@@ -94,12 +105,15 @@ def publish_membership_changed(user_id: int) -> None:
 
 
 def publish_statuses(messages: Iterable[dict]) -> None:
-    """`status_message`s, each to its job's group and to the jobs group."""
+    """`status_message`s, each to its job's group, and to the jobs group in batches."""
     if _layer() is None:
         return
-    sends = []
-    for message in messages:
-        sends += [(job_group(message["job"]), message), (JOBS_GROUP, message)]
+    messages = list(messages)
+    sends = [(job_group(message["job"]), message) for message in messages]
+    sends += [
+        (JOBS_GROUP, statuses_message(messages[i : i + STATUS_BATCH]))
+        for i in range(0, len(messages), STATUS_BATCH)
+    ]
     if sends:
         _send_on_commit(sends)
 
@@ -129,7 +143,34 @@ def _send_now(sends: list[tuple[str, dict]]) -> None:
 
 async def _group_send_all(layer: BaseChannelLayer, sends: list[tuple[str, dict]]) -> None:
     async def send_all() -> None:
+        listened = await _listened(layer, {group for group, _ in sends})
         for group, message in sends:
-            await layer.group_send(group, message)
+            if group in listened:
+                await layer.group_send(group, message)
 
     await asyncio.wait_for(send_all(), SEND_TIMEOUT_S)
+
+
+async def _listened(layer: BaseChannelLayer, groups: set[str]) -> set[str]:
+    """The groups with a member, asked in one pipeline per Redis shard.
+
+    channels_redis spends two round trips on a send even to an empty group, and most job
+    groups are empty (no page open on that job): skipping them is what keeps a tick's publish
+    short. A page that opens between the check and the send catches up through the API, as it
+    does after any message it missed.
+    """
+    if not isinstance(layer, RedisChannelLayer):
+        return groups
+    by_shard: dict[int, list[str]] = defaultdict(list)
+    for group in groups:
+        by_shard[layer.consistent_hash(group)].append(group)
+    # Members older than group_expiry are stale: group_send would discard them.
+    alive = f"({int(time.time()) - layer.group_expiry}"
+    listened: set[str] = set()
+    for shard, names in by_shard.items():
+        pipe = layer.connection(shard).pipeline(transaction=False)
+        for group in names:
+            pipe.zcount(layer._group_key(group), alive, "+inf")
+        counts = await pipe.execute()
+        listened.update(group for group, count in zip(names, counts, strict=True) if count)
+    return listened

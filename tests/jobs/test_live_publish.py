@@ -1,0 +1,63 @@
+"""Publishing status changes through the real Redis channel layer: what a tick's publish sends.
+
+A tick changes thousands of jobs in one commit: the jobs group gets them in batches, and only
+the job groups someone listens to are sent to.
+"""
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings as django_settings
+from django.utils import timezone
+
+from jobs import live
+
+
+@pytest.fixture
+def redis_layer(settings):
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [django_settings.REDIS_URL], "prefix": "sf-test-live-publish"},
+        }
+    }
+    layer = get_channel_layer()
+    async_to_sync(layer.flush)()
+    yield layer
+    async_to_sync(layer.flush)()
+
+
+def statuses(n: int, team: int = 1) -> list[dict]:
+    now = timezone.now()
+    return [live.status_message(i, team, "SUBMITTED", "PENDING", "launched", now) for i in range(n)]
+
+
+def test_the_jobs_group_gets_a_ticks_changes_in_batches_in_order(redis_layer, monkeypatch):
+    async def scenario() -> list[dict]:
+        channel = await redis_layer.new_channel()
+        await redis_layer.group_add(live.JOBS_GROUP, channel)
+        await live._group_send_all(redis_layer, sends)
+        return [await redis_layer.receive(channel) for _ in range(3)]
+
+    messages = statuses(live.STATUS_BATCH * 2 + 1)
+    captured: list = []
+    monkeypatch.setattr(live, "_send_on_commit", captured.append)
+    live.publish_statuses(messages)
+    (sends,) = captured
+    received = async_to_sync(scenario)()
+    assert [m["type"] for m in received] == ["job.statuses"] * 3
+    assert [s for m in received for s in m["statuses"]] == messages
+
+
+def test_only_job_groups_with_a_member_are_sent_to(redis_layer):
+    async def scenario() -> tuple[set[str], dict]:
+        channel = await redis_layer.new_channel()
+        await redis_layer.group_add(live.job_group(7), channel)
+        groups = {live.job_group(i) for i in range(10)}
+        listened = await live._listened(redis_layer, groups)
+        await live._group_send_all(redis_layer, [(live.job_group(7), statuses(8)[7])])
+        return listened, await redis_layer.receive(channel)
+
+    listened, message = async_to_sync(scenario)()
+    assert listened == {live.job_group(7)}
+    assert (message["type"], message["job"]) == ("job.status", 7)
