@@ -1,8 +1,8 @@
 """Working-directory snapshots: content-addressed tar.gz files, checked before they are kept.
 
 An upload is streamed to a temporary file while it is hashed, then opened as a tar stream and
-refused unless every member is a plain file, directory or a symlink that stays inside the tree,
-with safe relative names, under the unpacked-size and member-count caps (a decompression bomb
+refused unless every member is a plain file, directory or a symlink that stays inside the tree
+(followed through the archive's other symlinks too), with safe relative names, under the unpacked-size and member-count caps (a decompression bomb
 or a truncated archive ends in a refusal, not in a half-written store).
 """
 
@@ -14,6 +14,7 @@ import tarfile
 import tempfile
 import tomllib
 import zlib
+from collections import deque
 from pathlib import Path
 from typing import BinaryIO
 
@@ -26,6 +27,10 @@ MAX_MEMBERS = 200_000
 # records, padding, the end-of-archive record. Anything more is data nobody will unpack.
 HEADROOM_BYTES = 1024 * 1024
 MEMBER_OVERHEAD_BYTES = 4096
+MAX_LINK_HOPS = 40  # Linux's limit on symlinks followed in one path
+# Path characters looked up to follow every symlink of one archive: a real tree needs a few
+# dozen per link; chains of long links through links would otherwise cost minutes of CPU.
+MAX_LINK_WALK_CHARS = 64 * 1024 * 1024
 ACCEPTED_TYPES = {
     "application/gzip",
     "application/x-gzip",
@@ -99,7 +104,7 @@ def validate_archive(path: str) -> None:
     """
     unpacked_limit = settings.SF_MAX_SNAPSHOT_UNPACKED_BYTES
     total = members = 0
-    links: set[str] = set()
+    links: dict[str, str] = {}
     try:
         with gzip.open(path, "rb") as raw:
             stream = _CountingReader(raw, unpacked_limit)
@@ -114,6 +119,7 @@ def validate_archive(path: str) -> None:
                     _check_not_under_symlink(member, links)
             while stream.read(1024 * 1024):
                 pass
+        _check_links_resolve_inside(links)
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         raise SnapshotRefused(f"the snapshot is not a readable .tar.gz ({exc})") from exc
 
@@ -140,7 +146,7 @@ def _too_big_unpacked(limit: int) -> str:
     )
 
 
-def _check_not_under_symlink(member: tarfile.TarInfo, links: set[str]) -> None:
+def _check_not_under_symlink(member: tarfile.TarInfo, links: dict[str, str]) -> None:
     """A member below a symlink of the same archive would be written wherever the link points."""
     parts = posixpath.normpath(member.name).split("/")
     for depth in range(1, len(parts)):
@@ -151,7 +157,65 @@ def _check_not_under_symlink(member: tarfile.TarInfo, links: set[str]) -> None:
                 "paths must stay inside the working directory"
             )
     if member.issym():
-        links.add(posixpath.normpath(member.name))
+        links[posixpath.normpath(member.name)] = member.linkname
+
+
+def _check_links_resolve_inside(links: dict[str, str]) -> None:
+    """Refuse a symlink that leaves the tree once the archive's other symlinks are followed.
+
+    Each target stays inside when read as text, but `a -> c/..` with `c -> .` is the tree's
+    parent: whichever order they are unpacked in, the pair points outside.
+    """
+    budget = MAX_LINK_WALK_CHARS
+    for name, target in links.items():
+        inside, cost = _resolves_inside(posixpath.dirname(name), target, links, budget)
+        budget -= cost
+        if budget <= 0:
+            raise SnapshotRefused(
+                "the snapshot's symlinks take too long to follow (chains of links through "
+                "links); replace them with copies"
+            )
+        if not inside:
+            raise SnapshotRefused(
+                f"the snapshot's symlink {name!r} points outside the tree ({target!r}) "
+                "through its other symlinks"
+            )
+
+
+def _resolves_inside(
+    base: str, target: str, links: dict[str, str], budget: int
+) -> tuple[bool, int]:
+    """Whether `target`, relative to `base`, stays in the tree, and what it cost to know.
+
+    Follows the archive's symlinks like the kernel does; a loop (more than MAX_LINK_HOPS
+    links) lands nowhere, which is inside. Stops once `budget` characters were looked up.
+    """
+    parts: list[str] = []
+    todo = deque((base.split("/") if base else []) + target.split("/"))
+    cost = hops = 0
+    while todo and cost < budget:
+        part = todo.popleft()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not parts:
+                return False, cost
+            parts.pop()
+            continue
+        parts.append(part)
+        path = "/".join(parts)
+        cost += len(path) + 1
+        link = links.get(path)
+        if link is None:
+            continue
+        hops += 1
+        if hops > MAX_LINK_HOPS:
+            return True, cost
+        if link.startswith("/"):
+            return False, cost
+        parts.pop()
+        todo.extendleft(reversed(link.split("/")))
+    return True, cost
 
 
 def check_member(member: tarfile.TarInfo) -> None:
