@@ -14,6 +14,8 @@ import hashlib
 import logging
 import math
 import time
+from collections.abc import Callable
+from functools import wraps
 
 from django.conf import settings
 from django.contrib.auth.views import LoginView
@@ -96,24 +98,36 @@ def _login_key(request: HttpRequest) -> str:
     return _key("login", username, client_address(request))
 
 
-def login(request: HttpRequest) -> HttpResponseBase:
-    """Django's sign-in view, refusing with 429 after too many failures for a name and address."""
-    if request.method != "POST":
-        return LoginView.as_view()(request)
-    key = _login_key(request)
-    wait = seconds_blocked(key, settings.SF_LOGIN_MAX_FAILURES)
-    if wait:
-        minutes = math.ceil(wait / 60)
-        refusal = HttpResponse(
-            f"Too many failed sign-ins; try again in {minutes} minute{'s' * (minutes != 1)}.\n",
-            status=429,
-            content_type="text/plain; charset=utf-8",
-        )
-        refusal["Retry-After"] = str(wait)
-        return refusal
-    response = LoginView.as_view()(request)
-    if request.user.is_authenticated:
-        clear(key)
-    else:
-        record_failure(key, settings.SF_LOGIN_WINDOW_S)
-    return response
+def sign_in_view(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+    """A sign-in view refusing with 429 after too many failures for a username and address."""
+
+    @wraps(view)
+    def throttled(request: HttpRequest, *args, **kwargs) -> HttpResponseBase:
+        if request.method != "POST":
+            return view(request, *args, **kwargs)
+        key = _login_key(request)
+        wait = seconds_blocked(key, settings.SF_LOGIN_MAX_FAILURES)
+        if wait:
+            return _too_many_sign_ins(wait)
+        response = view(request, *args, **kwargs)
+        if request.user.is_authenticated:
+            clear(key)
+        else:
+            record_failure(key, settings.SF_LOGIN_WINDOW_S)
+        return response
+
+    return throttled
+
+
+def _too_many_sign_ins(wait: int) -> HttpResponse:
+    minutes = math.ceil(wait / 60)
+    refusal = HttpResponse(
+        f"Too many failed sign-ins; try again in {minutes} minute{'s' * (minutes != 1)}.\n",
+        status=429,
+        content_type="text/plain; charset=utf-8",
+    )
+    refusal["Retry-After"] = str(wait)
+    return refusal
+
+
+login = sign_in_view(LoginView.as_view())

@@ -35,6 +35,7 @@ urlpatterns = [
     re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}),
     path("accounts/login/", throttle.login, name="login"),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("admin/login/", throttle.sign_in_view(admin.site.login)),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
 ]

@@ -165,6 +165,19 @@ def test_sign_ins_after_too_many_failures_are_429_even_with_the_right_password(a
     assert "_auth_user_id" not in client.session
 
 
+def test_the_admins_sign_in_is_throttled_by_the_same_count(alice, few_failures):
+    alice.is_staff = True
+    alice.save()
+    client = Client()
+    for _ in range(2):
+        sign_in(client, "wrong")
+    admin = {"username": "alice", "password": "wrong", "next": "/admin/"}
+    assert client.post("/admin/login/", admin, REMOTE_ADDR="10.0.0.1").status_code == 200
+    refused = client.post("/admin/login/", {**admin, "password": "pw"}, REMOTE_ADDR="10.0.0.1")
+    assert refused.status_code == 429
+    assert "try again in 10 minutes" in refused.content.decode()
+
+
 def test_the_count_is_per_username_and_address(alice, make_user, few_failures):
     make_user("carol")
     client = Client()
