@@ -182,7 +182,9 @@ def _inside_link(root: str, rel: str, path: str) -> str:
         resolved = os.path.relpath(os.path.normpath(target), root)
     else:
         resolved = os.path.normpath(os.path.join(parent, target))
-    if resolved == ".." or resolved.startswith("../") or os.path.isabs(resolved):
+    real = os.path.relpath(os.path.realpath(path), os.path.realpath(root))
+    # The real path too: `a -> c/..` reads as inside, but with `c -> .` it is the tree's parent.
+    if any(p == ".." or p.startswith("../") or os.path.isabs(p) for p in (resolved, real)):
         raise SnapshotError(
             f"symlink {rel} -> {target} points outside {root}; "
             "replace it with a copy or add it to .sfignore"

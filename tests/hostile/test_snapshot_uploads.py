@@ -25,6 +25,7 @@ from tests.jobs.test_snapshots import tar_gz as pack_entries
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client"))
 from sf.runner import IngestError, safe_unpack  # noqa: E402
+from sf.snapshot import SnapshotError, build  # noqa: E402
 
 pytestmark = pytest.mark.django_db
 
@@ -295,3 +296,12 @@ def test_unpacking_any_archive_writes_nothing_outside_the_run_directory(tmp_path
         for path in run.rglob("*"):
             real = os.path.realpath(path)
             assert real == root or real.startswith(root + os.sep), (path, real)
+
+
+def test_the_client_refuses_a_link_that_leaves_the_tree_through_another(tmp_path):
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "c").symlink_to(".")
+    (root / "a").symlink_to("c/..")
+    with pytest.raises(SnapshotError, match="points outside"):
+        build(str(root))
