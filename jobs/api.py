@@ -129,7 +129,7 @@ def upload_snapshot(request):
 
 
 @router.post(
-    "/jobs", response={201: JobOut, (400, 401, 403, 422): ErrorOut}, summary="Submit a job"
+    "/jobs", response={201: JobOut, (400, 401, 403, 413, 422): ErrorOut}, summary="Submit a job"
 )
 def submit(request, data: JobIn):
     job = services.submit_job(request.auth, data)
@@ -373,6 +373,8 @@ def runner_body(body: bytes, attempt: int, *, finite: bool = True) -> dict:
         batch = json.loads(body, parse_constant=_refuse_constant if finite else None)
     except ValueError as exc:
         raise BadRequest(f"the body is not JSON ({exc})") from exc
+    except RecursionError:
+        raise BadRequest("the body is nested too deeply to be a batch") from None
     sent = batch.get("attempt") if isinstance(batch, dict) else None
     if type(sent) is not int or sent != attempt:
         raise BadRequest(f'the body must be an object with "attempt": {attempt} (this token\'s)')

@@ -42,6 +42,7 @@ MAX_NAME = 100
 DEFAULT_MAX_POINTS = 2000
 X_FIELDS = {"step": "step", "time": "ts"}
 LEVELS = (4, 6, 8, 10, 12, 14, 16)  # bucket widths 16 .. 65,536 steps or seconds
+BIGINT_MAX = 2**63 - 1  # seq and step are stored in bigint columns
 BUCKET_LIMIT = 2**62  # time buckets of absurd timestamps are clamped to fit a bigint
 INSERT_CHUNK = 1000  # rows per INSERT: 8,000 parameters, under SQLite's limit
 ROLLUP_FIELDS = (
@@ -289,24 +290,31 @@ def _checked(points: list[Any]) -> list[dict]:
         if not (
             isinstance(point, dict)
             and type(point.get("seq")) is int
-            and point["seq"] >= 0
+            and 0 <= point["seq"] <= BIGINT_MAX
             and point.get("kind") in KINDS
             and isinstance(point.get("name"), str)
             and 0 < len(point["name"]) <= MAX_NAME
+            and "\x00" not in point["name"]  # PostgreSQL text cannot hold NUL
             and type(point.get("step")) is int
-            and 0 <= point["step"] < 2**63
+            and 0 <= point["step"] <= BIGINT_MAX
             and _finite(point.get("value"))
             and _finite(point.get("ts"))
         ):
             raise BadRequest(
                 f"point {i} must have seq (int >= 0), kind (train|validation|system), name (1 to "
-                f"{MAX_NAME} characters), step (int >= 0), value and ts (finite numbers)"
+                f"{MAX_NAME} characters, no NUL), step (int >= 0), value and ts (finite numbers); "
+                f"seq and step are at most {BIGINT_MAX}"
             )
     return points
 
 
 def _finite(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and isfinite(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return isfinite(value)
+    except OverflowError:  # an int beyond a float's range
+        return False
 
 
 def _fields(point: dict) -> dict:

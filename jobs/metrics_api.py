@@ -23,10 +23,15 @@ POINT_DOC = {
     "type": "object",
     "required": ["seq", "kind", "name", "step", "value", "ts"],
     "properties": {
-        "seq": {"type": "integer", "minimum": 0, "description": "the attempt's point number"},
+        "seq": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": metrics.BIGINT_MAX,
+            "description": "the attempt's point number",
+        },
         "kind": {"enum": list(metrics.KINDS)},
         "name": {"type": "string", "minLength": 1, "maxLength": metrics.MAX_NAME},
-        "step": {"type": "integer", "minimum": 0},
+        "step": {"type": "integer", "minimum": 0, "maximum": metrics.BIGINT_MAX},
         "value": {"type": "number"},
         "ts": {"type": "number", "description": "epoch seconds, by the runner's clock"},
     },
@@ -82,7 +87,7 @@ class MetricsOut(Schema):
 @router.get(
     "/jobs/{job_id}/metrics",
     auth=[UserToken(), ConsoleSession()],
-    response={200: MetricsOut, (401, 404, 422): ErrorOut},
+    response={200: MetricsOut, (400, 401, 404, 422): ErrorOut},
     summary="The job's metrics of one kind, each series downsampled (LTTB) to max_points",
 )
 def job_metrics(request, job_id: int, q: Query[MetricsQuery]):

@@ -104,48 +104,48 @@ def list_teams(request):
 
 @router.get(
     "/teams/{name}",
-    response={200: TeamDetailOut, (401, 404): ErrorOut},
+    response={200: TeamDetailOut, (401, 404, 422): ErrorOut},
     summary="One of my teams",
 )
-def get_team(request, name: str):
+def get_team(request, name: Text):
     return team_out(request.auth, teams.get_team(request.auth, name))
 
 
 @router.patch(
     "/teams/{name}",
-    response={200: TeamDetailOut, (400, 401, 403, 404, 422): ErrorOut},
+    response={200: TeamDetailOut, (400, 401, 403, 404, 413, 422): ErrorOut},
     summary="Set the team's defaults",
 )
-def set_defaults(request, name: str, data: DefaultsIn):
+def set_defaults(request, name: Text, data: DefaultsIn):
     team = teams.set_defaults(request.auth, name, data.model_dump(exclude_unset=True))
     return team_out(request.auth, team)
 
 
 @router.post(
     "/teams/{name}/members",
-    response={201: MemberOut, (400, 401, 403, 404, 409, 422): ErrorOut},
+    response={201: MemberOut, (400, 401, 403, 404, 409, 413, 422): ErrorOut},
     summary="Add a member with a role",
 )
-def add_member(request, name: str, data: MemberIn):
+def add_member(request, name: Text, data: MemberIn):
     membership = teams.add_member(request.auth, name, data.username, data.role)
     return Status(201, {"username": data.username, "role": membership.role})
 
 
 @router.patch(
     "/teams/{name}/members/{username}",
-    response={200: MemberOut, (400, 401, 403, 404, 409, 422): ErrorOut},
+    response={200: MemberOut, (400, 401, 403, 404, 409, 413, 422): ErrorOut},
     summary="Change a member's role",
 )
-def change_role(request, name: str, username: str, data: RoleIn):
+def change_role(request, name: Text, username: Text, data: RoleIn):
     membership = teams.change_role(request.auth, name, username, data.role)
     return {"username": username, "role": membership.role}
 
 
 @router.delete(
     "/teams/{name}/members/{username}",
-    response={204: None, (401, 403, 404, 409): ErrorOut},
+    response={204: None, (401, 403, 404, 409, 422): ErrorOut},
     summary="Remove a member",
 )
-def remove_member(request, name: str, username: str):
+def remove_member(request, name: Text, username: Text):
     teams.remove_member(request.auth, name, username)
     return Status(204, None)

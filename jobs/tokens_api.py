@@ -55,7 +55,7 @@ def list_tokens(request):
 
 @router.post(
     "/tokens",
-    response={201: NewTokenOut, (400, 401, 422): ErrorOut},
+    response={201: NewTokenOut, (400, 401, 413, 422): ErrorOut},
     summary="Create an API token",
 )
 def create_token(request, data: TokenIn):

@@ -2,6 +2,8 @@
 
 import logging
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -70,6 +72,18 @@ def on_unauthenticated(request, exc):
 @api.exception_handler(HttpError)
 def on_http_error(request, exc: HttpError):
     return _answer(request, exc.status_code, str(exc))
+
+
+@api.exception_handler(RequestDataTooBig)
+def on_body_too_big(request, exc: RequestDataTooBig):
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return _answer(request, 413, f"the request body is over {limit} bytes; send less at a time")
+
+
+@api.exception_handler(SuspiciousOperation)
+def on_suspicious(request, exc: SuspiciousOperation):
+    # e.g. more query parameters than DATA_UPLOAD_MAX_NUMBER_FIELDS: Django's own sentence.
+    return _answer(request, 400, str(exc))
 
 
 @api.exception_handler(Exception)
