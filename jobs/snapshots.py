@@ -2,8 +2,9 @@
 
 An upload is streamed to a temporary file while it is hashed, then opened as a tar stream and
 refused unless every member is a plain file, directory or a symlink that stays inside the tree
-(followed through the archive's other symlinks too), with safe relative names, under the unpacked-size and member-count caps (a decompression bomb
-or a truncated archive ends in a refusal, not in a half-written store).
+(followed through the archive's other symlinks too), with safe relative names, under the
+unpacked-size and member-count caps (a decompression bomb or a truncated archive ends in a
+refusal, not in a half-written store).
 """
 
 import gzip
