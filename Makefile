@@ -55,11 +55,11 @@ lint: venv ## ruff lint and format check, mypy (django-stubs) on the server code
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy jobs starforge metering
 
-bench: venv engines ## Benchmarks: scheduling throughput, log ingest/replay, sf job status latency
+bench: venv engines ## Every benchmark, the median of 3 runs each (BENCH_REPEAT=N): bench/RESULTS.md
 	@.ci/services.sh start
 	@trap '.ci/services.sh stop' EXIT; \
 	export REDIS_URL=redis://127.0.0.1:$$(cat var/ci-redis-port)/12; \
-	$(PY) bench/run.py
+	$(PY) bench/run.py --repeat $(or $(BENCH_REPEAT),3)
 
 # Each round has its own PostgreSQL database, Redis and (Slurm) slurmctld + slurmd, and stops them.
 .PHONY: chaos

@@ -2,8 +2,10 @@
 
 Each benchmark runs in a child process of its own, against a PostgreSQL database of its own
 (created empty, migrated, dropped afterwards) and a temporary SF_VAR_DIR; a child that runs past
-its time limit is killed with its whole process group (the ASGI server included). Figures are
-printed as a table and written to bench/results/latest.json. See bench/README.md.
+its time limit is killed with its whole process group (the ASGI server included). With
+`--repeat N` each benchmark runs N times and every figure is the median of its runs. Figures are
+printed as a table and written to bench/RESULTS.md (the report) and bench/results/latest.json
+(every run). See bench/README.md.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -26,6 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "bench" / "results" / "latest.json"
+MARKDOWN = ROOT / "bench" / "RESULTS.md"
 
 # name: (what it runs, time limit in seconds). The children import Django; this process does not.
 BENCHES: dict[str, tuple[str, int]] = {
@@ -38,6 +42,7 @@ BENCHES: dict[str, tuple[str, int]] = {
     "metrics": ("Charts series of 1,000,000 metric points: rollups vs raw, and ingest", 300),
     "live": ("log line latency from print() to the browser through the real stack", 300),
     "usage": ("GET /api/v1/usage for a team with 100,000 metered attempts", 300),
+    "api-concurrency": ("50 concurrent API clients, a read/submit mix, for 20 s", 240),
     "slurm-vs-sbatch": ("200 short jobs through Starforge on a real Slurm vs straight sbatch", 600),
     "slurm-reconcile-1000": ("one reconciler tick over 1,000 PENDING jobs on a real Slurm", 300),
 }
@@ -69,6 +74,10 @@ def _child(name: str, out: Path) -> None:
         from bench import usage_bench
 
         result = usage_bench.run()
+    elif name == "api-concurrency":
+        from bench import api_concurrency_bench
+
+        result = api_concurrency_bench.run(Path(os.environ["SF_VAR_DIR"]))
     elif name in ("slurm-vs-sbatch", "slurm-reconcile-1000"):
         from bench import slurm_bench
 
@@ -145,185 +154,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
             time.sleep(0.1)
 
 
-# --- the table -----------------------------------------------------------------------------
-
-
-def _rows(results: dict) -> list[tuple[str, str, str, bool | None]]:
-    """(figure, measured, aim, met?) for every benchmark that produced numbers."""
-    rows: list[tuple[str, str, str, bool | None]] = []
-    for name in ("sched-fit", "sched-quota"):
-        r = results.get(name, {})
-        if "jobs_per_s" in r:
-            rows.append(
-                (
-                    f"schedule 10k jobs, quota {r['team_quota_gpus']}/team",
-                    f"{r['jobs_per_s']:,.0f} jobs/s ({r['admitted']:,} admitted in "
-                    f"{r['seconds']:.2f} s, {r['ticks_with_admissions']} tick(s))",
-                    ">= 500 jobs/s",
-                    r["jobs_per_s"] >= 500,
-                )
-            )
-    ticks = {n: results.get(n, {}) for n in ("tick-10k", "tick-100k")}
-    base = ticks["tick-10k"].get("first", {}).get("queries")
-    for r in ticks.values():
-        if "first" in r:
-            first, steady = r["first"], r["steady"]
-            same = None if base is None else first["queries"] == base
-            rows.append(
-                (
-                    f"one tick, {r['queued']:,} queued",
-                    f"{first['queries']} queries, {first['wall_s']:.2f} s "
-                    f"({first['admitted']} admitted); steady {steady['queries']} q, "
-                    f"{steady['wall_s']:.2f} s",
-                    "queries flat vs 10k",
-                    same,
-                )
-            )
-    api = results.get("api", {})
-    for key, r in api.items():
-        if key.startswith("ingest_"):
-            rows.append(
-                (
-                    f"ingest 1M lines, batch {r['batch']}, {r['threads']} thread(s)",
-                    f"{r['lines_per_s']:,} lines/s ({r['seconds']:.1f} s, {r['mb_per_s']} MB/s)",
-                    ">= 100,000 lines/s",
-                    r["lines_per_s"] >= 100_000,
-                )
-            )
-    if "replay" in api:
-        r = api["replay"]
-        rows.append(
-            (
-                "sf job logs -n 0 --no-follow, 1M lines",
-                f"{r['seconds']:.2f} s median of 3 (server alone {r['server_pages_s']:.2f} s: "
-                f"page 1 {r['server_first_page_ms']} ms, last {r['server_last_full_page_ms']} ms)",
-                "< 5 s",
-                r["seconds"] < 5,
-            )
-        )
-    if "status" in api:
-        r = api["status"]
-        rows.append(
-            (
-                f"sf job status, {r['runs']} runs",
-                f"median {r['median_ms']:.0f} ms, p95 {r['p95_ms']:.0f} ms "
-                f"(sf --version {r['sf_version_median_ms']:.0f} ms, "
-                f"GET alone {r['http_get_job_median_ms']:.0f} ms)",
-                "median < 300 ms",
-                r["median_ms"] < 300,
-            )
-        )
-    console = results.get("console", {})
-    for key in ("list", "list_filtered", "list_page_100", "job_page"):
-        if key in console:
-            r = console[key]
-            rows.append(
-                (
-                    f"console {key.replace('_', ' ')} HTML, {console['jobs']:,} jobs",
-                    f"median {r['median_ms']:.0f} ms, p95 {r['p95_ms']:.0f} ms",
-                    "< 150 ms",
-                    r["p95_ms"] < 150,
-                )
-            )
-    metrics = results.get("metrics", {})
-    for key in ("series_step", "series_time"):
-        if key in metrics:
-            r, raw = metrics[key], metrics.get("raw_" + key, {})
-            rows.append(
-                (
-                    f"metrics {key.replace('_', ' x=')}, {metrics['points']:,} points",
-                    f"median {r['median_ms']:.0f} ms from rollups "
-                    f"(raw points {raw.get('median_ms', 0):.0f} ms)",
-                    "< 150 ms",
-                    r["median_ms"] < 150,
-                )
-            )
-    if "ingest" in metrics:
-        r = metrics["ingest"]
-        rows.append(
-            (
-                f"metrics ingest, batch {r['batch']:,}, rollups included",
-                f"{r['points_per_s']:,} points/s ({r['ms_per_batch']} ms per batch)",
-                "-",
-                None,
-            )
-        )
-    live = results.get("live", {})
-    if "p95_ms" in live:
-        rows.append(
-            (
-                f"log line to browser, {live['lines']} lines",
-                f"p50 {live['p50_ms']:.0f} ms, p95 {live['p95_ms']:.0f} ms",
-                "p95 < 300 ms",
-                live["p95_ms"] < 300,
-            )
-        )
-    usage = results.get("usage", {})
-    for key in ("by_user", "by_day", "by_user_this_month"):
-        if key in usage:
-            r = usage[key]
-            rows.append(
-                (
-                    f"GET /api/v1/usage {key.replace('_', ' ')}, {usage['attempts']:,} attempts",
-                    f"median {r['median_ms']:.0f} ms, p95 {r['p95_ms']:.0f} ms ({r['rows']} rows)",
-                    "median < 100 ms",
-                    r["median_ms"] < 100,
-                )
-            )
-    rows += _slurm_rows(results)
-    return rows
-
-
-def _slurm_rows(results: dict) -> list[tuple[str, str, str, bool | None]]:
-    rows: list[tuple[str, str, str, bool | None]] = []
-    vs = results.get("slurm-vs-sbatch", {})
-    if "ratio" in vs:
-        ours, direct, ratio = vs["starforge"], vs["sbatch"], vs["ratio"]
-        for label, key in (("makespan", "makespan_s"), ("median submit→done", "done_median_s")):
-            rows.append(
-                (
-                    f"Slurm {label}, {vs['jobs']} jobs: Starforge / sbatch",
-                    f"{ratio[key]}x ({ours[key]} s vs {direct[key]} s)",
-                    "<= 1.25x",
-                    ratio[key] is not None and ratio[key] <= 1.25,
-                )
-            )
-        rows.append(
-            (
-                f"Slurm median submit→RUNNING, {vs['jobs']} jobs",
-                f"Starforge {ours['running_median_s']} s (p95 {ours['running_p95_s']}), "
-                f"sbatch {direct['running_median_s']} s (p95 {direct['running_p95_s']})",
-                "-",
-                None,
-            )
-        )
-    tick = results.get("slurm-reconcile-1000", {})
-    for label in ("first", "steady"):
-        if label in tick:
-            r = tick[label]
-            rows.append(
-                (
-                    f"reconcile tick, {tick['jobs']:,} Slurm jobs ({label})",
-                    f"{r['squeue_calls']} squeue, {r['wall_s']:.2f} s, {r['queries']} queries",
-                    "1 squeue",
-                    r["squeue_calls"] == 1,
-                )
-            )
-    return rows
-
-
-def _print_table(rows: list, failed: dict[str, str]) -> None:
-    widths = [max(len(r[i]) for r in rows) if rows else 0 for i in range(3)]
-    header = ("figure", "measured", "aim")
-    widths = [max(w, len(h)) for w, h in zip(widths, header, strict=True)]
-    line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + "  met"
-    print("\n" + line + "\n" + "-" * len(line))
-    for figure, measured, aim, ok in rows:
-        mark = "-" if ok is None else ("yes" if ok else "NO")
-        cells = (figure, measured, aim)
-        print("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + "  " + mark)
-    for name, error in failed.items():
-        print(f"FAILED {name}: {error}")
+# --- the machine -----------------------------------------------------------------------------
 
 
 def _meta() -> dict:
@@ -342,15 +173,62 @@ def _meta() -> dict:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "git": rev + ("-dirty" if dirty else ""),
         "cpus": os.cpu_count(),
+        "cpu_model": _proc_field("/proc/cpuinfo", "model name") or platform.processor(),
+        "memory_gib": round(int(_proc_field("/proc/meminfo", "MemTotal").split()[0]) / 2**20, 1)
+        if _proc_field("/proc/meminfo", "MemTotal")
+        else None,
+        "os": _os_name(),
         "python": platform.python_version(),
         "postgres": common.server_version(),
+        "redis": _redis_version(),
         "django_debug": os.environ.get("SF_DEBUG", "0") == "1",
+        "load_start": round(os.getloadavg()[0], 2),
     }
+
+
+def _proc_field(path: str, name: str) -> str:
+    try:
+        for line in Path(path).read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == name:
+                return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _os_name() -> str:
+    try:
+        release = dict(
+            line.split("=", 1)
+            for line in Path("/etc/os-release").read_text().splitlines()
+            if "=" in line
+        )
+        pretty = release.get("PRETTY_NAME", "").strip('"')
+    except OSError:
+        pretty = ""
+    return f"{pretty or platform.system()} (kernel {platform.release()})"
+
+
+def _redis_version() -> str | None:
+    try:
+        import redis
+
+        client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+        return str(client.info("server")["redis_version"])
+    except Exception:  # the figures do not need it; the report says "?"
+        return None
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=list(BENCHES), help="run just these")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="run each benchmark N times; report the medians"
+    )
+    parser.add_argument(
+        "--note", default="", help="a line for the top of RESULTS.md (a partial run, a busy box)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -358,23 +236,41 @@ def main() -> int:
         _child(args.child, args.out)
         return 0
 
+    from bench import report
+
     names = args.only or list(BENCHES)
-    results: dict = {"meta": _meta()}
+    results: dict = {"meta": {**_meta(), "repeat": args.repeat}}
+    runs: dict[str, list[dict]] = {}
     failed: dict[str, str] = {}
     started = time.perf_counter()
     for name in names:
         what, limit = BENCHES[name]
-        print(f"== {name}: {what}", flush=True)
-        results[name] = _run_one(name, limit)
-        if "error" in results[name]:
-            failed[name] = results[name]["error"]
-        print(f"   done in {results[name]['wall_s']} s", flush=True)
+        runs[name] = []
+        for i in range(args.repeat):
+            print(f"== {name} ({i + 1}/{args.repeat}): {what}", flush=True)
+            load = round(os.getloadavg()[0], 2)
+            runs[name].append({**_run_one(name, limit), "load_1m_before": load})
+            print(f"   done in {runs[name][-1]['wall_s']} s", flush=True)
+            if "error" in runs[name][-1]:
+                failed[name] = runs[name][-1]["error"]
+                break  # a broken benchmark stays broken: on to the next one
+        measured = [r for r in runs[name] if "error" not in r]
+        results[name] = report.median_of(measured) if measured else {}
+        if name in failed:
+            results[name]["error"] = failed[name]
     results["meta"]["total_s"] = round(time.perf_counter() - started, 1)
+    results["meta"]["load_end"] = round(os.getloadavg()[0], 2)
+    results["runs"] = runs
 
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    _print_table(_rows(results), failed)
-    print(f"\ntotal {results['meta']['total_s']} s; details in {RESULTS.relative_to(ROOT)}")
+    command = shlex.join(["bench/run.py", *sys.argv[1:]])
+    MARKDOWN.write_text(report.markdown(results, failed, command, args.note))
+    report.print_table(results, failed)
+    print(
+        f"\ntotal {results['meta']['total_s']} s; {MARKDOWN.relative_to(ROOT)}, raw runs in "
+        f"{RESULTS.relative_to(ROOT)}"
+    )
     return 1 if failed else 0
 
 

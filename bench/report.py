@@ -1,0 +1,475 @@
+"""What `bench/run.py` makes of the benchmark results: medians of repeated runs, the table it
+prints, and `bench/RESULTS.md` (machine, a table per area, the side-by-side comparisons).
+
+Nothing here imports Django: it reads the JSON the benchmark children wrote.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+AREAS = [
+    ("Scheduler", ["sched-fit", "sched-quota", "tick-10k", "tick-100k"]),
+    ("Log ingest, replay and the CLI", ["api"]),
+    ("API under 50 concurrent clients", ["api-concurrency"]),
+    ("Console", ["console", "live"]),
+    ("Metrics", ["metrics"]),
+    ("Usage", ["usage"]),
+    ("Slurm", ["slurm-vs-sbatch", "slurm-reconcile-1000"]),
+]
+
+
+@dataclass(frozen=True)
+class Row:
+    bench: str
+    figure: str
+    measured: str
+    aim: str
+    ok: bool | None
+    headline: tuple[str, ...] = ()  # where the row's main number sits in the bench's result
+
+
+# --- medians of repeated runs ---------------------------------------------------------------
+
+
+def median_of(runs: list[dict]) -> dict:
+    """One result shaped like each run, every number the median of that number over the runs.
+
+    `median_low`: with an even count it is still a figure one run measured. Lists and strings
+    come from the first run (every run stays in latest.json under "runs").
+    """
+    first = runs[0]
+    merged: dict = {}
+    for key, value in first.items():
+        values = [r[key] for r in runs if key in r]
+        if isinstance(value, dict):
+            merged[key] = median_of([v for v in values if isinstance(v, dict)])
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            numbers = [v for v in values if isinstance(v, int | float)]
+            merged[key] = statistics.median_low(numbers)
+        else:
+            merged[key] = value
+    return merged
+
+
+def spread(runs: list[dict], path: tuple[str, ...]) -> str:
+    """min–max of one number over the runs ("" for a single run or no such number)."""
+    values = []
+    for run in runs:
+        value: object = run
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            values.append(value)
+    if len(values) < 2 or not path:
+        return ""
+    return f"{_num(min(values))}–{_num(max(values))}"
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.2f}".rstrip("0").rstrip(".")
+
+
+# --- rows: (figure, measured, aim, met?) per benchmark ----------------------------------------
+
+
+def rows(results: dict) -> list[Row]:
+    out: list[Row] = []
+    for build in ROW_BUILDERS:
+        out += build(results)
+    return out
+
+
+def _sched_rows(results: dict) -> list[Row]:
+    out = []
+    for name in ("sched-fit", "sched-quota"):
+        r = results.get(name, {})
+        if "jobs_per_s" in r:
+            out.append(
+                Row(
+                    name,
+                    f"schedule 10k jobs, quota {r['team_quota_gpus']}/team",
+                    f"{r['jobs_per_s']:,.0f} jobs/s ({r['admitted']:,} admitted in "
+                    f"{r['seconds']:.2f} s: admit {r['admit_s']:.2f} s, launch "
+                    f"{r['launch_s']:.2f} s; {r['ticks_with_admissions']} tick(s))",
+                    ">= 500 jobs/s",
+                    r["jobs_per_s"] >= 500,
+                    ("jobs_per_s",),
+                )
+            )
+    base = results.get("tick-10k", {}).get("first", {}).get("queries")
+    for name in ("tick-10k", "tick-100k"):
+        r = results.get(name, {})
+        if "first" in r:
+            first, steady = r["first"], r["steady"]
+            out.append(
+                Row(
+                    name,
+                    f"one tick, {r['queued']:,} queued",
+                    f"{first['queries']} queries, {first['wall_s']:.2f} s "
+                    f"({first['admitted']} admitted); steady {steady['queries']} q, "
+                    f"{steady['wall_s']:.2f} s",
+                    "queries flat vs 10k",
+                    None if base is None else first["queries"] == base,
+                    ("first", "wall_s"),
+                )
+            )
+    return out
+
+
+def _api_rows(results: dict) -> list[Row]:
+    api, out = results.get("api", {}), []
+    for key, r in api.items():
+        if key.startswith("ingest_"):
+            out.append(
+                Row(
+                    "api",
+                    f"ingest 1M lines, batch {r['batch']}, {r['threads']} thread(s)",
+                    f"{r['lines_per_s']:,} lines/s ({r['seconds']:.1f} s, {r['mb_per_s']} MB/s)",
+                    ">= 100,000 lines/s",
+                    r["lines_per_s"] >= 100_000,
+                    (key, "lines_per_s"),
+                )
+            )
+    if "replay" in api:
+        r = api["replay"]
+        out.append(
+            Row(
+                "api",
+                "sf job logs -n 0 --no-follow, 1M lines",
+                f"{r['seconds']:.2f} s median of 3 (server alone {r['server_pages_s']:.2f} s: "
+                f"page 1 {r['server_first_page_ms']} ms, last {r['server_last_full_page_ms']} ms)",
+                "< 5 s",
+                r["seconds"] < 5,
+                ("replay", "seconds"),
+            )
+        )
+    if "status" in api:
+        r = api["status"]
+        out.append(
+            Row(
+                "api",
+                f"sf job status, {r['runs']} runs",
+                f"median {r['median_ms']:.0f} ms, p95 {r['p95_ms']:.0f} ms "
+                f"(sf --version {r['sf_version_median_ms']:.0f} ms, "
+                f"GET alone {r['http_get_job_median_ms']:.0f} ms)",
+                "median < 300 ms",
+                r["median_ms"] < 300,
+                ("status", "median_ms"),
+            )
+        )
+    return out
+
+
+def _concurrency_rows(results: dict) -> list[Row]:
+    r = results.get("api-concurrency", {})
+    if "overall" not in r:
+        return []
+    every = r["overall"]
+    out = [
+        Row(
+            "api-concurrency",
+            f"API mix, {r['clients']} clients for {r['duration_s']:.0f} s",
+            f"{every['per_s']:,.0f} req/s, p50 {every['p50_ms']:.0f} ms, "
+            f"p99 {every['p99_ms']:.0f} ms, {r['errors']} error(s)",
+            "0 errors",
+            r["errors"] == 0,
+            ("overall", "p99_ms"),
+        )
+    ]
+    for label, e in r["endpoints"].items():
+        out.append(
+            Row(
+                "api-concurrency",
+                f"  {label}",
+                f"{e['per_s']:,.1f} req/s, p50 {e['p50_ms']:.0f} ms, p99 {e['p99_ms']:.0f} ms",
+                "-",
+                None,
+                ("endpoints", label, "p99_ms"),
+            )
+        )
+    return out
+
+
+def _console_rows(results: dict) -> list[Row]:
+    console, out = results.get("console", {}), []
+    for key in ("list", "list_filtered", "list_page_100", "job_page"):
+        if key in console:
+            r = console[key]
+            out.append(
+                Row(
+                    "console",
+                    f"console {key.replace('_', ' ')} HTML, {console['jobs']:,} jobs",
+                    f"median {r['median_ms']:.0f} ms, p95 {r['p95_ms']:.0f} ms",
+                    "< 150 ms",
+                    r["p95_ms"] < 150,
+                    (key, "median_ms"),
+                )
+            )
+    live = results.get("live", {})
+    if "p95_ms" in live:
+        out.append(
+            Row(
+                "live",
+                f"log line to browser, {live['lines']} lines",
+                f"p50 {live['p50_ms']:.0f} ms, p95 {live['p95_ms']:.0f} ms",
+                "p95 < 300 ms",
+                live["p95_ms"] < 300,
+                ("p95_ms",),
+            )
+        )
+    return out
+
+
+def _metrics_rows(results: dict) -> list[Row]:
+    metrics, out = results.get("metrics", {}), []
+    for key in ("series_step", "series_time"):
+        if key in metrics:
+            r, raw = metrics[key], metrics.get("raw_" + key, {})
+            out.append(
+                Row(
+                    "metrics",
+                    f"metrics {key.replace('_', ' x=')}, {metrics['points']:,} points",
+                    f"median {r['median_ms']:.0f} ms from rollups "
+                    f"(raw points {raw.get('median_ms', 0):.0f} ms)",
+                    "< 150 ms",
+                    r["median_ms"] < 150,
+                    (key, "median_ms"),
+                )
+            )
+    if "ingest" in metrics:
+        r = metrics["ingest"]
+        out.append(
+            Row(
+                "metrics",
+                f"metrics ingest, batch {r['batch']:,}, rollups included",
+                f"{r['points_per_s']:,} points/s ({r['ms_per_batch']} ms per batch)",
+                "-",
+                None,
+                ("ingest", "points_per_s"),
+            )
+        )
+    return out
+
+
+def _usage_rows(results: dict) -> list[Row]:
+    usage, out = results.get("usage", {}), []
+    for key in ("by_user", "by_day", "by_user_this_month"):
+        if key in usage:
+            r = usage[key]
+            out.append(
+                Row(
+                    "usage",
+                    f"GET /api/v1/usage {key.replace('_', ' ')}, {usage['attempts']:,} attempts",
+                    f"median {r['median_ms']:.0f} ms, p95 {r['p95_ms']:.0f} ms ({r['rows']} rows)",
+                    "median < 100 ms",
+                    r["median_ms"] < 100,
+                    (key, "median_ms"),
+                )
+            )
+    return out
+
+
+def _slurm_rows(results: dict) -> list[Row]:
+    out = []
+    vs = results.get("slurm-vs-sbatch", {})
+    if "ratio" in vs:
+        ours, direct, ratio = vs["starforge"], vs["sbatch"], vs["ratio"]
+        for label, key in (("makespan", "makespan_s"), ("median submit→done", "done_median_s")):
+            out.append(
+                Row(
+                    "slurm-vs-sbatch",
+                    f"Slurm {label}, {vs['jobs']} jobs: Starforge / sbatch",
+                    f"{ratio[key]}x ({ours[key]} s vs {direct[key]} s)",
+                    "<= 1.25x",
+                    ratio[key] is not None and ratio[key] <= 1.25,
+                    ("ratio", key),
+                )
+            )
+        out.append(
+            Row(
+                "slurm-vs-sbatch",
+                f"Slurm median submit→RUNNING, {vs['jobs']} jobs",
+                f"Starforge {ours['running_median_s']} s (p95 {ours['running_p95_s']}), "
+                f"sbatch {direct['running_median_s']} s (p95 {direct['running_p95_s']})",
+                "-",
+                None,
+                ("starforge", "running_median_s"),
+            )
+        )
+    tick = results.get("slurm-reconcile-1000", {})
+    for label in ("first", "steady"):
+        if label in tick:
+            r = tick[label]
+            out.append(
+                Row(
+                    "slurm-reconcile-1000",
+                    f"reconcile tick, {tick['jobs']:,} Slurm jobs ({label})",
+                    f"{r['squeue_calls']} squeue, {r['wall_s']:.2f} s, {r['queries']} queries",
+                    "1 squeue",
+                    r["squeue_calls"] == 1,
+                    (label, "wall_s"),
+                )
+            )
+    return out
+
+
+ROW_BUILDERS: list[Callable[[dict], list[Row]]] = [
+    _sched_rows,
+    _api_rows,
+    _concurrency_rows,
+    _console_rows,
+    _metrics_rows,
+    _usage_rows,
+    _slurm_rows,
+]
+
+
+# --- the printed table ----------------------------------------------------------------------
+
+
+def print_table(results: dict, failed: dict[str, str]) -> None:
+    runs = results.get("runs", {})
+    table = [
+        (r.figure, r.measured, spread(runs.get(r.bench, []), r.headline), r.aim, _mark(r.ok))
+        for r in rows(results)
+    ]
+    header = ("figure", "measured (median)", "range", "aim", "met")
+    widths = [max([len(h)] + [len(t[i]) for t in table]) for i, h in enumerate(header)]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
+    print("\n" + line + "\n" + "-" * len(line))
+    for cells in table:
+        print("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)))
+    for name, error in failed.items():
+        print(f"FAILED {name}: {error}")
+
+
+def _mark(ok: bool | None) -> str:
+    return "-" if ok is None else ("yes" if ok else "NO")
+
+
+# --- RESULTS.md -----------------------------------------------------------------------------
+
+
+def markdown(results: dict, failed: dict[str, str], command: str, note: str) -> str:
+    meta, runs = results["meta"], results.get("runs", {})
+    repeat = meta.get("repeat", 1)
+    ran = [name for name in runs]
+    out = ["# Starforge benchmark results", ""]
+    if note:
+        out += [f"> **{note}**", ""]
+    out += [
+        f"Produced by `{command}` ({meta['total_s']:.0f} s in all). Benchmarks run: "
+        + ", ".join(f"`{n}`" for n in ran)
+        + f". Each figure is the median of {repeat} run(s) (`median_low`: a value one run "
+        "measured); *range* is the min–max over the runs of the row's main number. "
+        "The raw runs are in `bench/results/latest.json`; what each benchmark measures is in "
+        "`bench/README.md`. To reproduce one row, run the command in its last column (PostgreSQL "
+        "on 127.0.0.1:5432 and `REDIS_URL` set, as `make bench` does).",
+        "",
+        "## Machine",
+        "",
+        "| | |",
+        "|---|---|",
+    ]
+    machine = [
+        ("CPU", f"{meta.get('cpu_model', '?')}, {meta['cpus']} logical CPUs"),
+        ("Memory", f"{meta.get('memory_gib', '?')} GiB"),
+        ("OS", meta.get("os", "?")),
+        ("Python", meta["python"]),
+        ("PostgreSQL", meta["postgres"]),
+        ("Redis", meta.get("redis", "?")),
+        ("Git revision", f"`{meta['git']}`"),
+        ("Date (UTC)", meta["date"]),
+        (
+            "Load average (1 min) at start / end",
+            f"{meta.get('load_start')} / {meta.get('load_end')}",
+        ),
+        ("Django DEBUG", "on" if meta["django_debug"] else "off"),
+    ]
+    out += [f"| {k} | {v} |" for k, v in machine]
+    all_rows = rows(results)
+    for area, names in AREAS:
+        area_rows = [r for r in all_rows if r.bench in names]
+        if not area_rows:
+            continue
+        out += [
+            "",
+            f"## {area}",
+            "",
+            "| figure | measured (median) | range | aim | met | command |",
+        ]
+        out.append("|---|---|---|---|---|---|")
+        for r in area_rows:
+            cmd = f"`.venv/bin/python bench/run.py --only {r.bench} --repeat {repeat}`"
+            rng = spread(runs.get(r.bench, []), r.headline)
+            figure = r.figure.strip()
+            out.append(f"| {figure} | {r.measured} | {rng} | {r.aim} | {_mark(r.ok)} | {cmd} |")
+    out += _side_by_side(results)
+    if failed:
+        out += ["", "## Failed", ""] + [f"- `{n}`: {e}" for n, e in failed.items()]
+    return "\n".join(out) + "\n"
+
+
+def _side_by_side(results: dict) -> list[str]:
+    out = ["", "## Side by side"]
+    vs = results.get("slurm-vs-sbatch", {})
+    if "ratio" in vs:
+        ours, direct = vs["starforge"], vs["sbatch"]
+        out += [
+            "",
+            f"### Starforge on Slurm vs raw sbatch ({vs['jobs']} short jobs, seconds)",
+            "",
+            "| | Starforge | sbatch | Starforge / sbatch |",
+            "|---|---|---|---|",
+        ]
+        for label, key in (
+            ("makespan", "makespan_s"),
+            ("submit→RUNNING median", "running_median_s"),
+            ("submit→RUNNING p95", "running_p95_s"),
+            ("submit→done median", "done_median_s"),
+            ("submit→done p95", "done_p95_s"),
+        ):
+            ratio = vs["ratio"].get(key)
+            if ratio is None and direct.get(key):
+                ratio = round(ours[key] / direct[key], 2)
+            out.append(f"| {label} | {ours.get(key)} | {direct.get(key)} | {ratio} |")
+    conc = results.get("api-concurrency", {})
+    if "endpoints" in conc:
+        out += [
+            "",
+            f"### API endpoints under {conc['clients']} concurrent clients "
+            f"({conc['duration_s']:.0f} s, {conc['errors']} error(s))",
+            "",
+            "| endpoint | share of the mix | requests/s | p50 ms | p99 ms | max ms |",
+            "|---|---|---|---|---|---|",
+        ]
+        total = sum(conc["mix"].values())
+        for label, e in [*conc["endpoints"].items(), ("all", conc["overall"])]:
+            share = f"{conc['mix'][label] * 100 // total}%" if label in conc["mix"] else "100%"
+            out.append(
+                f"| {label} | {share} | {e['per_s']} | {e['p50_ms']} | {e['p99_ms']} | "
+                f"{e['max_ms']} |"
+            )
+    api = results.get("api", {})
+    ingest = {(r["batch"], r["threads"]): r for k, r in api.items() if k.startswith("ingest_")}
+    if ingest:
+        out += ["", "### Log ingest: lines/s by batch size and client threads", ""]
+        threads = sorted({t for _, t in ingest})
+        out += ["| batch | " + " | ".join(f"{t} thread(s)" for t in threads) + " |"]
+        out += ["|---|" + "---|" * len(threads)]
+        for batch in sorted({b for b, _ in ingest}, reverse=True):
+            cells = [
+                f"{ingest[(batch, t)]['lines_per_s']:,}" for t in threads if (batch, t) in ingest
+            ]
+            out.append(f"| {batch:,} | " + " | ".join(cells) + " |")
+    metrics = results.get("metrics", {})
+    if "series_step" in metrics:
+        out += ["", "### Metrics series: rollups vs raw points (median ms)", ""]
+        out += ["| series | rollups | raw points |", "|---|---|---|"]
+        for key in ("series_step", "series_time"):
+            raw = metrics.get("raw_" + key, {}).get("median_ms")
+            out.append(f"| {key} | {metrics[key]['median_ms']} | {raw} |")
+    return out if len(out) > 2 else []
