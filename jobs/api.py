@@ -86,7 +86,9 @@ def job_out(job: Job, virtual: dict[int, bool] | None = None) -> dict:
 
 
 @router.get(
-    "/me", response={200: MeOut, 401: ErrorOut}, summary="Who the token belongs to, and their teams"
+    "/me",
+    response={200: MeOut, (401, 429): ErrorOut},
+    summary="Who the token belongs to, and their teams",
 )
 def me(request):
     memberships = (
@@ -112,7 +114,7 @@ def me(request):
 
 @router.post(
     "/snapshots",
-    response={201: SnapshotOut, (400, 401, 413, 415): ErrorOut},
+    response={201: SnapshotOut, (400, 401, 413, 415, 429): ErrorOut},
     summary="Upload a working-directory .tar.gz",
     openapi_extra={
         "requestBody": {
@@ -129,7 +131,9 @@ def upload_snapshot(request):
 
 
 @router.post(
-    "/jobs", response={201: JobOut, (400, 401, 403, 413, 422): ErrorOut}, summary="Submit a job"
+    "/jobs",
+    response={201: JobOut, (400, 401, 403, 413, 422, 429): ErrorOut},
+    summary="Submit a job",
 )
 def submit(request, data: JobIn):
     job = services.submit_job(request.auth, data)
@@ -147,7 +151,7 @@ class JobFilters(Schema):
 
 @router.get(
     "/jobs",
-    response={200: JobPage, (400, 401, 422): ErrorOut},
+    response={200: JobPage, (400, 401, 422, 429): ErrorOut},
     summary="List jobs of your teams, newest first",
 )
 def list_jobs(request, filters: Query[JobFilters]):
@@ -180,14 +184,16 @@ def list_jobs(request, filters: Query[JobFilters]):
     }
 
 
-@router.get("/jobs/{job_id}", response={200: JobOut, (401, 404, 422): ErrorOut}, summary="One job")
+@router.get(
+    "/jobs/{job_id}", response={200: JobOut, (401, 404, 422, 429): ErrorOut}, summary="One job"
+)
 def get_job(request, job_id: int):
     return job_out(services.get_visible_job(request.auth, job_id))
 
 
 @router.delete(
     "/jobs/{job_id}",
-    response={204: None, (401, 403, 404, 409, 422): ErrorOut},
+    response={204: None, (401, 403, 404, 409, 422, 429): ErrorOut},
     summary="Delete a finished job",
 )
 def delete_job(request, job_id: int):
@@ -197,7 +203,7 @@ def delete_job(request, job_id: int):
 
 @router.get(
     "/jobs/{job_id}/events",
-    response={200: list[EventOut], (401, 404, 422): ErrorOut},
+    response={200: list[EventOut], (401, 404, 422, 429): ErrorOut},
     summary="The job's timeline",
 )
 def job_events(request, job_id: int):
@@ -207,7 +213,7 @@ def job_events(request, job_id: int):
 
 @router.get(
     "/jobs/{job_id}/diagnostics",
-    response={200: DiagnosticsOut, (401, 404, 422): ErrorOut},
+    response={200: DiagnosticsOut, (401, 404, 422, 429): ErrorOut},
     summary="Why the job is where it is, in sentences (the console's Diagnostics tab)",
 )
 def job_diagnostics(request, job_id: int):
@@ -217,7 +223,7 @@ def job_diagnostics(request, job_id: int):
 
 @router.get(
     "/jobs/{job_id}/attempts",
-    response={200: list[AttemptOut], (401, 404, 422): ErrorOut},
+    response={200: list[AttemptOut], (401, 404, 422, 429): ErrorOut},
     summary="The job's attempts",
 )
 def job_attempts(request, job_id: int):
@@ -235,7 +241,7 @@ def job_attempts(request, job_id: int):
 def _verb(name: str, action):
     @router.post(
         f"/jobs/{{job_id}}/{name}",
-        response={200: JobOut, (401, 403, 404, 409, 422): ErrorOut},
+        response={200: JobOut, (401, 403, 404, 409, 422, 429): ErrorOut},
         summary=f"{name.title()} a job",
         operation_id=f"{name}_job",
     )
@@ -262,7 +268,7 @@ class LogQuery(Schema):
 @router.get(
     "/jobs/{job_id}/logs",
     summary="Log lines after a cursor; waits for new ones with follow",
-    response={200: dict, (400, 401, 404, 422): ErrorOut},
+    response={200: dict, (400, 401, 404, 422, 429): ErrorOut},
 )
 async def job_logs(request, job_id: int, q: Query[LogQuery]):
     job = await sync_to_async(services.get_visible_job)(request.auth, job_id)
@@ -297,7 +303,7 @@ def _status(job_id: int) -> str:
 @router.get(
     "/jobs/{job_id}/logs/download",
     summary="The whole log of every attempt as plain text",
-    response={200: None, (401, 404, 422): ErrorOut},
+    response={200: None, (401, 404, 422, 429): ErrorOut},
 )
 async def download_logs(request, job_id: int):
     job = await sync_to_async(services.get_visible_job)(request.auth, job_id)
@@ -425,7 +431,7 @@ LINE_DOC = {
 
 @ingest.post(
     "/logs",
-    response={200: IngestResult, (400, 401, 404, 409, 410, 413): ErrorOut},
+    response={200: IngestResult, (400, 401, 404, 409, 410, 413, 429): ErrorOut},
     summary="Append a batch of log lines",
     openapi_extra=batch_body_doc("lines", LINE_DOC),
 )
@@ -442,7 +448,7 @@ def ingest_logs(request):
 
 @ingest.post(
     "/started",
-    response={200: StartedOut, (400, 401, 404, 410, 413): ErrorOut},
+    response={200: StartedOut, (400, 401, 404, 410, 413, 429): ErrorOut},
     summary="The runner spawned the entrypoint: the attempt's start time, by the server's clock",
     openapi_extra={
         "requestBody": {
@@ -502,7 +508,7 @@ class PayloadTooLarge(BadRequest):
 @ingest.get(
     "/snapshot",
     summary="The job's working-directory snapshot (.tar.gz)",
-    response={200: None, (401, 404, 410): ErrorOut},
+    response={200: None, (401, 404, 410, 429): ErrorOut},
 )
 def ingest_snapshot(request):
     attempt = _ingesting_attempt(request.auth)

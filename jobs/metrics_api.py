@@ -41,7 +41,7 @@ POINT_DOC = {
 @router.post(
     "/ingest/metrics",
     auth=JobToken(),
-    response={200: MetricIngestResult, (400, 401, 404, 410, 413): ErrorOut},
+    response={200: MetricIngestResult, (400, 401, 404, 410, 413, 429): ErrorOut},
     tags=["runner ingest"],
     summary="Append a batch of metric points",
     openapi_extra=batch_body_doc("points", POINT_DOC),
@@ -87,7 +87,7 @@ class MetricsOut(Schema):
 @router.get(
     "/jobs/{job_id}/metrics",
     auth=[UserToken(), ConsoleSession()],
-    response={200: MetricsOut, (400, 401, 404, 422): ErrorOut},
+    response={200: MetricsOut, (400, 401, 404, 422, 429): ErrorOut},
     summary="The job's metrics of one kind, each series downsampled (LTTB) to max_points",
 )
 def job_metrics(request, job_id: int, q: Query[MetricsQuery]):

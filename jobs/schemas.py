@@ -184,11 +184,13 @@ class ErrorOut(Schema):
     """Every 4xx answer: a sentence, and what else the refusal knows.
 
     Each route lists the codes it may answer with in its `response=`, e.g.
-    `{200: JobOut, (401, 404, 422): ErrorOut}`: 401 for a missing, unknown, revoked or expired
-    token, 422 for an invalid parameter or body field.
+    `{200: JobOut, (401, 404, 422, 429): ErrorOut}`: 401 for a missing, unknown, revoked or
+    expired token, 422 for an invalid parameter or body field, 429 for an address that sent too
+    many unknown tokens lately.
     """
 
     detail: str = Field(description="what is wrong, in a sentence")
     status: str | None = Field(None, description="the job's status, when it refused a verb")
     next_seq: int | None = Field(None, description="the log line the server expects next")
     errors: list[dict] | None = Field(None, description="each invalid field, on a 422")
+    retry_after: int | None = Field(None, description="seconds until a 429 ends")

@@ -95,7 +95,7 @@ def team_out(user, team: Team) -> dict:
 
 @router.get(
     "/teams",
-    response={200: list[TeamDetailOut], 401: ErrorOut},
+    response={200: list[TeamDetailOut], (401, 429): ErrorOut},
     summary="My teams (every team for staff)",
 )
 def list_teams(request):
@@ -104,7 +104,7 @@ def list_teams(request):
 
 @router.get(
     "/teams/{name}",
-    response={200: TeamDetailOut, (401, 404, 422): ErrorOut},
+    response={200: TeamDetailOut, (401, 404, 422, 429): ErrorOut},
     summary="One of my teams",
 )
 def get_team(request, name: Text):
@@ -113,7 +113,7 @@ def get_team(request, name: Text):
 
 @router.patch(
     "/teams/{name}",
-    response={200: TeamDetailOut, (400, 401, 403, 404, 413, 422): ErrorOut},
+    response={200: TeamDetailOut, (400, 401, 403, 404, 413, 422, 429): ErrorOut},
     summary="Set the team's defaults",
 )
 def set_defaults(request, name: Text, data: DefaultsIn):
@@ -123,7 +123,7 @@ def set_defaults(request, name: Text, data: DefaultsIn):
 
 @router.post(
     "/teams/{name}/members",
-    response={201: MemberOut, (400, 401, 403, 404, 409, 413, 422): ErrorOut},
+    response={201: MemberOut, (400, 401, 403, 404, 409, 413, 422, 429): ErrorOut},
     summary="Add a member with a role",
 )
 def add_member(request, name: Text, data: MemberIn):
@@ -133,7 +133,7 @@ def add_member(request, name: Text, data: MemberIn):
 
 @router.patch(
     "/teams/{name}/members/{username}",
-    response={200: MemberOut, (400, 401, 403, 404, 409, 413, 422): ErrorOut},
+    response={200: MemberOut, (400, 401, 403, 404, 409, 413, 422, 429): ErrorOut},
     summary="Change a member's role",
 )
 def change_role(request, name: Text, username: Text, data: RoleIn):
@@ -143,7 +143,7 @@ def change_role(request, name: Text, username: Text, data: RoleIn):
 
 @router.delete(
     "/teams/{name}/members/{username}",
-    response={204: None, (401, 403, 404, 409, 422): ErrorOut},
+    response={204: None, (401, 403, 404, 409, 422, 429): ErrorOut},
     summary="Remove a member",
 )
 def remove_member(request, name: Text, username: Text):

@@ -47,7 +47,9 @@ def token_out(row: ApiToken) -> dict:
 
 
 @router.get(
-    "/tokens", response={200: list[TokenOut], 401: ErrorOut}, summary="My API tokens, newest first"
+    "/tokens",
+    response={200: list[TokenOut], (401, 429): ErrorOut},
+    summary="My API tokens, newest first",
 )
 def list_tokens(request):
     return [token_out(row) for row in auth.user_tokens(request.auth)]
@@ -55,7 +57,7 @@ def list_tokens(request):
 
 @router.post(
     "/tokens",
-    response={201: NewTokenOut, (400, 401, 413, 422): ErrorOut},
+    response={201: NewTokenOut, (400, 401, 413, 422, 429): ErrorOut},
     summary="Create an API token",
 )
 def create_token(request, data: TokenIn):
@@ -65,7 +67,7 @@ def create_token(request, data: TokenIn):
 
 @router.delete(
     "/tokens/{token_id}",
-    response={204: None, (401, 404, 422): ErrorOut},
+    response={204: None, (401, 404, 422, 429): ErrorOut},
     summary="Revoke one of my tokens",
 )
 def revoke_token(request, token_id: int):

@@ -53,7 +53,7 @@ class UsageOut(Schema):
 
 @router.get(
     "/usage",
-    response={200: UsageOut, (400, 401, 404, 422): ErrorOut},
+    response={200: UsageOut, (400, 401, 404, 422, 429): ErrorOut},
     exclude_none=True,
     summary="GPU-hours of my teams by team, user, cluster or UTC day",
 )

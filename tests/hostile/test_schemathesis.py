@@ -4,13 +4,22 @@ content type, body).
 
 Users' operations run with a normal user's API token: alice, a member (not staff, not a team
 admin) of a team with a cluster, jobs in several states, logs, metrics and a second token. The
-runner's ingest operations run in their own parametrization with the job token of alice's
-running attempt, as a runner holds it. Path parameters are drawn either by schemathesis or from
-the real rows (`real`), so `/jobs/{job_id}/...` reaches real jobs and not only 404s.
+team operations run again as ada, the team's admin (also not staff), since alice only ever gets
+403 there. The runner's ingest operations run in their own parametrization with the job token
+of alice's running attempt, as a runner holds it. Path parameters, snapshot bodies and a batch's
+`attempt` are either what schemathesis generated or real (`real`), so `/jobs/{job_id}/...`
+reaches real jobs and a batch reaches the ledger, not only 404s and 400s.
+
+Requests go through Django's WSGI handler in the test's transaction. The checks are the
+response checks (no 5xx; status code, content type and body as documented), not schemathesis's
+request-acceptance checks: a valid request may rightly be refused here (a 404 for a job id that
+does not exist, a 400 for a batch naming another attempt).
 
 Not covered here: the console's websocket (not an HTTP operation, so not in the schema; see
 tests/jobs/test_live.py), and the console session (`ConsoleSession`) as a second way in to the
 same operations (CSRF and sessions are Django's; tests/jobs/test_isolation.py covers the door).
+Input the generators rarely reach (NUL in a path, numbers past bigint, very deep JSON, bodies
+past Django's caps) is in test_api_refusals.py.
 """
 
 import datetime as dt
@@ -44,6 +53,10 @@ from tests.jobs.factories import place, queued_job, with_attempt
 
 # Snapshots are uploaded as raw bytes; generated ones are mostly not archives, as a fuzzer's are.
 schemathesis.serializer.alias("application/gzip", "application/octet-stream")
+# The WSGI handler serves the async log download by consuming its iterator (ASGI streams it).
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:StreamingHttpResponse must consume asynchronous iterators"
+)
 schema = schemathesis.openapi.from_dict(api.get_openapi_schema())
 schema.app = WSGIHandler()
 users_schema = schema.exclude(tag="runner ingest")
@@ -91,9 +104,12 @@ def _keep_the_test_connection():
 
 
 @pytest.fixture
-def world(make_team, make_user, monkeypatch):
+def world(make_team, make_user, monkeypatch, settings):
     """Alice's team with jobs in several states; returns the real values path parameters take."""
     monkeypatch.setattr(jobs.api, "time", JumpingClock())
+    # The generated bad tokens would otherwise lock this address out for the rest of the run
+    # (429, documented on every operation); the throttle has its own tests.
+    settings.SF_TOKEN_MAX_FAILURES = 1_000_000
     vision, nlp = make_team("vision"), make_team("nlp")
     alice = make_user("alice", vision)
     ada = make_user("ada", vision, role="admin")
