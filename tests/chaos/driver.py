@@ -116,19 +116,44 @@ class Slurm:
         self.env = {**os.environ, "SF_SLURM_DIR": str(state_dir), "SF_SLURM_PORT": str(self.port)}
         self.conf = str(state_dir / "etc" / "slurm.conf")
 
-    def _script(self, action: str, timeout: float = 120) -> None:
+    def _script(self, action: str, timeout: float = 120) -> str:
         done = subprocess.run(
             [str(SLURM_SCRIPT), action], env=self.env, capture_output=True, text=True,
             timeout=timeout,
         )  # fmt: skip
         if done.returncode != 0:
             raise RuntimeError(f".ci/slurm.sh {action} failed:\n{done.stdout}{done.stderr}")
+        return done.stdout.strip()
 
     def up(self) -> None:
         self._script("up")
 
     def restart_ctld(self) -> None:
-        self._script("restart-ctld")
+        say(self._script("restart-ctld").replace("\n", "; "))
+
+    def resume_unusable_nodes(self) -> bool:
+        """Resume a node left drained or down (after a slurmctld crash Slurm may reuse job ids
+        that slurmd still runs and drain the node: "Duplicate jobid"), as an operator would."""
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %T"],
+            env={**self.env, "SLURM_CONF": self.conf}, capture_output=True, text=True, timeout=30,
+        ).stdout  # fmt: skip
+        bad = [n for n, st in (line.split()[:2] for line in out.splitlines() if " " in line)
+               if st.startswith(("drain", "down"))]  # fmt: skip
+        for node in bad:
+            say(f"resuming slurm node {node}: {self.nodes()}")
+            subprocess.run(
+                ["scontrol", "update", f"NodeName={node}", "State=RESUME"],
+                env={**self.env, "SLURM_CONF": self.conf}, check=False, timeout=30,
+            )  # fmt: skip
+        return bool(bad)
+
+    def nodes(self) -> str:
+        done = subprocess.run(
+            ["sinfo", "-h", "-N", "-O", "NodeHost:|,StateLong:|,Gres:|,GresUsed:|,Reason:40"],
+            env={**self.env, "SLURM_CONF": self.conf}, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        return (done.stdout + done.stderr).strip()
 
     def down(self) -> None:
         with contextlib.suppress(Exception):  # every job on this private cluster is ours
@@ -219,6 +244,13 @@ for name, (quota, max_jobs, cap) in TEAMS.items():
     team, _ = Team.objects.update_or_create(name=name, defaults=dict(
         gpu_quota=quota, max_jobs=max_jobs, user_gpu_cap=cap, default_cluster=cluster))
     Membership.objects.get_or_create(team=team, user=demo, defaults={"role": "admin"})
+"""
+
+TIMELINES = """
+from jobs.models import JobEvent
+for e in JobEvent.objects.filter(job_id__in=IDS).order_by("job_id", "time", "id"):
+    print(f"  job {e.job_id} {e.time:%H:%M:%S.%f} a{e.attempt} {e.from_status}->{e.to_status}"
+          f" [{e.actor}] {e.reason[:140]}")
 """
 
 SUMMARY = """
@@ -339,6 +371,7 @@ class Faults:
             self.kinds.append("slurmctld")
         self.turn = 0
         self.second_beat_until = 0.0
+        self.repairs = 0  # drained Slurm nodes resumed by the driver, as an operator would
 
     def tick(self) -> None:
         """Inject the next fault; end a two-beats period that has lasted long enough."""
@@ -378,6 +411,10 @@ class Faults:
         self.slurm.restart_ctld()
         self.kills["slurmctld"] += 1
 
+    def repair(self) -> None:
+        if self.slurm and self.slurm.resume_unusable_nodes():
+            self.repairs += 1
+
     def finish(self) -> None:
         if self.second_beat_until:
             self.stack.kill("beat2")
@@ -397,6 +434,7 @@ class Result:
     attempts: int
     kills: int
     kills_by_kind: dict[str, int]
+    repairs: int
     violations: list[str]
     not_final: list[dict]
     status: dict[str, int]
@@ -455,17 +493,29 @@ def run(
         violations = [] if ledger.returncode == 0 else ledger.stdout.strip().splitlines()
         if ledger.returncode != 0 and not violations:
             violations = [ledger.stderr.strip() or "check_ledger failed"]
+        if slurm:
+            say(f"slurm nodes at the end: {slurm.nodes()}")
         counts = json.loads(stack.manage("shell", "-c", SUMMARY).stdout.strip().splitlines()[-1])
         not_final = [
             {k: j[k] for k in ("id", "name", "status", "status_reason", "next_attempt_at")}
             for j in result.values()
             if not is_final(j, plan)
         ]
+        # Nobody stops a job here: a STOPPED one is worth a look too.
+        odd = [j["id"] for j in not_final] + [
+            j["id"] for j in result.values() if j["status"] == "STOPPED"
+        ]
+        odd += [int(v.split()[1].rstrip(":")) for v in violations if v.startswith("job ")]
+        if odd:
+            ids = sorted(set(odd))[:12]
+            say(f"timelines of jobs {ids}:")
+            print(stack.manage("shell", "-c", f"IDS={ids!r}\n{TIMELINES}").stdout, flush=True)
         return Result(
             jobs=counts["jobs"],
             attempts=counts["attempts"],
             kills=faults.total(),
             kills_by_kind=dict(faults.kills),
+            repairs=faults.repairs,
             violations=violations,
             not_final=not_final,
             status=counts["status"],
@@ -505,6 +555,7 @@ def drive(
         now = time.monotonic()
         jobs = all_jobs(stack)
         pause_and_resume(stack, plan, jobs)
+        faults.repair()
         pending = [j for j in jobs.values() if not is_final(j, plan)]
         faulting = now - start < duration
         if not faulting and not pending:
@@ -540,7 +591,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"violation: {line}")
     for job in result.not_final:
         print(f"not final: {json.dumps(job, default=str)}")
-    print(f"statuses: {result.status}; kills by kind: {result.kills_by_kind}")
+    print(
+        f"statuses: {result.status}; kills by kind: {result.kills_by_kind}; "
+        f"slurm nodes resumed: {result.repairs}"
+    )
     print(f"{result.line()} executor={args.executor} seconds={result.seconds:.0f}")
     return 0 if result.ok else 1
 

@@ -1,0 +1,33 @@
+"""The chaos suite's short form for CI: a few kills of every kind while 40 jobs run.
+
+`make chaos` runs the full form (300 jobs per executor); see tests/chaos/driver.py.
+"""
+
+import shutil
+
+import pytest
+
+from tests.chaos import driver
+
+pytestmark = [pytest.mark.e2e, pytest.mark.chaos, pytest.mark.postgres]
+
+
+def assert_held(result: driver.Result) -> None:
+    print(result.line(), result.kills_by_kind, f"{result.seconds:.0f} s")
+    assert result.violations == []
+    assert result.not_final == []
+    assert result.kills >= 8
+
+
+def test_local_jobs_all_end_and_the_ledger_holds_while_processes_are_killed():
+    result = driver.run("local", jobs=40, duration=50, interval=3, settle_timeout=120)
+    assert_held(result)
+    assert result.kills_by_kind.keys() >= {"worker", "beat", "beat2", "uvicorn", "redis"}
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(shutil.which("sbatch") is None, reason="Slurm is not installed")
+def test_slurm_jobs_all_end_and_the_ledger_holds_while_slurmctld_is_killed_too():
+    result = driver.run("slurm", jobs=24, duration=40, interval=3, settle_timeout=120)
+    assert_held(result)
+    assert "slurmctld" in result.kills_by_kind
