@@ -17,10 +17,13 @@ listens to, and the jobs group gets one message per `STATUS_BATCH` changes, not 
 
 import asyncio
 import logging
+import os
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from datetime import datetime
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import BaseChannelLayer, get_channel_layer
@@ -135,10 +138,43 @@ def _send_now(sends: list[tuple[str, dict]]) -> None:
     if layer is None:
         return
     try:
-        async_to_sync(_group_send_all)(layer, sends)
+        if isinstance(layer, RedisChannelLayer):
+            _sender_loop().run(_group_send_all(layer, sends))
+        else:  # an in-memory layer's queues belong to the caller's loop
+            async_to_sync(_group_send_all)(layer, sends)
     except Exception:
         groups = sorted({group for group, _ in sends})
         log.exception("live update to %s not sent; pages catch up through the API", groups)
+
+
+class _SenderLoop:
+    """An event loop in a daemon thread that publishes for every thread of this process.
+
+    channels_redis keeps its Redis connections per event loop, and `async_to_sync` outside an
+    ASGI server starts a fresh loop (a thread and a new connection) for every call: a Celery
+    worker that records 25 launches at a time would pay that on every commit.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="live-publish", daemon=True).start()
+
+    def run(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        future.result(SEND_TIMEOUT_S + 1)  # the coroutine bounds itself; this is a backstop
+
+
+_sender: _SenderLoop | None = None
+_sender_lock = threading.Lock()
+
+
+def _sender_loop() -> _SenderLoop:
+    global _sender
+    with _sender_lock:
+        if _sender is None or _sender.pid != os.getpid():  # a forked child starts its own
+            _sender = _SenderLoop()
+        return _sender
 
 
 async def _group_send_all(layer: BaseChannelLayer, sends: list[tuple[str, dict]]) -> None:
