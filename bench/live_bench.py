@@ -37,7 +37,8 @@ WATCH = """() => {
 def run() -> dict:
     from playwright.sync_api import sync_playwright
 
-    from tests.browser.test_console_browser import CHROMIUM, CHROMIUM_ARGS, sign_in, submit
+    from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+    from tests.browser.test_console_browser import sign_in, submit
     from tests.e2e.stack import Stack
 
     with tempfile.TemporaryDirectory() as tmp:
