@@ -81,18 +81,31 @@ def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
     except Exception as exc:
         raise PollFailed(f"{type(exc).__name__}: {exc}") from exc
     record_poll_health(cluster, "", now)
-    seen = [a.pk for a in live if a.job_ref in observations]
+    mine = _observed(live + closed, observations)
+    seen = [a.pk for a in live if a.pk in mine]
     Attempt.objects.filter(pk__in=seen).update(last_seen_at=now)
-    _record_native(executor, live, observations)
+    _record_native(executor, live, mine)
     for attempt in live:
         try:
-            _reconcile_attempt(executor, attempt, observations.get(attempt.job_ref), now)
+            _reconcile_attempt(executor, attempt, mine.get(attempt.pk), now)
         except TransitionRefused as exc:  # the job moved on (a user stop) since we read it
             log.info("reconcile of %s skipped: %s", attempt.backend_name, exc)
         except Exception:
             log.exception("reconcile of %s failed; skipped this tick", attempt.backend_name)
     for attempt in closed:
-        _sweep_orphan(executor, attempt, observations.get(attempt.job_ref))
+        _sweep_orphan(executor, attempt, mine.get(attempt.pk))
+
+
+def _observed(attempts: list[Attempt], observations: dict[str, Observation]) -> dict:
+    """{attempt pk: its observation}, leaving out an object that carries another attempt's
+    name: after a controller crash Slurm hands out job ids again, and one attempt's end (or a
+    sweep's cancel) must not land on the attempt that got its id. Unseen, it is lost later."""
+    found = {}
+    for attempt in attempts:
+        obs = observations.get(attempt.job_ref) if attempt.job_ref else None
+        if obs is not None and obs.name in ("", attempt.backend_name):
+            found[attempt.pk] = obs
+    return found
 
 
 def _reconcile_attempt(
@@ -268,7 +281,7 @@ def _check_pending_deadline(executor: Executor, attempt: Attempt, now: dt.dateti
 
 
 def _record_native(
-    executor: Executor, live: list[Attempt], observations: dict[str, Observation]
+    executor: Executor, live: list[Attempt], observations: dict[int, Observation]
 ) -> None:
     """Keep each attempt's native state and the backend's words for a wait, as they change.
 
@@ -280,7 +293,7 @@ def _record_native(
     messages: dict[str, list[int]] = defaultdict(list)
     unmapped = []
     for attempt in live:
-        obs = observations.get(attempt.job_ref) if attempt.job_ref else None
+        obs = observations.get(attempt.pk)
         if obs is None:
             continue
         target = executor.STATE_TABLE.get(obs.native_state)

@@ -43,6 +43,9 @@ class Observation:
     # For failed ends: exit, oom, lost, preempted (retryable) or ingest, rejected (not).
     failure: str = ""
     details: dict = field(default_factory=dict)
+    # The object's deterministic name as the backend reports it, where the handle alone is not
+    # unique: a restarted slurmctld that lost its state hands out job ids again.
+    name: str = ""
 
 
 @dataclass(frozen=True)

@@ -319,9 +319,9 @@ class SlurmExecutor:
         details: dict[str, object] = {"slurm_job_id": row.job_id, "reason": row.reason}
         if target == S.PENDING:
             reason = "" if row.reason == "None" else row.reason
-            return Observation(row.state, message=reason, details=details)
+            return Observation(row.state, message=reason, details=details, name=row.name)
         if target == S.RUNNING or target is None:
-            return Observation(row.state, start_time=row.start, details=details)
+            return Observation(row.state, start_time=row.start, details=details, name=row.name)
         details["exit_status"] = row.exit_status
         if target == S.SUCCEEDED:
             return _ended(row, details, exit_code=0)
@@ -460,7 +460,14 @@ def parse_sacct(out: str, now: dt.datetime) -> list[JobRow]:
 
 
 def _ended(row: JobRow, details: dict, **fields) -> Observation:
-    return Observation(row.state, start_time=row.start, end_time=row.end, details=details, **fields)
+    return Observation(
+        row.state,
+        start_time=row.start,
+        end_time=row.end,
+        details=details,
+        name=row.name,
+        **fields,
+    )
 
 
 def exit_code_of(status: int) -> int:

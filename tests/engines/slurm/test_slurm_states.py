@@ -313,9 +313,9 @@ def test_an_unknown_slurm_state_leaves_the_job_alone_and_is_recorded(
 ):
     cluster = Cluster.objects.create(name="hpc", kind="slurm", settings={"work_dir": str(tmp_path)})
     job = queued_job(team, alice, cluster=cluster)
-    with_attempt(job, S.RUNNING, job_ref="77", pending_at=timezone.now())
+    attempt = with_attempt(job, S.RUNNING, job_ref="77", pending_at=timezone.now())
     monkeypatch.setattr(reconciler, "executor_for", lambda c: SlurmExecutor(c, run=fake))
-    fake.answer("squeue", squeue_line("77", "MIGRATING_TO_MARS"))
+    fake.answer("squeue", squeue_line("77", "MIGRATING_TO_MARS", name=attempt.backend_name))
     reconciler.reconcile_all()
     reconciler.reconcile_all()
     assert Job.objects.get(pk=job.pk).status == S.RUNNING
