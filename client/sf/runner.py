@@ -97,8 +97,21 @@ def safe_unpack(archive: str, dest: str) -> None:
             for member in tar:
                 _check_member(member)
                 _extract(tar, member, root)
+        _check_links(root)
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise IngestError(f"cannot unpack snapshot: {exc}") from exc
+
+
+def _check_links(root: str) -> None:
+    """Every symlink, now that all are in place, still resolves inside the run directory: two
+    links can leave it together (`a -> c/..` with `c -> .`) though each looked inside alone."""
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            if os.path.islink(path) and not _inside(os.path.realpath(path), root):
+                os.unlink(path)
+                rel = os.path.relpath(path, root)
+                raise IngestError(f"symlink {rel!r} resolves outside the run directory")
 
 
 def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, root: str) -> None:
@@ -109,6 +122,8 @@ def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, root: str) -> None:
     if member.isdir():
         os.makedirs(target, exist_ok=True)
         return
+    # An archive may list a file without its folders (tar does not require them).
+    os.makedirs(os.path.dirname(target), exist_ok=True)
     if os.path.lexists(target) and not os.path.isdir(target):
         os.unlink(target)
     if member.issym():
@@ -194,6 +209,7 @@ class BatchShipper:
         self.cond = threading.Condition()
         self.closing_at: float | None = None
         self.stopped = client is None
+        self.limit = self.batch_max  # lowered while the server answers 413 (batch too large)
         self.thread = threading.Thread(target=self._loop, name=f"sf-{self.field}", daemon=True)
 
     def start(self) -> None:
@@ -246,7 +262,7 @@ class BatchShipper:
                 self.cond.wait(backoff)  # closing: keep the backoff, but no batching delay
             if self.stopped or (self.closing_at is not None and not self.buffer):
                 return None
-            return list(self.buffer[: self.batch_max])
+            return list(self.buffer[: self.limit])
 
     def _give_up(self, failing_since: float) -> bool:
         with self.cond:
@@ -270,11 +286,19 @@ class BatchShipper:
         except ApiError as exc:
             return self._on_error(exc, batch)
         self._drop_below(batch[-1]["seq"] + 1)
+        self.limit = min(self.batch_max, self.limit * 2)
         return True
 
     def _on_error(self, exc: ApiError, batch: list[dict]) -> bool:
         if exc.status >= 500 or exc.status in (408, 429):
             return False
+        if exc.status == 413:
+            if len(batch) > 1:
+                self.limit = max(1, len(batch) // 2)  # resend in smaller batches at once
+                return True
+            self._drop_below(batch[0]["seq"] + 1)  # one record larger than any batch allowed
+            _say(f"dropped one of the {self.what} (seq {batch[0]['seq']}): {exc.detail}")
+            return True
         next_seq = exc.body.get("next_seq") if isinstance(exc.body, dict) else None
         if exc.status == 409 and isinstance(next_seq, int) and next_seq > batch[0]["seq"]:
             self._drop_below(next_seq)  # server already has these; continue after them

@@ -38,6 +38,23 @@ def test_unpack_refuses_symlink_pointing_outside(tmp_path: Path) -> None:
         runner.safe_unpack(str(archive), str(tmp_path / "run"))
 
 
+def test_unpack_refuses_two_links_that_leave_the_run_dir_together(tmp_path: Path) -> None:
+    archive = tmp_path / "s.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, link in (("a", "c/.."), ("c", ".")):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, link
+            tar.addfile(info)
+    with pytest.raises(runner.IngestError, match="symlink 'a' resolves outside"):
+        runner.safe_unpack(str(archive), str(tmp_path / "run"))
+    assert not (tmp_path / "run" / "a").exists()
+
+
+def test_unpack_creates_folders_the_archive_does_not_list(tmp_path: Path) -> None:
+    runner.safe_unpack(str(tar_with(tmp_path / "s.tgz", "a/b/c.py")), str(tmp_path / "run"))
+    assert (tmp_path / "run" / "a" / "b" / "c.py").is_file()
+
+
 def test_unpack_refuses_device_files(tmp_path: Path) -> None:
     archive = tar_with(tmp_path / "s.tgz", "dev", tarfile.CHRTYPE)
     with pytest.raises(runner.IngestError, match="unsupported member"):
@@ -263,3 +280,38 @@ def test_revoked_token_stops_shipping(capfd: pytest.CaptureFixture) -> None:
     shipper.add({"seq": 1, "stream": "stdout", "ts": 0.0, "text": "y"})
     assert client.batches == [[0]] and shipper.buffer == []
     assert "HTTP 410" in capfd.readouterr().err
+
+
+def test_a_batch_too_large_is_resent_in_halves_then_grows_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sf.http import ApiError
+
+    monkeypatch.setattr(runner, "BATCH_INTERVAL_S", 0.01)
+    too_large = ApiError(413, "the batch is larger than 16 MB.")
+    client = ScriptedClient([too_large, too_large, {}, {}, {}])
+    shipper = runner.LogShipper(client, attempt=1)  # type: ignore[arg-type]
+    for seq in range(8):
+        shipper.add({"seq": seq, "stream": "stdout", "ts": 0.0, "text": str(seq)})
+    shipper.start()
+    shipper.close()
+    assert client.batches == [list(range(8)), [0, 1, 2, 3], [0, 1], [2, 3, 4, 5], [6, 7]]
+    assert shipper.buffer == [] and not shipper.stopped
+
+
+def test_one_record_too_large_alone_is_dropped_and_the_rest_shipped(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
+) -> None:
+    from sf.http import ApiError
+
+    monkeypatch.setattr(runner, "BATCH_INTERVAL_S", 0.01)
+    too_large = ApiError(413, "the batch is larger than 16 MB.")
+    client = ScriptedClient([too_large, too_large, {}])
+    shipper = runner.LogShipper(client, attempt=1)  # type: ignore[arg-type]
+    for seq in range(2):
+        shipper.add({"seq": seq, "stream": "stdout", "ts": 0.0, "text": str(seq)})
+    shipper.start()
+    shipper.close()
+    assert client.batches == [[0, 1], [0], [1]]
+    assert shipper.buffer == [] and not shipper.stopped
+    assert "dropped one of the log lines (seq 0): the batch is larger" in capfd.readouterr().err
