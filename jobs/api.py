@@ -478,6 +478,10 @@ def ingest_started(request):
     return {"start_time": Attempt.objects.values_list("start_time", flat=True).get(pk=attempt.pk)}
 
 
+# Epoch seconds far past any clock; a larger number would read as Infinity in the browser.
+MAX_TS = 1e12
+
+
 def _parse_batch(body: bytes, attempt: int) -> list[dict]:
     lines = batch_items(body, attempt, "lines", settings.SF_LOG_BATCH_MAX_LINES, finite=True)
     for i, line in enumerate(lines):
@@ -487,11 +491,12 @@ def _parse_batch(body: bytes, attempt: int) -> list[dict]:
             and line["seq"] >= 0
             and line.get("stream") in ("stdout", "stderr")
             and type(line.get("ts")) in (int, float)
+            and abs(line["ts"]) <= MAX_TS
             and isinstance(line.get("text"), str)
         ):
             raise BadRequest(
                 f"line {i} must have seq (int >= 0), stream (stdout|stderr), "
-                "ts (number) and text (string)"
+                f"ts (epoch seconds, a number of at most {MAX_TS:.0e}) and text (string)"
             )
     return lines
 

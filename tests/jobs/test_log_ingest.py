@@ -244,6 +244,8 @@ def test_a_batch_over_the_line_cap_is_413(job_id, settings):
         {"seq": 0, "stream": "stdlog", "ts": T0, "text": "unknown stream"},
         {"seq": 0, "stream": "stdout", "ts": "now", "text": "string ts"},
         {"seq": 0, "stream": "stdout", "ts": True, "text": "bool ts"},
+        {"seq": 0, "stream": "stdout", "ts": 10**400, "text": "ts past any float"},
+        {"seq": 0, "stream": "stdout", "ts": -2e12, "text": "ts before any clock"},
         {"seq": 0, "stream": "stdout", "ts": T0, "text": 5},
         {"seq": 0, "stream": "stdout", "ts": T0},
         "a bare string",
