@@ -36,7 +36,13 @@ from typing import Any
 
 from tests.e2e.stack import ROOT, Stack, free_port, kill_group, wait_until
 
-PG_ADMIN = os.environ.get("SF_CHAOS_PG", "postgres://postgres@127.0.0.1:5432/postgres")
+# The server the round's own database is made on: SF_CHAOS_PG, else DATABASE_URL's server.
+_LEDGER = os.environ.get("DATABASE_URL", "")
+PG_ADMIN = os.environ.get("SF_CHAOS_PG") or (
+    _LEDGER.rsplit("/", 1)[0] + "/postgres"
+    if _LEDGER.startswith("postgres")
+    else "postgres://postgres@127.0.0.1:5432/postgres"
+)
 SLURM_SCRIPT = ROOT / ".ci" / "slurm.sh"
 TEAMS = {  # name: (gpu_quota, max_jobs, user_gpu_cap) -- tight, so admission is contended
     "red": (2, 3, 2),
@@ -345,9 +351,11 @@ def pause_and_resume(stack: ChaosStack, plan: Plan, jobs: dict[int, dict]) -> No
         if job is None or job_id in plan.paused_at or job["terminal"]:
             continue
         if job["status"] in ("RUNNING", "PENDING", "QUEUED", "SUBMITTED"):
-            with contextlib.suppress(urllib.error.HTTPError):  # it may have moved on: refused
+            try:
                 stack.call("POST", f"/jobs/{job_id}/pause")
                 plan.paused_at[job_id] = now
+            except urllib.error.HTTPError as exc:  # it may have moved on: refused
+                say(f"pause of job {job_id} refused: {exc.code} {exc.read()[:200]!r}")
     for job_id, at in plan.paused_at.items():
         if job_id in plan.keep_paused or job_id in plan.resumed or now - at < 3:
             continue
