@@ -263,9 +263,10 @@ def _cluster_gate(ctx: _Context, team: Team, job: _Queued) -> str | None:
     free = capacity.total_gpus - used.gpus
     kind = "virtual GPU slots" if capacity.virtual else "GPUs"
     if job.gpus > free:
+        why = f" ({capacity.message})" if capacity.message else ""  # e.g. every node drained
         return (
             f"waiting for capacity: cluster {cluster.name} has {max(free, 0)} of "
-            f"{capacity.total_gpus} {kind} free; this job needs {job.gpus}"
+            f"{capacity.total_gpus} {kind} free{why}; this job needs {job.gpus}"
         )
     if capacity.max_jobs is not None and used.jobs >= capacity.max_jobs:
         return (
