@@ -7,7 +7,9 @@
   const dark = window.matchMedia("(prefers-color-scheme: dark)").matches;
   Plotly.newPlot(div, chart.data, {
     ...chart.layout, height: 320, margin: { l: 50, r: 10, t: 10, b: 40 },
-    xaxis: { type: "date", tickformat: "%b %d" },
+    // One bar per UTC day, labelled by the day: a date axis would centre a day's bar on its
+    // midnight and repeat labels when only a day or two have usage.
+    xaxis: { type: "category" },
     yaxis: { title: { text: "GPU-hours" } }, paper_bgcolor: "rgba(0,0,0,0)",
     plot_bgcolor: "rgba(0,0,0,0)", font: { color: dark ? "#d6dbe4" : "#1d2330" },
     legend: { orientation: "h" },
