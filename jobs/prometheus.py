@@ -22,6 +22,7 @@ from jobs.auth import UserToken
 from jobs.errors import ApiError
 from jobs.models import Attempt, Cluster, Job, Team
 from jobs.states import JobStatus
+from jobs.throttle import Throttled
 from metering.usage import attempt_gpu_seconds
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -53,14 +54,19 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 
 
 def _refusal(request: HttpRequest) -> HttpResponse | None:
-    """None when the caller may read; otherwise the 401 or 403 to answer."""
+    """None when the caller may read; otherwise the 401, 403 or 429 to answer."""
     if _from_allowed_network(request.META.get("REMOTE_ADDR", "")):
         return None
     header = request.headers.get("Authorization", "")
     if not header:
         return _plain(403, "Metrics are served to allowed networks and staff tokens only.")
     scheme, _, secret = header.partition(" ")
-    user = _token_user(request, secret.strip()) if scheme.lower() == "bearer" else None
+    try:
+        user = _token_user(request, secret.strip()) if scheme.lower() == "bearer" else None
+    except Throttled as exc:  # too many bad tokens from this address
+        response = _plain(429, exc.detail)
+        response["Retry-After"] = str(exc.extra.get("retry_after", ""))
+        return response
     if user is None:
         response = _plain(401, "The bearer token is missing, unknown or revoked.")
         response["WWW-Authenticate"] = "Bearer"
@@ -73,6 +79,8 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
 def _token_user(request: HttpRequest, secret: str) -> User | None:
     try:
         return UserToken().authenticate(request, secret)
+    except Throttled:
+        raise
     except ApiError:  # a known token refused: revoked or expired
         return None
 

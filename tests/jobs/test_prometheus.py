@@ -237,3 +237,15 @@ def test_a_scrape_costs_the_same_queries_however_many_jobs(
         )
     with django_assert_max_num_queries(6):
         assert Client().get("/metrics").status_code == 200
+
+
+def test_an_address_sending_unknown_tokens_is_throttled_with_429(redis_db, staff, settings):
+    settings.SF_TOKEN_MAX_FAILURES, settings.SF_TOKEN_WINDOW_S = 2, 60
+    for n in range(2):
+        guess = Client(REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION=f"Bearer sf_guess{n}")
+        assert guess.get("/metrics").status_code == 401
+    good = Client(REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION=f"Bearer {issue_token(staff)}")
+    response = good.get("/metrics")
+    assert response.status_code == 429
+    assert response.content.decode().startswith("too many unknown tokens from your address")
+    assert 55 <= int(response["Retry-After"]) <= 60
