@@ -259,10 +259,7 @@ def _check_priority(user: User, membership: Membership, priority: int) -> None:
 
 def _resolve_cluster(team: Team, name: str | None) -> Cluster:
     if name:
-        cluster = Cluster.objects.filter(name=name).first()
-        if cluster is None:
-            known = ", ".join(Cluster.objects.values_list("name", flat=True)) or "none"
-            raise BadRequest(f"unknown cluster {name!r}; known clusters: {known}")
+        cluster = teams.named(Cluster, name, "cluster", "clusters")
     else:
         cluster = team.default_cluster or Cluster.objects.filter(name="local").first()
         if cluster is None:
@@ -392,10 +389,7 @@ def _follow_on_argv(entrypoint: object) -> list[str] | None:
 def _resolve_window(name: str | None) -> ScheduleWindow | None:
     if name is None:
         return None
-    window = ScheduleWindow.objects.filter(name=name).first()
-    if window is None:
-        raise BadRequest(f"unknown schedule window {name!r}")
-    return window
+    return teams.named(ScheduleWindow, name, "schedule window", "windows")
 
 
 __all__ = [

@@ -139,23 +139,20 @@ def _resolve_defaults(changes: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cluster(name: str | None) -> Cluster | None:
-    if not name:
-        return None
-    cluster = Cluster.objects.filter(name=name).first()
-    if cluster is None:
-        known = ", ".join(Cluster.objects.order_by("name").values_list("name", flat=True))
-        raise BadRequest(f"unknown cluster {name!r}; known clusters: {known or 'none'}")
-    return cluster
+    return named(Cluster, name, "cluster", "clusters") if name else None
 
 
 def _window(name: str | None) -> ScheduleWindow | None:
-    if not name:
-        return None
-    window = ScheduleWindow.objects.filter(name=name).first()
-    if window is None:
-        known = ", ".join(ScheduleWindow.objects.order_by("name").values_list("name", flat=True))
-        raise BadRequest(f"unknown schedule window {name!r}; known windows: {known or 'none'}")
-    return window
+    return named(ScheduleWindow, name, "schedule window", "windows") if name else None
+
+
+def named(model: Any, name: str, noun: str, plural: str) -> Any:
+    """The row of `model` called `name`, or a 400 naming the ones that exist."""
+    row = model.objects.filter(name=name).first()
+    if row is None:
+        known = ", ".join(model.objects.order_by("name").values_list("name", flat=True))
+        raise BadRequest(f"unknown {noun} {name!r}; known {plural}: {known or 'none'}")
+    return row
 
 
 def _in_range(field: str, value: Any, limit: int) -> int:
