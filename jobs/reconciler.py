@@ -209,7 +209,13 @@ def _finish(attempt: Attempt, target: JobStatus, obs: Observation, now: dt.datet
         _unknown_start(attempt, obs.end_time or now)
     failure = obs.failure or "exit" if target == S.FAILED else ""
     _close_and_transition(
-        attempt, target, reason, obs.end_time or now, exit_code=obs.exit_code, failure=failure
+        attempt,
+        target,
+        reason,
+        obs.end_time or now,
+        exit_code=obs.exit_code,
+        failure=failure,
+        note=str(obs.details.get("note", "")),
     )
 
 
@@ -239,7 +245,10 @@ def _close_and_transition(
     end: dt.datetime,
     exit_code: int | None,
     failure: str = "",
+    note: str = "",
 ) -> None:
+    """Close the attempt and move the job, once; `note` (how the end was learnt, when that
+    was unusual) becomes a NOTE event before the transition."""
     path = [S.PENDING, S.RUNNING, target] if attempt.start_time else [S.PENDING, target]
     if attempt.job.status == S.RUNNING:
         path = [S.RUNNING, target]
@@ -248,6 +257,14 @@ def _close_and_transition(
             end_time=end, exit_code=exit_code, end_reason=reason, failure=failure
         )
         if closed:  # counted once, however many times the end is observed
+            if note:
+                JobEvent.objects.create(
+                    job_id=attempt.job_id,
+                    kind=JobEvent.Kind.NOTE,
+                    actor="reconciler",
+                    attempt=attempt.number,
+                    reason=note,
+                )
             _advance(attempt, path, reason)
             if target == S.FAILED:
                 lifecycle.after_failure(attempt.job_id, failure, timezone.now())

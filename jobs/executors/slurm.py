@@ -13,6 +13,7 @@ through `--export-file` on an anonymous file: the server's own environment never
 and a job's variables (SBATCH_*, SLURM_CONF) cannot change how it is submitted.
 """
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -320,6 +321,8 @@ class SlurmExecutor:
         if target == S.PENDING:
             reason = "" if row.reason == "None" else row.reason
             return Observation(row.state, message=reason, details=details, name=row.name)
+        if row.state == "RUNNING" and (exited := self._runner_exited(row)):
+            return exited
         if target == S.RUNNING or target is None:
             return Observation(row.state, start_time=row.start, details=details, name=row.name)
         details["exit_status"] = row.exit_status
@@ -343,6 +346,54 @@ class SlurmExecutor:
                 f"see {self.work_dir / row.name / 'slurm.err'}"
             )
         return _ended(row, details, exit_code=code, failure="ingest", message=reason)
+
+    def _runner_exited(self, row: "JobRow") -> Observation | None:
+        """The runner's own end, when Slurm still says RUNNING long after the runner exited.
+
+        A slurmctld that crashes while a job ends can come back with the job RUNNING, the
+        completion lost, and keep it so (and its GPUs allocated) until the node next
+        registers, minutes later. The runner's exit file in the shared attempt dir is the
+        answer then: after SF_LOST_GRACE_S of disagreement the attempt ends with the exit
+        code the runner wrote, and the stale Slurm job is cancelled to free its allocation.
+        A job still running has no exit file, so the check is one stat per old RUNNING job.
+        """
+        grace = dt.timedelta(seconds=settings.SF_LOST_GRACE_S)
+        now = dt.datetime.now(dt.UTC)
+        if row.start is not None and now - row.start < grace:
+            return None
+        exit_file = self.work_dir / row.name / "exit.json"
+        if not exit_file.exists():
+            return None
+        done = _read_json(exit_file)
+        ended, started = _stamp(done.get("ended_at")), _stamp(done.get("started_at"))
+        if ended is None or now - ended < grace:
+            return None
+        code = done.get("exit_code")
+        lag = (now - ended).total_seconds()
+        note = (
+            f"Slurm still reported job {row.job_id} RUNNING {lag:.0f} s after the runner "
+            "exited (its completion was lost, e.g. by a slurmctld crash): the runner's exit "
+            "file ended the attempt, and the Slurm job was cancelled"
+        )
+        with contextlib.suppress(SlurmError):
+            self.cancel(row.job_id)
+        details = {"slurm_job_id": row.job_id, "reason": "runner exited", "note": note}
+        state, failure, message = "FAILED", "exit", ""
+        if not isinstance(code, int) or isinstance(code, bool):  # ingest failed: code None
+            code, failure = INGEST_EXIT, "ingest"
+            message = str(done.get("reason") or "the runner ended without an exit code")
+        elif code == 0:
+            state, failure = "COMPLETED", ""
+        return Observation(
+            state,
+            exit_code=code,
+            start_time=started or row.start,
+            end_time=ended,
+            message=message,
+            failure=failure,
+            details=details,
+            name=row.name,
+        )
 
     def _sacct(self, ids: list[str]) -> list["JobRow"]:
         """Jobs squeue no longer lists (older than MinJobAge), from accounting when there is.
@@ -496,6 +547,13 @@ def _epoch(value: str, now: dt.datetime) -> dt.datetime | None:
     if not number:
         return None
     return min(dt.datetime.fromtimestamp(number + 1, dt.UTC), now)
+
+
+def _stamp(value: object) -> dt.datetime | None:
+    """An epoch in seconds from the runner's files, as an aware datetime."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return dt.datetime.fromtimestamp(value, dt.UTC)
 
 
 def _read_json(path: Path) -> dict:

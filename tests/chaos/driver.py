@@ -161,6 +161,31 @@ class Slurm:
         )  # fmt: skip
         return (done.stdout + done.stderr).strip()
 
+    def explain(self, work_dir: Path, attempts: list[tuple[str, str]]) -> str:
+        """What Slurm and the attempt dirs say about (backend name, job id) pairs, for a
+        job that did not end: scontrol's view, the runner's files and the daemons' log lines."""
+        env = {**self.env, "SLURM_CONF": self.conf}
+        lines = []
+        for name, ref in attempts:
+            shown = subprocess.run(
+                ["scontrol", "-o", "show", "job", ref], env=env, capture_output=True, text=True,
+                timeout=30,
+            )  # fmt: skip
+            lines.append(f"  {name} slurm job {ref}: {(shown.stdout + shown.stderr).strip()}")
+            attempt_dir = work_dir / name
+            for f in sorted(attempt_dir.glob("*")) if attempt_dir.is_dir() else []:
+                if f.is_file() and f.stat().st_size < 4000:
+                    lines.append(f"    {f.name}: {f.read_text(errors='replace').strip()[:600]}")
+            for log in ("slurmctld.log", "slurmd.log"):
+                path = self.dir / "log" / log
+                if ref and path.exists():
+                    hits = [ln for ln in path.read_text(errors="replace").splitlines()
+                            if f"JobId={ref} " in ln or f"JobId={ref}." in ln
+                            or ln.endswith(f"JobId={ref}") or f"job {ref} " in ln
+                            or f"[{ref}]" in ln or f"[{ref}." in ln]  # fmt: skip
+                    lines += [f"    {log}: {ln}" for ln in hits[-15:]]
+        return "\n".join(lines)
+
     def down(self) -> None:
         with contextlib.suppress(Exception):  # every job on this private cluster is ours
             subprocess.run(
@@ -257,6 +282,12 @@ from jobs.models import JobEvent
 for e in JobEvent.objects.filter(job_id__in=IDS).order_by("job_id", "time", "id"):
     print(f"  job {e.job_id} {e.time:%H:%M:%S.%f} a{e.attempt} {e.from_status}->{e.to_status}"
           f" [{e.actor}] {e.reason[:140]}")
+"""
+
+REFS = """
+from jobs.models import Attempt
+for a in Attempt.objects.filter(job_id__in=IDS).exclude(job_ref="").order_by("job_id", "number"):
+    print("ref", a.backend_name, a.job_ref)
 """
 
 SUMMARY = """
@@ -518,6 +549,13 @@ def run(
             ids = sorted(set(odd))[:12]
             say(f"timelines of jobs {ids}:")
             print(stack.manage("shell", "-c", f"IDS={ids!r}\n{TIMELINES}").stdout, flush=True)
+            if slurm:
+                open_ids = [j["id"] for j in not_final]
+                refs = stack.manage("shell", "-c", f"IDS={open_ids!r}\n{REFS}").stdout
+                pairs = [tuple(line.split()[1:3]) for line in refs.splitlines()
+                         if line.startswith("ref ") and len(line.split()) == 3]  # fmt: skip
+                say(f"slurm's side of jobs {open_ids}:")
+                print(slurm.explain(var / "slurm-work", pairs), flush=True)
         return Result(
             jobs=counts["jobs"],
             attempts=counts["attempts"],

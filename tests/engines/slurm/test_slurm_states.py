@@ -321,3 +321,81 @@ def test_an_unknown_slurm_state_leaves_the_job_alone_and_is_recorded(
     assert Job.objects.get(pk=job.pk).status == S.RUNNING
     notes = JobEvent.objects.filter(job=job, kind=JobEvent.Kind.OBSERVATION)
     assert [n.data["native_state"] for n in notes] == ["MIGRATING_TO_MARS"]
+
+
+# -- a completion Slurm lost: the runner's exit file decides ------------------------------------
+
+
+def write_exit(root, name, ended_ago_s, **fields):
+    """The runner's exit file of attempt `name`, written `ended_ago_s` seconds ago."""
+    ended = timezone.now().timestamp() - ended_ago_s
+    (root / name).mkdir(exist_ok=True)
+    exit_file = {"exit_code": 3, "reason": "", "started_at": ended - 2, "ended_at": ended}
+    (root / name / "exit.json").write_text(json.dumps({**exit_file, **fields}))
+    return ended
+
+
+@pytest.mark.parametrize(
+    ("fields", "state", "exit_code", "failure"),
+    [
+        ({"exit_code": 3}, "FAILED", 3, "exit"),
+        ({"exit_code": 0}, "COMPLETED", 0, ""),
+        ({"exit_code": -9, "reason": "killed by signal 9"}, "FAILED", -9, "exit"),
+        ({"exit_code": None, "reason": "ingest failed: no snapshot"}, "FAILED", 86, "ingest"),
+    ],
+)
+def test_a_job_slurm_keeps_running_after_the_runner_exited_ends_as_the_runner_said(
+    fields, state, exit_code, failure, executor, fake, tmp_path, settings
+):
+    settings.SF_LOST_GRACE_S = 60
+    ended = write_exit(tmp_path, "sf-run-a1", 61, **fields)
+    fake.answer("squeue", squeue_line("41", "RUNNING", end="N/A"))
+    obs = executor.poll(["41"])["41"]
+    assert (obs.native_state, obs.exit_code, obs.failure) == (state, exit_code, failure)
+    assert obs.end_time == at(ended) and obs.start_time == at(ended - 2)
+    assert "RUNNING 61 s after the runner exited" in obs.details["note"]
+    if failure == "ingest":
+        assert obs.message == "ingest failed: no snapshot"
+    assert ["scancel", "41"] in fake.calls  # the stale allocation is freed
+
+
+def test_a_runner_that_exited_within_the_grace_or_not_at_all_leaves_slurms_word(
+    executor, fake, tmp_path, settings
+):
+    settings.SF_LOST_GRACE_S = 60
+    write_exit(tmp_path, "sf-recent-a1", 20)
+    fake.answer(
+        "squeue",
+        squeue_line("41", "RUNNING", end="N/A", name="sf-recent-a1")
+        + squeue_line("42", "RUNNING", end="N/A", name="sf-running-a1")
+        + squeue_line("43", "SUSPENDED", end="N/A", name="sf-old-a1"),
+    )
+    write_exit(tmp_path, "sf-old-a1", 600)  # suspended by an admin: Slurm's word stands
+    found = executor.poll(["41", "42", "43"])
+    assert [found[i].native_state for i in ("41", "42", "43")] == [
+        "RUNNING",
+        "RUNNING",
+        "SUSPENDED",
+    ]
+    assert [c[0] for c in fake.calls] == ["squeue"]
+
+
+@pytest.mark.django_db
+def test_the_reconciler_ends_a_stale_running_job_with_a_note_and_retries_it(
+    fake, tmp_path, team, alice, monkeypatch, settings
+):
+    settings.SF_LOST_GRACE_S = 60
+    cluster = Cluster.objects.create(name="hpc", kind="slurm", settings={"work_dir": str(tmp_path)})
+    job = queued_job(team, alice, cluster=cluster, max_retries=1)
+    attempt = with_attempt(job, S.RUNNING, job_ref="77", pending_at=timezone.now())
+    write_exit(tmp_path, attempt.backend_name, 90)
+    monkeypatch.setattr(reconciler, "executor_for", lambda c: SlurmExecutor(c, run=fake))
+    fake.answer("squeue", squeue_line("77", "RUNNING", end="N/A", name=attempt.backend_name))
+    reconciler.reconcile_all()
+    attempt.refresh_from_db()
+    assert (attempt.exit_code, attempt.failure) == (3, "exit")
+    job.refresh_from_db()
+    assert job.status == S.FAILED and job.next_attempt_at is not None  # retried after cooldown
+    notes = JobEvent.objects.filter(job=job, kind=JobEvent.Kind.NOTE)
+    assert [n.reason for n in notes if "Slurm still reported job 77 RUNNING" in n.reason]
+    assert ["scancel", "77"] in fake.calls
