@@ -258,20 +258,33 @@ def main() -> int:
         results[name] = report.median_of(measured) if measured else {}
         if name in failed:
             results[name]["error"] = failed[name]
-    results["meta"]["total_s"] = round(time.perf_counter() - started, 1)
-    results["meta"]["load_end"] = round(os.getloadavg()[0], 2)
-    results["runs"] = runs
-
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    command = shlex.join(["bench/run.py", *sys.argv[1:]])
-    MARKDOWN.write_text(report.markdown(results, failed, command, args.note))
+        # Written after every benchmark: a run cut short still leaves a report of what it did.
+        done = len(runs)
+        note = args.note
+        if done < len(names):
+            note = (
+                f"Unfinished: {done} of the {len(names)} benchmarks asked for have run so far "
+                f"(next: {', '.join(names[done:])})." + (f" {note}" if note else "")
+            )
+        _write(results, runs, failed, started, note)
     report.print_table(results, failed)
     print(
         f"\ntotal {results['meta']['total_s']} s; {MARKDOWN.relative_to(ROOT)}, raw runs in "
         f"{RESULTS.relative_to(ROOT)}"
     )
     return 1 if failed else 0
+
+
+def _write(results: dict, runs: dict, failed: dict, started: float, note: str) -> None:
+    from bench import report
+
+    results["meta"]["total_s"] = round(time.perf_counter() - started, 1)
+    results["meta"]["load_end"] = round(os.getloadavg()[0], 2)
+    results["runs"] = runs
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    command = shlex.join(["bench/run.py", *sys.argv[1:]])
+    MARKDOWN.write_text(report.markdown(results, failed, command, note))
 
 
 if __name__ == "__main__":
