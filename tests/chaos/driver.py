@@ -593,9 +593,14 @@ def drive(
     interval: float,
     settle_timeout: float,
 ) -> dict[int, dict]:
-    """Faults every `interval` s for `duration` s, then wait (no faults) until all are final."""
+    """Faults every `interval` s for `duration` s, then wait (no faults) until all are final.
+
+    The faults go on past `duration` until every kind has been injected twice: on a slow or
+    busy machine each restart takes longer, and a round must not end with a kind left out.
+    """
     start = time.monotonic()
     next_fault = start + interval
+    settled_from = 0.0  # when the faults stopped
     jobs: dict[int, dict] = {}
     while True:
         now = time.monotonic()
@@ -603,7 +608,7 @@ def drive(
         pause_and_resume(stack, plan, jobs)
         faults.repair()
         pending = [j for j in jobs.values() if not is_final(j, plan)]
-        faulting = now - start < duration
+        faulting = now - start < duration or faults.turn < 2 * len(faults.kinds)
         if not faulting and not pending:
             return jobs
         if faulting and now >= next_fault:
@@ -611,7 +616,8 @@ def drive(
             next_fault = time.monotonic() + interval
         elif not faulting:
             faults.finish()
-            if now - start > duration + settle_timeout:
+            settled_from = settled_from or now
+            if now - settled_from > settle_timeout:
                 say(f"{len(pending)} jobs not final {settle_timeout:.0f} s after the faults")
                 return jobs
         if int(now - start) % 15 == 0:
