@@ -2,10 +2,8 @@
 
 Reads the whole ledger in a few streaming queries; safe to run on a live system (it reports an
 attempt just launched or a job just moved only if the ledger is really inconsistent). For
-the backend side of invariant 4 it asks each cluster's engine about the attempts that ended in
-the last day: a backend object still pending or running behind a closed attempt is an orphan.
-(Objects no attempt ever recorded, say from a launch whose attempt row was lost, would need a
-listing of each engine's objects, which the executors do not offer.)
+the backend side of invariant 4 it lists what each cluster's engine holds for Starforge: an
+object pending or running that no open attempt accounts for is an orphan.
 """
 
 import datetime as dt
@@ -133,41 +131,62 @@ def attempts(now: dt.datetime) -> Iterator[str]:
         yield f"job {job_id}: attempt {name} is billed from before it was admitted"
 
 
-ORPHAN_LOOKBACK = dt.timedelta(days=1)
+UNRECORDED_LOOKBACK = dt.timedelta(days=1)
 
 
 def orphans(now: dt.datetime) -> Iterator[str]:
-    """No backend object still pending or running behind an attempt that ended (past the
-    grace period the reconciler has to cancel it again)."""
+    """No backend object pending or running that no open attempt accounts for.
+
+    Each engine lists what it holds for Starforge (`Executor.live`); each object must belong
+    to an attempt still open, or to one closed less than the grace period ago (the reconciler
+    cancels those again). An object behind an attempt closed longer ago, or recorded by no
+    attempt at all (a launch whose attempt row was lost), is an orphan.
+    """
     grace = dt.timedelta(seconds=settings.SF_LOST_GRACE_S)
     for cluster in Cluster.objects.filter(enabled=True).exclude(kind=Cluster.Kind.NOOP):
-        closed = list(
-            Attempt.objects.filter(
-                job__cluster=cluster, end_time__gte=now - ORPHAN_LOOKBACK, end_time__lt=now - grace
-            )
-        )
-        if not closed:
-            continue
         try:
             executor = executor_for(cluster)
-            by_ref = {a.job_ref: a for a in closed if a.job_ref}
-            for attempt in closed:
-                if not attempt.job_ref:  # closed before its launch was recorded
-                    ref = executor.find(attempt.backend_name)
-                    if ref:
-                        by_ref[ref] = attempt
-            seen = executor.poll(list(by_ref)) if by_ref else {}
+            live = executor.live()
+            owners = _owners(executor, cluster, live, now)
         except Exception as exc:  # cannot verify: say so rather than pass
             yield f"cluster {cluster.name}: its backend objects could not be checked ({exc})"
             continue
-        for ref, obs in seen.items():
-            if executor.STATE_TABLE.get(obs.native_state) in (S.PENDING, S.RUNNING):
-                attempt = by_ref[ref]
+        for ref, obs in sorted(live.items()):
+            mine = [a for a in owners.get(ref, []) if obs.name in ("", a.backend_name)]
+            if any(a.end_time is None or a.end_time >= now - grace for a in mine):
+                continue
+            if not mine:
+                named = f" ({obs.name})" if obs.name not in ("", ref) else ""
                 yield (
-                    f"job {attempt.job_id}: attempt {attempt.backend_name} ended at "
-                    f"{attempt.end_time:%Y-%m-%d %H:%M:%S} but its backend object {ref} on "
-                    f"cluster {cluster.name} is still {obs.native_state}"
+                    f"cluster {cluster.name}: backend object {ref}{named} is "
+                    f"{obs.native_state} but no attempt in the ledger launched it"
                 )
+                continue
+            attempt = max(mine, key=lambda a: a.end_time or now)
+            yield (
+                f"job {attempt.job_id}: attempt {attempt.backend_name} ended at "
+                f"{attempt.end_time:%Y-%m-%d %H:%M:%S} but its backend object {ref} on "
+                f"cluster {cluster.name} is still {obs.native_state}"
+            )
+
+
+def _owners(executor, cluster: Cluster, live: dict, now: dt.datetime) -> dict[str, list[Attempt]]:
+    """{ref: the attempts that recorded it}, and for attempts of the last day that never
+    recorded their ref (closed or crashed mid-launch) the object the engine finds by name."""
+    owners: dict[str, list[Attempt]] = defaultdict(list)
+    if not live:
+        return owners
+    for attempt in Attempt.objects.filter(job__cluster=cluster, job_ref__in=list(live)):
+        owners[attempt.job_ref].append(attempt)
+    if len(owners) < len(live):
+        unrecorded = Attempt.objects.filter(job__cluster=cluster, job_ref="").filter(
+            Q(end_time__isnull=True) | Q(end_time__gte=now - UNRECORDED_LOOKBACK)
+        )
+        for attempt in unrecorded:
+            ref = executor.find(attempt.backend_name)
+            if ref in live:
+                owners[ref].append(attempt)
+    return owners
 
 
 def follow_ons(now: dt.datetime) -> Iterator[str]:

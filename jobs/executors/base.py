@@ -80,6 +80,11 @@ class Executor(Protocol):
 
     def cancel(self, job_ref: str) -> None: ...
 
+    def live(self) -> dict[str, Observation]:
+        """Every Starforge object the engine holds pending or running, by ref, with its name
+        where the engine reports one: `check_ledger` looks for those no attempt accounts for."""
+        ...
+
     def capacity(self) -> Capacity: ...
 
 

@@ -182,6 +182,24 @@ class KubernetesExecutor:
             if ref in by_name
         }
 
+    def live(self) -> dict[str, Observation]:
+        """Starforge's Jobs in the namespace (its label) that have not ended."""
+        with self._api("listing Starforge Jobs and pods"):
+            jobs = _items(
+                self._batch().list_namespaced_job(
+                    self.namespace,
+                    label_selector=SELECTOR,
+                    _request_timeout=TIMEOUT,
+                    _preload_content=False,
+                )
+            )
+        found = self.poll([j["metadata"]["name"] for j in jobs]) if jobs else {}
+        return {
+            ref: Observation(obs.native_state, name=ref)
+            for ref, obs in found.items()
+            if self.STATE_TABLE.get(obs.native_state) in (S.PENDING, S.RUNNING)
+        }
+
     def cancel(self, job_ref: str) -> None:
         with self._api(f"deleting Job {job_ref}"):
             try:

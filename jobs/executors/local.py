@@ -91,6 +91,14 @@ class LocalExecutor:
                 found[ref] = self._observe(attempt_dir)
         return found
 
+    def live(self) -> dict[str, Observation]:
+        """Attempt dirs whose runner still holds its liveness lock."""
+        return {
+            d.name: Observation(self._observe(d).native_state, name=d.name)
+            for d in sorted(self.root.iterdir())
+            if d.is_dir() and _runner_alive(d)
+        }
+
     def cancel(self, job_ref: str) -> None:
         attempt_dir = self.root / job_ref
         proc = _read_json(attempt_dir / "proc.json")

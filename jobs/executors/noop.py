@@ -29,5 +29,8 @@ class NoopExecutor:
     def cancel(self, job_ref: str) -> None:
         return None
 
+    def live(self) -> dict[str, Observation]:
+        return {}  # it keeps nothing: every poll answers from the refs it is given
+
     def capacity(self) -> Capacity:
         return Capacity(reachable=True, total_gpus=self.total_gpus, virtual=True)

@@ -165,6 +165,17 @@ class RayExecutor:
             if job.get("submission_id") in wanted
         }
 
+    def live(self) -> dict[str, Observation]:
+        """The submissions this cluster made (its metadata mark) that Ray has not finished."""
+        found = {}
+        for job in self._list_jobs():
+            name = str(job.get("submission_id") or "")
+            ours = (job.get("metadata") or {}).get(METADATA_CLUSTER) == self.cluster.name
+            state = str(job.get("status"))
+            if ours and self.STATE_TABLE.get(state) in (JobStatus.PENDING, JobStatus.RUNNING):
+                found[name] = Observation(state, name=name)
+        return found
+
     def cancel(self, job_ref: str) -> None:
         """Ask Ray to stop the job; unknown and finished jobs are fine.
 

@@ -227,6 +227,17 @@ class SlurmExecutor:
             found.update({row.job_id: self._observe(row) for row in self._sacct(missing)})
         return found
 
+    def live(self) -> dict[str, Observation]:
+        """This user's Slurm jobs named `sf-…` that have not ended, in one squeue."""
+        states = f"PENDING,CONFIGURING,{ALLOCATED_STATES}"
+        args = ["squeue", "-h", "-u", str(os.getuid()), "-t", states, "-O", POLL_FIELDS]
+        rows = parse_squeue(self._slurm(args), dt.datetime.now(dt.UTC))
+        return {
+            row.job_id: Observation(row.state, name=row.name)
+            for row in rows
+            if row.name.startswith(JOB_PREFIX)
+        }
+
     def cancel(self, job_ref: str) -> None:
         # scancel exits 0 for unknown and finished jobs alike: the call is idempotent.
         self._slurm(["scancel", job_ref])

@@ -46,5 +46,11 @@ class ScriptedExecutor:
     def cancel(self, ref: str) -> None:
         self.cancelled.append(ref)
 
+    def live(self) -> dict[str, Observation]:
+        if self.poll_error:
+            raise self.poll_error
+        active = (S.PENDING, S.RUNNING)
+        return {r: o for r, o in self.states.items() if self.STATE_TABLE[o.native_state] in active}
+
     def capacity(self) -> Capacity:
         return Capacity(True, 8)

@@ -144,3 +144,26 @@ def test_a_backend_object_alive_behind_a_closed_attempt_is_an_orphan(
     assert "cluster local: its backend objects could not be checked (controller down)" in (
         violations()
     )
+
+
+def test_a_backend_object_no_attempt_accounts_for_is_an_orphan(
+    backend, team, alice, monkeypatch, settings
+):
+    monkeypatch.setattr("jobs.ledgercheck.executor_for", backend)
+    grace = dt.timedelta(seconds=settings.SF_LOST_GRACE_S)
+    now = dt.datetime.now(dt.UTC)
+    running, recent, unrecorded = (queued_job(team, alice) for _ in range(3))
+    with_attempt(running, S.RUNNING, job_ref="ref-open", start_time=now)
+    just = now - grace / 2  # closed within the grace: the reconciler cancels it again
+    with_attempt(recent, S.STOPPED, job_ref="ref-recent", start_time=just, end_time=just)
+    with_attempt(unrecorded, S.SUBMITTED, job_ref="")  # launched, ref not recorded yet
+    backend.existing.add(f"sf-{unrecorded.run_id}-a1")
+    for ref in ("ref-open", "ref-recent", f"sf-{unrecorded.run_id}-a1"):
+        backend.states[ref] = Observation("RUN")
+    backend.states["ref-ghost"] = Observation("QUEUED", name="sf-ghost-a1")
+    backend.states["ref-done"] = Observation("OK")  # ended objects are no one's concern
+    found = [line for line in violations() if "backend object" in line]
+    assert found == [
+        "cluster local: backend object ref-ghost (sf-ghost-a1) is QUEUED but no attempt in "
+        "the ledger launched it"
+    ]

@@ -6,18 +6,22 @@ executor instance (a worker restart), GPU slots through CUDA_VISIBLE_DEVICES, an
 """
 
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.signals import request_finished, request_started
 
 from jobs import logstore, services
 from jobs.executors.local import LocalExecutor, _read_json
 from jobs.launcher import launch_attempts, launch_spec
+from jobs.ledgercheck import violations
 from jobs.models import Attempt, Job, JobEvent
 from jobs.reconciler import reconcile_all
 from jobs.scheduler import admit_queued_jobs
@@ -28,10 +32,33 @@ pytestmark = pytest.mark.django_db(transaction=True)
 S = JobStatus
 
 
+class InFlight:
+    """Counts the live server's requests in progress (Django's request signals)."""
+
+    def __init__(self) -> None:
+        self.count, self.lock = 0, threading.Lock()
+
+    def started(self, **_kwargs) -> None:
+        with self.lock:
+            self.count += 1
+
+    def finished(self, **_kwargs) -> None:
+        with self.lock:
+            self.count -= 1
+
+    def wait_idle(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.count > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
 @pytest.fixture(autouse=True)
 def _api_for_runners(live_server, settings):
     settings.SF_API_URL = live_server.url
     settings.SF_RUNNER_PYTHON = sys.executable
+    in_flight = InFlight()
+    request_started.connect(in_flight.started)
+    request_finished.connect(in_flight.finished)
     yield
     # Runners live in their own sessions: end this test's before its database is flushed, so
     # none posts to the live server between tests.
@@ -46,6 +73,11 @@ def _api_for_runners(live_server, settings):
         deadline = time.monotonic() + 5
         while any(process_alive(p) for p in filter(None, pids)) and time.monotonic() < deadline:
             time.sleep(0.05)
+    # A request a runner sent before it died may still hold row locks: the database flush
+    # after the test would deadlock with it.
+    in_flight.wait_idle(timeout=10)
+    request_started.disconnect(in_flight.started)
+    request_finished.disconnect(in_flight.finished)
 
 
 def python_job(team, user, code: str, gpus: int = 1) -> Job:
@@ -230,3 +262,20 @@ def test_live_runner_not_yet_recorded_is_adopted_not_launched_twice(team, alice,
         holder.kill()
         holder.wait()
     assert executor.poll([attempt.backend_name])[attempt.backend_name].native_state == "DIED"
+
+
+def test_check_ledger_reports_a_live_runner_that_no_attempt_launched(team, alice, local_cluster):
+    job = python_job(team, alice, "import time; time.sleep(60)")
+    [attempt] = start(job)
+    run_until(lambda: Job.objects.get(pk=job.pk).status == S.RUNNING)
+    assert [v for v in violations() if "backend object" in v] == []
+    # A launch the ledger never recorded (say, an attempt row lost to a restore from backup).
+    ghost = dataclasses.replace(launch_spec(job, attempt), name="sf-ghost-a1")
+    LocalExecutor(local_cluster).submit(ghost)
+    found = [v for v in violations() if "backend object" in v]
+    assert len(found) == 1 and found[0].startswith(
+        "cluster local: backend object sf-ghost-a1 is "
+    ), found
+    assert found[0].endswith("but no attempt in the ledger launched it")
+    LocalExecutor(local_cluster).cancel("sf-ghost-a1")
+    services.stop_job(User.objects.get(username="alice"), job.pk)

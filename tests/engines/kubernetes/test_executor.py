@@ -380,3 +380,16 @@ def _bare_template() -> dict:
             "spec": {"restartPolicy": "Never", "containers": [{"name": "x", "image": "busybox"}]}
         }
     }
+
+
+def test_live_lists_the_starforge_jobs_that_have_not_ended(executor, apiserver):
+    up, waiting_, done = (executor.submit(launch(run_id=c * 16)) for c in "abc")
+    apiserver.add("pods", pod_for(apiserver.get("jobs", up), running()))
+    apiserver.add("pods", pod_for(apiserver.get("jobs", done), terminated(0, "Completed")))
+    apiserver.add("jobs", {"metadata": {"name": "not-ours"}, "spec": _bare_template()})
+    live = executor.live()
+    assert {ref: o.native_state for ref, o in live.items()} == {
+        up: "Running",
+        waiting_: "Pending",
+    }
+    assert all(o.name == ref for ref, o in live.items())

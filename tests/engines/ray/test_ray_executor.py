@@ -225,3 +225,16 @@ def test_the_executor_speaks_the_jobs_api_of_rays_own_client(ray_jobs, ray_addre
     other = client.submit_job(entrypoint="true", submission_id=f"other-{uuid.uuid4().hex}")
     assert ray_jobs.executor.find(other) == other
     assert ray_jobs.executor.find(f"sf-{uuid.uuid4().hex}-a1") is None
+
+
+def test_live_lists_the_unfinished_jobs_this_cluster_launched(ray_jobs):
+    done = ray_jobs.submit(["true"], gpus=0)
+    ray_jobs.wait(done.name, TERMINAL)
+    busy = ray_jobs.submit(["sleep", "60"], gpus=0)
+    ray_jobs.wait(busy.name, {"RUNNING"})
+    try:
+        live = ray_jobs.executor.live()
+        assert (live[busy.name].native_state, live[busy.name].name) == ("RUNNING", busy.name)
+        assert done.name not in live
+    finally:
+        ray_jobs.executor.cancel(busy.name)

@@ -239,3 +239,24 @@ def test_the_ci_script_is_idempotent_and_reports_status(slurm_conf):
     again = subprocess.run([script, "up"], capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "slurm up" in again.stdout
     assert subprocess.run([script, "status"]).returncode == 0
+
+
+def test_live_lists_this_users_unfinished_starforge_jobs_only(
+    executor, token, slurm_conf, tmp_path
+):
+    running = executor.submit(python_spec(token, "live", "import time; time.sleep(60)"))
+    done = executor.submit(python_spec(token, "done", "pass"))
+    foreign = slurm(
+        "sbatch", "--parsable", f"--job-name=train-{token}", f"--output={tmp_path}/f.out",
+        "--wrap=sleep 60", conf=slurm_conf,
+    ).strip()  # fmt: skip
+    wait_for(executor, done, FINAL)
+    wait_for(executor, running, {"RUNNING"})
+    try:
+        live = executor.live()
+        assert live[running].name == f"sf-{token}live-a1"
+        assert live[running].native_state == "RUNNING"
+        assert done not in live and foreign not in live
+    finally:
+        executor.cancel(running)
+        slurm("scancel", foreign, conf=slurm_conf)
