@@ -148,6 +148,23 @@ def test_text_with_quotes_newlines_and_unicode_reads_back_unchanged(api, job_id)
     assert (line["text"], line["stream"], line["seq"], line["attempt"]) == (text, "stderr", 0, 1)
 
 
+def test_stored_lines_are_exactly_what_json_writes_for_them(job_id):
+    texts_ = ['q"\\', "tab\tcr\r\x00\x1f\x7f", "épоque ✓ 😀", "", "\u2028 sep", "a\ud800b"]
+    stamps = [T0, 1, 0.1, 1e16, 1.5e-7, -3]
+    lines = [
+        {"seq": i, "stream": ("stdout", "stderr")[i % 2], "ts": ts, "text": text}
+        for i, (text, ts) in enumerate(zip(texts_, stamps, strict=True))
+    ]
+    logstore.append(job_id, 1, lines)
+    expected = [
+        json.dumps({"attempt": 1, **line}, ensure_ascii=False, separators=(",", ":")).encode(
+            errors="replace"
+        )
+        for line in lines
+    ]
+    assert [raw.rstrip(b"\n") for raw in logstore.read(job_id, None, 100).raw_lines] == expected
+
+
 def test_a_lone_surrogate_in_a_line_is_stored_as_a_replacement_not_a_500(api, job_id):
     body = (
         b'{"attempt": 1, "lines": [{"seq": 0, "stream": "stdout", "ts": 1, "text": "a\\ud800b"}]}'
