@@ -170,14 +170,11 @@ def list_jobs(request, filters: Query[JobFilters]):
         jobs = jobs.filter(user__username=filters.user)
     if filters.before:
         jobs = jobs.filter(pk__lt=filters.before)
-    page = list(
-        jobs.select_related("team", "user", "cluster", "current_attempt", "window", "snapshot")
-        .prefetch_related("attempts")
-        .order_by("-pk")[: filters.limit + 1]
-    )
+    page = list(services.with_related(jobs).order_by("-pk")[: filters.limit + 1])
     more = len(page) > filters.limit
     page = page[: filters.limit]
-    virtual = {j.cluster_id: executor_for(j.cluster).capacity().virtual for j in page}
+    clusters = {j.cluster_id: j.cluster for j in page}
+    virtual = {pk: executor_for(cluster).capacity().virtual for pk, cluster in clusters.items()}
     return {
         "items": [job_out(j, virtual) for j in page],
         "next_before": page[-1].pk if more else None,

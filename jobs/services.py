@@ -34,16 +34,21 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def visible_jobs(user: User) -> QuerySet[Job]:
     if user.is_staff:
         return Job.objects.all()
-    return Job.objects.filter(team__membership__user=user)
+    # A subquery, not a join through team: every relation joined multiplies PostgreSQL's
+    # planning, which was most of a job read (8 ms of 9 with eight relations).
+    return Job.objects.filter(team_id__in=Membership.objects.filter(user=user).values("team_id"))
+
+
+def with_related(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """What `job_out` and the pages read: team, user and cluster joined; the rest (window,
+    current attempt, attempts) in one small query each, which plans far faster than joins."""
+    return jobs.select_related("team", "user", "cluster").prefetch_related(
+        "window", "current_attempt", "attempts"
+    )
 
 
 def get_visible_job(user: User, job_id: int) -> Job:
-    job = (
-        visible_jobs(user)
-        .select_related("team", "user", "cluster", "current_attempt", "window", "snapshot")
-        .filter(pk=job_id)
-        .first()
-    )
+    job = with_related(visible_jobs(user)).filter(pk=job_id).first()
     if job is None:
         raise NotFound(f"job {job_id} does not exist or belongs to a team you are not in")
     return job
