@@ -120,16 +120,22 @@ def _sched_rows(results: dict) -> list[Row]:
 
 
 def _api_rows(results: dict) -> list[Row]:
+    from sf.runner import BATCH_LINES
+
     api, out = results.get("api", {}), []
     for key, r in api.items():
         if key.startswith("ingest_"):
+            # The aim is for the batches the runner sends; smaller ones show the per-request cost.
+            runners = r["batch"] == BATCH_LINES
             out.append(
                 Row(
                     "api",
-                    f"ingest 1M lines, batch {r['batch']}, {r['threads']} thread(s)",
+                    f"ingest 1M lines, batch {r['batch']}"
+                    + (" (the runner's)" if runners else "")
+                    + f", {r['threads']} thread(s)",
                     f"{r['lines_per_s']:,} lines/s ({r['seconds']:.1f} s, {r['mb_per_s']} MB/s)",
-                    ">= 100,000 lines/s",
-                    r["lines_per_s"] >= 100_000,
+                    ">= 100,000 lines/s" if runners else "-",
+                    r["lines_per_s"] >= 100_000 if runners else None,
                     (key, "lines_per_s"),
                 )
             )

@@ -23,7 +23,10 @@ from sf.http import ApiError, Client, ConnectError
 from sf.system import SystemSampler, sample_interval
 
 INGEST_EXIT = 86
-BATCH_LINES = 1000
+# Lines per log request at most. The server spends ~9 ms per request beyond ~4 µs per line, so
+# a chatty job is held back by requests, not lines: 1,000-line batches cap a job near 77,000
+# lines/s, 5,000-line ones near 190,000 (bench/RESULTS.md). A quiet job sends every 0.2 s.
+BATCH_LINES = 5000
 BATCH_POINTS = 2000
 METRICS_POLL_S = 0.25
 BATCH_INTERVAL_S = 0.2  # a line reaches the console well under 300 ms
