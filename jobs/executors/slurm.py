@@ -561,10 +561,14 @@ def _epoch(value: str, now: dt.datetime) -> dt.datetime | None:
 
 
 def _stamp(value: object) -> dt.datetime | None:
-    """An epoch in seconds from the runner's files, as an aware datetime."""
+    """An epoch in seconds from the runner's files, as an aware datetime; None for anything
+    else (the job's own code could write there: a bad value must not break the poll)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return dt.datetime.fromtimestamp(value, dt.UTC)
+    try:
+        return dt.datetime.fromtimestamp(value, dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def _read_json(path: Path) -> dict:

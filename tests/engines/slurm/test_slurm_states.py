@@ -359,6 +359,14 @@ def test_a_job_slurm_keeps_running_after_the_runner_exited_ends_as_the_runner_sa
     assert ["scancel", "41"] in fake.calls  # the stale allocation is freed
 
 
+def test_an_exit_file_with_nonsense_times_leaves_slurms_word(executor, fake, tmp_path, settings):
+    settings.SF_LOST_GRACE_S = 60
+    write_exit(tmp_path, "sf-run-a1", 61, ended_at=1e300)
+    fake.answer("squeue", squeue_line("41", "RUNNING", end="N/A"))
+    assert executor.poll(["41"])["41"].native_state == "RUNNING"
+    assert [c[0] for c in fake.calls] == ["squeue"]
+
+
 def test_a_runner_that_exited_within_the_grace_or_not_at_all_leaves_slurms_word(
     executor, fake, tmp_path, settings
 ):
@@ -371,6 +379,7 @@ def test_a_runner_that_exited_within_the_grace_or_not_at_all_leaves_slurms_word(
         + squeue_line("43", "SUSPENDED", end="N/A", name="sf-old-a1"),
     )
     write_exit(tmp_path, "sf-old-a1", 600)  # suspended by an admin: Slurm's word stands
+    write_exit(tmp_path, "sf-recent-a1", 20, started_at=1e300)  # job code may write nonsense
     found = executor.poll(["41", "42", "43"])
     assert [found[i].native_state for i in ("41", "42", "43")] == [
         "RUNNING",
