@@ -88,6 +88,18 @@ class Executor(Protocol):
     def capacity(self) -> Capacity: ...
 
 
+def epoch(value: object) -> dt.datetime | None:
+    """Epoch seconds from a runner's file (`started.json`, `exit.json`) as an aware datetime;
+    None for anything else. Job code can write next to those files, so a bad value must
+    not raise in a poll and stop the reconciler for the whole cluster."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value:
+        return None
+    try:
+        return dt.datetime.fromtimestamp(value, dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 @contextmanager
 def file_lock(path: Path) -> Iterator[None]:
     """An exclusive lock on `path` (created if missing), for workers sharing a directory."""

@@ -29,6 +29,7 @@ from jobs.executors.base import (
     Observation,
     check_int,
     check_known,
+    epoch,
     file_lock,
 )
 from jobs.states import JobStatus
@@ -179,7 +180,7 @@ class LocalExecutor:
 
     def _observe(self, attempt_dir: Path) -> Observation:
         started = _read_json(attempt_dir / "started.json")
-        start_time = _ts(started.get("started_at"))
+        start_time = epoch(started.get("started_at"))
         done = _read_json(attempt_dir / "exit.json")
         if done:
             return _exited(done, start_time)
@@ -196,7 +197,9 @@ class LocalExecutor:
 
 
 def _exited(done: dict, start_time: dt.datetime | None) -> Observation:
-    code, reason = done.get("exit_code"), done.get("reason", "")
+    code, reason = done.get("exit_code"), str(done.get("reason") or "")
+    if isinstance(code, bool) or not isinstance(code, int):
+        code = None  # the job's code can write here too: only an int is an exit code
     if reason.startswith("ingest failed"):
         state, failure = "INGEST_FAILED", "ingest"
     elif code == 0:
@@ -210,8 +213,8 @@ def _exited(done: dict, start_time: dt.datetime | None) -> Observation:
         failure=failure,
         exit_code=code,
         message=reason,
-        start_time=start_time or _ts(done.get("started_at")),
-        end_time=_ts(done.get("ended_at")),
+        start_time=start_time or epoch(done.get("started_at")),
+        end_time=epoch(done.get("ended_at")),
     )
 
 
@@ -268,7 +271,3 @@ def _write_json(path: Path, value: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(value))
     os.replace(tmp, path)
-
-
-def _ts(value) -> dt.datetime | None:
-    return dt.datetime.fromtimestamp(value, dt.UTC) if value else None

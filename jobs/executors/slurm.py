@@ -36,6 +36,7 @@ from jobs.executors.base import (
     LaunchSpec,
     Observation,
     check_known,
+    epoch,
     file_lock,
 )
 from jobs.states import JobStatus
@@ -376,7 +377,7 @@ class SlurmExecutor:
         if not exit_file.exists():
             return None
         done = _read_json(exit_file)
-        ended, started = _stamp(done.get("ended_at")), _stamp(done.get("started_at"))
+        ended, started = epoch(done.get("ended_at")), epoch(done.get("started_at"))
         if ended is None or now - ended < grace:
             return None
         code = done.get("exit_code")
@@ -558,17 +559,6 @@ def _epoch(value: str, now: dt.datetime) -> dt.datetime | None:
     if not number:
         return None
     return min(dt.datetime.fromtimestamp(number + 1, dt.UTC), now)
-
-
-def _stamp(value: object) -> dt.datetime | None:
-    """An epoch in seconds from the runner's files, as an aware datetime; None for anything
-    else (the job's own code could write there: a bad value must not break the poll)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        return dt.datetime.fromtimestamp(value, dt.UTC)
-    except (OverflowError, OSError, ValueError):
-        return None
 
 
 def _read_json(path: Path) -> dict:
