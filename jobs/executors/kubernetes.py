@@ -157,6 +157,19 @@ class KubernetesExecutor:
         return name
 
     def poll(self, job_refs: list[str]) -> dict[str, Observation]:
+        observed = self._observe_all()
+        return {ref: observed[ref] for ref in job_refs if ref in observed}
+
+    def live(self) -> dict[str, Observation]:
+        """Starforge's Jobs in the namespace (its label) that have not ended."""
+        return {
+            ref: Observation(obs.native_state, name=ref)
+            for ref, obs in self._observe_all().items()
+            if self.STATE_TABLE.get(obs.native_state) in (S.PENDING, S.RUNNING)
+        }
+
+    def _observe_all(self) -> dict[str, Observation]:
+        """Every Starforge Job in the namespace, by name: one list of Jobs, one of pods."""
         with self._api("listing Starforge Jobs and pods"):
             jobs = _items(
                 self._batch().list_namespaced_job(
@@ -174,30 +187,10 @@ class KubernetesExecutor:
                     _preload_content=False,
                 )
             )
-        by_name = {j["metadata"]["name"]: j for j in jobs}
         pods_of = _pods_by_job_uid(pods)
         return {
-            ref: observe(by_name[ref], pods_of.get(by_name[ref]["metadata"].get("uid"), []))
-            for ref in job_refs
-            if ref in by_name
-        }
-
-    def live(self) -> dict[str, Observation]:
-        """Starforge's Jobs in the namespace (its label) that have not ended."""
-        with self._api("listing Starforge Jobs and pods"):
-            jobs = _items(
-                self._batch().list_namespaced_job(
-                    self.namespace,
-                    label_selector=SELECTOR,
-                    _request_timeout=TIMEOUT,
-                    _preload_content=False,
-                )
-            )
-        found = self.poll([j["metadata"]["name"] for j in jobs]) if jobs else {}
-        return {
-            ref: Observation(obs.native_state, name=ref)
-            for ref, obs in found.items()
-            if self.STATE_TABLE.get(obs.native_state) in (S.PENDING, S.RUNNING)
+            job["metadata"]["name"]: observe(job, pods_of.get(job["metadata"].get("uid"), []))
+            for job in jobs
         }
 
     def cancel(self, job_ref: str) -> None:
