@@ -42,7 +42,7 @@ DOWNLOAD_PAGE_LINES = 10_000
 
 
 def job_out(job: Job, virtual: dict[int, bool] | None = None) -> dict:
-    attempt = job.current_attempt
+    attempt = services.current_attempt(job)
     why_not_retry = services.retry_unavailable_reason(job)
     if virtual is None or job.cluster_id not in virtual:
         virtual = {job.cluster_id: executor_for(job.cluster).capacity().virtual}

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from jobs import logstore
 from jobs.models import Attempt, Job, JobEvent
-from jobs.services import retry_unavailable_reason
+from jobs.services import current_attempt, retry_unavailable_reason
 from jobs.states import JobStatus
 from metering.usage import attempt_gpu_seconds
 
@@ -16,7 +16,7 @@ S = JobStatus
 
 def explain(job: Job, now: dt.datetime | None = None) -> list[str]:
     now = now or timezone.now()
-    attempt = job.current_attempt
+    attempt = current_attempt(job)
     sentences = _by_status(job, attempt, now) + _cluster_health(job, now)
     if job.status in (S.FAILED, S.STOPPED):
         why_not = retry_unavailable_reason(job)
