@@ -18,6 +18,7 @@ from django.utils import timezone
 from jobs import lifecycle, logstore, teams
 from jobs.errors import BadRequest, Conflict, Forbidden, NotFound
 from jobs.executors import Capacity, executor_for
+from jobs.executors.base import GPU_VISIBILITY_VARS
 from jobs.launcher import cancel_current
 from jobs.models import Attempt, Cluster, Job, JobEvent, Membership, ScheduleWindow, Snapshot, Team
 from jobs.schemas import JobIn
@@ -307,9 +308,14 @@ def _check_env(env: dict[str, str]) -> None:
     for key in env:
         if not ENV_NAME.fullmatch(key):
             raise BadRequest(f"environment variable name {key!r} is not valid")
-        if key.startswith("SF_") or key == "CUDA_VISIBLE_DEVICES":
+        if key.startswith("SF_"):
             raise BadRequest(
                 f"environment variable {key} is set by Starforge and cannot be overridden"
+            )
+        if key in GPU_VISIBILITY_VARS:
+            raise BadRequest(
+                f"environment variable {key} chooses which GPUs a job sees; Starforge sets it "
+                "from the GPUs it allocates (ask for them with --gpus)"
             )
 
 

@@ -7,6 +7,9 @@ the ledger state it means. A native state missing from the table never advances 
 
 import datetime as dt
 import fcntl
+import hashlib
+import hmac
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -98,6 +101,75 @@ def epoch(value: object) -> dt.datetime | None:
         return dt.datetime.fromtimestamp(value, dt.UTC)
     except (OverflowError, OSError, ValueError):
         return None
+
+
+# -- a job's environment -------------------------------------------------------------------------
+# A job's environment is an allow-list (ARCHITECTURE.md invariant 8): its own env, the SF_*
+# contract and this minimal base. Nothing of the server's or worker's environment is copied.
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+# Variables that choose which accelerators a process sees: the platform sets them from what it
+# allocated, so a job may not (a 0-GPU job with NVIDIA_VISIBLE_DEVICES=all would see them all).
+GPU_VISIBILITY_VARS = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+        "ZE_AFFINITY_MASK",
+        "HABANA_VISIBLE_DEVICES",
+        "NEURON_RT_VISIBLE_CORES",
+        "TPU_VISIBLE_CHIPS",
+        "ASCEND_RT_VISIBLE_DEVICES",
+    }
+)
+
+
+def base_env(home: str, tmpdir: str = "", path: str = DEFAULT_PATH) -> dict[str, str]:
+    """The minimal base every job starts from: a PATH, a HOME, a UTF-8 locale, a TMPDIR."""
+    env = {"PATH": path, "HOME": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+    if tmpdir:
+        env["TMPDIR"] = tmpdir
+    return env
+
+
+# -- the runner's records -----------------------------------------------------------------------
+# The runner writes `started.json` and `exit.json` where job code can often write too (the same
+# unix user on Slurm, or on the local executor without `run_as`). Each record carries an
+# HMAC-SHA256 (`mac`) keyed by the attempt's record key, which only the runner holds (it is
+# stripped from the job's environment and the runner is not dumpable): a record without a
+# valid mac was written by the job, not the runner, and decides nothing.
+RECORD_KEY_SALT = b"starforge.runner-record:"
+
+
+def record_key(name: str) -> str:
+    """The key the runner of backend object `name` signs its records with (SF_RECORD_KEY)."""
+    from django.conf import settings
+
+    secret = settings.SECRET_KEY.encode()
+    return hmac.new(secret, RECORD_KEY_SALT + name.encode(), hashlib.sha256).hexdigest()
+
+
+def record_mac(key: str, record: dict) -> str:
+    """The mac of a record (every field but `mac`), as the runner computes it."""
+    body = {k: v for k, v in record.items() if k != "mac"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key.encode(), canonical, hashlib.sha256).hexdigest()
+
+
+def read_record(path: Path, name: str) -> dict:
+    """A runner record of backend object `name`, or {} when it is missing, unreadable or not
+    signed by that runner (job code wrote it, or it names another attempt)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(record, dict) or not isinstance(record.get("mac"), str):
+        return {}
+    if not hmac.compare_digest(record["mac"], record_mac(record_key(name), record)):
+        return {}
+    return record
 
 
 @contextmanager
