@@ -15,18 +15,19 @@ from functools import partial
 from pathlib import PurePosixPath
 
 from django.conf import settings
-from django.core import signing
 from django.db import connection, transaction
 from django.utils import timezone
 
+from jobs import clocks
 from jobs.executors import LaunchError, LaunchSpec, executor_for
+from jobs.executors.base import executor_class, record_key
+from jobs.job_tokens import bootstrap_token_for, job_token_for
 from jobs.lifecycle import after_failure
 from jobs.models import Attempt, Job
 from jobs.states import JobStatus
 from jobs.transitions import Change, TransitionRefused, apply_transitions, transition
 
 log = logging.getLogger(__name__)
-JOB_TOKEN_SALT = "starforge.job-token"
 RECORD_EVERY = 25
 RECORD_AFTER_S = 0.5
 
@@ -138,9 +139,7 @@ def _launch_failed(job_id: int, outcome: LaunchOutcome) -> None:
     target = JobStatus.FAILED if outcome.permanent else JobStatus.QUEUED
     word = "launch failed" if outcome.permanent else "launch failed, will retry"
     with transaction.atomic():
-        Attempt.objects.filter(pk=outcome.attempt_id, end_time__isnull=True).update(
-            end_time=timezone.now(), end_reason=f"{word}: {outcome.error}"
-        )
+        clocks.close_open([outcome.attempt_id], timezone.now(), f"{word}: {outcome.error}")
         try:
             transition(
                 job_id,
@@ -190,30 +189,28 @@ def cancel_attempt(attempt_id: int) -> None:
         executor.cancel(ref)
 
 
-def job_token(job_id: int, attempt: int) -> str:
-    return signing.Signer(salt=JOB_TOKEN_SALT).sign(f"{job_id}.{attempt}")
-
-
 def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
     # A cluster whose jobs see the server or the run outputs under other names says so in
     # its settings (a pod reaches the API through a service URL, not 127.0.0.1).
     cluster_settings = job.cluster.settings
     output_root = PurePosixPath(cluster_settings.get("output_root") or settings.SF_OUTPUT_ROOT)
     output_dir = output_root / job.run_id
-    env = {str(k): str(v) for k, v in job.env.items()}
-    env.update(
-        {
-            "SF_API_URL": cluster_settings.get("api_url") or settings.SF_API_URL,
-            "SF_JOB_TOKEN": job_token(job.pk, attempt.number),
-            "SF_JOB_ID": str(job.pk),
-            "SF_RUN_ID": job.run_id,
-            "SF_ATTEMPT": str(attempt.number),
-            "SF_OUTPUT_DIR": str(output_dir),
-            "SF_CHECKPOINT_DIR": str(output_dir / "checkpoints"),
-            "SF_ENTRYPOINT": json.dumps(job.entrypoint),
-            "SF_SNAPSHOT": job.snapshot_id or "",
-        }
-    )
+    user_env = {str(k): str(v) for k, v in job.env.items()}
+    env = {
+        **user_env,
+        "SF_API_URL": cluster_settings.get("api_url") or settings.SF_API_URL,
+        "SF_JOB_ID": str(job.pk),
+        "SF_RUN_ID": job.run_id,
+        "SF_ATTEMPT": str(attempt.number),
+        "SF_OUTPUT_DIR": str(output_dir),
+        "SF_CHECKPOINT_DIR": str(output_dir / "checkpoints"),
+        "SF_ENTRYPOINT": json.dumps(job.entrypoint),
+        "SF_SNAPSHOT": job.snapshot_id or "",
+        # The job's own variables apart, so a runner that runs as another user than the job
+        # (the local executor's run_as) applies them to the job alone, never to itself.
+        "SF_USER_ENV": json.dumps(user_env),
+        **runner_credentials(job.cluster.kind, attempt),
+    }
     if job.parent_id:  # a follow-on job reads its parent's outputs
         parent_run = Job.objects.values_list("run_id", flat=True).get(pk=job.parent_id)
         env["SF_PARENT_RUN_ID"] = parent_run
@@ -227,4 +224,20 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
         entrypoint=list(job.entrypoint),
         env=env,
         team=job.team.name,
+        team_id=job.team_id,
     )
+
+
+def runner_credentials(kind: str, attempt: Attempt) -> dict[str, str]:
+    """What the runner authenticates with; the runner keeps it from the job's own code.
+
+    Engines whose job specs others can read (the Ray dashboard, pod specs) get a one-time
+    bootstrap credential, spent at start; the others get the job token and the key the runner
+    signs its start and exit records with (`jobs.executors.base.read_record`).
+    """
+    if getattr(executor_class(kind), "BOOTSTRAP_TOKEN", False):
+        return {"SF_BOOTSTRAP_TOKEN": bootstrap_token_for(attempt)}
+    return {
+        "SF_JOB_TOKEN": job_token_for(attempt),
+        "SF_RECORD_KEY": record_key(attempt.backend_name),
+    }

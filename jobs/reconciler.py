@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs import lifecycle, logstore
+from jobs import clocks, lifecycle, logstore
 from jobs.executors import Executor, Observation, executor_for
 from jobs.launcher import launch_attempts
 from jobs.models import Attempt, Cluster, JobEvent
@@ -84,6 +84,7 @@ def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
     mine = _observed(live + closed, observations)
     seen = [a.pk for a in live if a.pk in mine]
     Attempt.objects.filter(pk__in=seen).update(last_seen_at=now)
+    clocks.seen_alive([a.pk for a in live if _maps_to(executor, mine.get(a.pk)) == S.RUNNING], now)
     _record_native(executor, live, mine)
     for attempt in live:
         try:
@@ -93,7 +94,16 @@ def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
         except Exception:
             log.exception("reconcile of %s failed; skipped this tick", attempt.backend_name)
     for attempt in closed:
-        _sweep_orphan(executor, attempt, mine.get(attempt.pk))
+        _sweep_orphan(executor, attempt, mine.get(attempt.pk), now)
+    # An engine that found objects to clean up while observing (Slurm: a job still RUNNING a
+    # grace after its runner's signed exit) acts on them now, after the poll: a poll only looks.
+    reap = getattr(executor, "reap_stale", None)
+    if reap is not None:  # only objects carrying their own attempt's name (see _observed)
+        reap({a.job_ref: mine[a.pk] for a in live if a.pk in mine})
+
+
+def _maps_to(executor: Executor, obs: Observation | None) -> JobStatus | None:
+    return executor.STATE_TABLE.get(obs.native_state) if obs is not None else None
 
 
 def _observed(attempts: list[Attempt], observations: dict[str, Observation]) -> dict:
@@ -158,16 +168,7 @@ def _maybe_lost(attempt: Attempt, now: dt.datetime) -> None:
         f"lost on backend: {attempt.job_ref} is no longer known to cluster "
         f"{attempt.job.cluster.name}"
     )
-    _close_and_transition(attempt, S.FAILED, reason, now, exit_code=None, failure="lost")
-
-
-def _start_of(attempt: Attempt, obs: Observation) -> dt.datetime | None:
-    """The backend's start time, never before admission.
-
-    Engines report whole seconds (Kubernetes) or round them; a start read as earlier than
-    the attempt's admission would bill queued time (invariant 5).
-    """
-    return max(obs.start_time, attempt.submitted_at) if obs.start_time else None
+    _close_and_transition(attempt, S.FAILED, reason, now, now, exit_code=None, failure="lost")
 
 
 def _advance(attempt: Attempt, path: list[JobStatus], reason: str) -> None:
@@ -186,9 +187,9 @@ def _mark_running(attempt: Attempt, obs: Observation, now: dt.datetime) -> None:
     if attempt.job.status == S.RUNNING:
         return
     with transaction.atomic():
-        Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(
-            start_time=_start_of(attempt, obs) or now
-        )
+        # Engines report whole seconds (Kubernetes) or round them: clocks bounds the start
+        # by the admission, so queued time is never billed (invariant 5).
+        clocks.mark_started(attempt, obs.start_time or now, now)
         _advance(attempt, [S.PENDING, S.RUNNING], "the entrypoint is running")
 
 
@@ -200,32 +201,30 @@ def _finish(attempt: Attempt, target: JobStatus, obs: Observation, now: dt.datet
     else:
         reason = _failure_reason(attempt, obs)
     if obs.start_time:
-        Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(
-            start_time=_start_of(attempt, obs)
-        )
-    # The runner may have reported its start since this tick read the attempt.
-    attempt.start_time = Attempt.objects.values_list("start_time", flat=True).get(pk=attempt.pk)
+        clocks.mark_started(attempt, obs.start_time, now)
+    else:  # the runner may have reported its start since this tick read the attempt
+        attempt.refresh_from_db(fields=["start_time", "alive_at"])
     if attempt.start_time is None and target == S.SUCCEEDED:
-        _unknown_start(attempt, obs.end_time or now)
+        _unknown_start(attempt, obs.end_time or now, now)
     failure = obs.failure or "exit" if target == S.FAILED else ""
     _close_and_transition(
         attempt,
         target,
         reason,
-        obs.end_time or now,
+        obs.end_time,
+        now,
         exit_code=obs.exit_code,
         failure=failure,
         note=str(obs.details.get("note", "")),
     )
 
 
-def _unknown_start(attempt: Attempt, end: dt.datetime) -> None:
+def _unknown_start(attempt: Attempt, end: dt.datetime, now: dt.datetime) -> None:
     """It ran (it succeeded) but nobody said when it started: bill nothing rather than guess.
 
     Billing from launch would count queued and pending time (invariant 5).
     """
-    Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(start_time=end)
-    attempt.start_time = end
+    clocks.mark_started(attempt, clocks.bounded_end(attempt, end, now), now)
     JobEvent.objects.create(
         job_id=attempt.job_id,
         kind=JobEvent.Kind.NOTE,
@@ -242,19 +241,21 @@ def _close_and_transition(
     attempt: Attempt,
     target: JobStatus,
     reason: str,
-    end: dt.datetime,
+    end: dt.datetime | None,
+    now: dt.datetime,
     exit_code: int | None,
     failure: str = "",
     note: str = "",
 ) -> None:
     """Close the attempt and move the job, once; `note` (how the end was learnt, when that
-    was unusual) becomes a NOTE event before the transition."""
+    was unusual) becomes a NOTE event before the transition. `end` is the engine's (None:
+    unknown); clocks bounds it by the last sighting alive and now."""
     path = [S.PENDING, S.RUNNING, target] if attempt.start_time else [S.PENDING, target]
     if attempt.job.status == S.RUNNING:
         path = [S.RUNNING, target]
     with transaction.atomic():
-        closed = Attempt.objects.filter(pk=attempt.pk, end_time__isnull=True).update(
-            end_time=end, exit_code=exit_code, end_reason=reason, failure=failure
+        closed = clocks.close(
+            attempt, end, now, exit_code=exit_code, end_reason=reason, failure=failure
         )
         if closed:  # counted once, however many times the end is observed
             if note:
@@ -293,7 +294,7 @@ def _check_pending_deadline(executor: Executor, attempt: Attempt, now: dt.dateti
     if (now - since).total_seconds() <= deadline:
         return
     reason = f"pending deadline: still PENDING after {deadline} s; cancelled on the backend"
-    _close_and_transition(attempt, S.FAILED, reason, now, exit_code=None, failure="deadline")
+    _close_and_transition(attempt, S.FAILED, reason, now, now, exit_code=None, failure="deadline")
     executor.cancel(attempt.job_ref)
 
 
@@ -338,7 +339,9 @@ def _record_native(
     JobEvent.objects.bulk_create(unmapped)
 
 
-def _sweep_orphan(executor: Executor, attempt: Attempt, obs: Observation | None) -> None:
+def _sweep_orphan(
+    executor: Executor, attempt: Attempt, obs: Observation | None, now: dt.datetime
+) -> None:
     """A closed attempt (stopped or paused): make sure its backend object is gone.
 
     It may still run (a stop racing a launch): cancel it again. And if it was closed before
@@ -350,10 +353,6 @@ def _sweep_orphan(executor: Executor, attempt: Attempt, obs: Observation | None)
     if executor.STATE_TABLE.get(obs.native_state) in (S.PENDING, S.RUNNING):
         log.info("cancelling orphaned backend object %s", attempt.job_ref)
         executor.cancel(attempt.job_ref)
-    ended = attempt.end_time
-    started = _start_of(attempt, obs)
-    if attempt.start_time is None and started and ended and started < ended:
+    if attempt.start_time is None and obs.start_time and attempt.end_time:
         # Metered already with no start (0 GPU-µs): metering it again adds exactly its time.
-        Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True).update(
-            start_time=started, metered=False
-        )
+        clocks.mark_started(attempt, obs.start_time, now, reopen=True)

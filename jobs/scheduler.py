@@ -29,7 +29,7 @@ from django.db import connection, transaction
 from django.db.models import Count, F, OuterRef, Subquery, Sum
 from django.utils import timezone
 
-from jobs import lifecycle
+from jobs import clocks, lifecycle
 from jobs.executors import Capacity, executor_for
 from jobs.launcher import cancel_current
 from jobs.lifecycle import requeue_due_retries
@@ -384,10 +384,8 @@ def _halt(ids: list[int], target: JobStatus, reason: str, now: dt.datetime) -> l
         target, [Change(pk, reason) for pk in ids], actor="scheduler", expected=S.active()
     )
     halted = [job.pk for job in changed]
-    current = Job.objects.filter(pk__in=halted).values("current_attempt")
-    Attempt.objects.filter(pk__in=current, end_time__isnull=True).update(
-        end_time=now, end_reason=reason
-    )
+    current = Job.objects.filter(pk__in=halted).values_list("current_attempt", flat=True)
+    clocks.close_open([pk for pk in current if pk is not None], now, reason)
     Job.objects.filter(pk__in=halted).update(next_attempt_at=None)
     if target == S.STOPPED:
         for job in Job.objects.filter(pk__in=halted).only("pk", "then"):
@@ -423,11 +421,10 @@ def _submit(admit: list[tuple[int, int, dict]], now: dt.datetime) -> list[int]:
             number=job.attempt_count + 1,
             gpus=gpus_by_job[job.pk],
             backend_name=backend_name(job.run_id, job.attempt_count + 1),
-            submitted_at=now,
         )
         for job in jobs
     ]
-    Attempt.objects.bulk_create(attempts, batch_size=1000)
+    clocks.open_attempts(attempts, now)
     newest = Attempt.objects.filter(job_id=OuterRef("pk")).order_by("-number").values("pk")[:1]
     Job.objects.filter(pk__in=[job.pk for job in jobs]).update(
         attempt_count=F("attempt_count") + 1, current_attempt=Subquery(newest)

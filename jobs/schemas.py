@@ -150,6 +150,10 @@ class StartedOut(Schema):
     start_time: dt.datetime | None
 
 
+class TokenExchangeOut(Schema):
+    token: str = Field(description="the job token; the bootstrap credential is now spent")
+
+
 class DiagnosticsOut(Schema):
     status: str
     sentences: list[str]
@@ -178,6 +182,7 @@ class IngestResult(Schema):
     accepted: int
     duplicates: int
     next_seq: int
+    dropped: int = 0  # lines past the attempt's log cap (SF_ATTEMPT_MAX_LOG_MB), not stored
 
 
 class ErrorOut(Schema):

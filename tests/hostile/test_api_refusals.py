@@ -10,7 +10,7 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs.auth import create_token
-from jobs.launcher import job_token
+from jobs.job_tokens import job_token
 from jobs.models import MetricPoint
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job, with_attempt

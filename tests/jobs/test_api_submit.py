@@ -150,16 +150,16 @@ def test_a_disabled_cluster_is_refused_with_400(api, before):
     assert ledger() == before
 
 
-def test_an_unknown_snapshot_sha_is_refused_with_400(api, before):
+def test_an_unknown_snapshot_sha_is_refused_with_404(api, before):
     response = api.post("/jobs", {"entrypoint": ["a"], "snapshot": "0" * 64})
-    assert_refused(response, 400, "snapshot", "unknown")
+    assert_refused(response, 404, "snapshot", "unknown")
     assert ledger() == before
 
 
-def test_a_snapshot_whose_file_is_gone_is_refused_with_400(api, before):
+def test_a_snapshot_whose_file_is_gone_is_refused_with_404(api, before):
     sha = upload_snapshot(api)
     snapshot_path(sha).unlink()
-    assert_refused(api.post("/jobs", {"entrypoint": ["a"], "snapshot": sha}), 400, "snapshot")
+    assert_refused(api.post("/jobs", {"entrypoint": ["a"], "snapshot": sha}), 404, "snapshot")
     assert ledger() == before
 
 
@@ -190,7 +190,7 @@ def test_an_invalid_env_var_name_is_refused_with_400(api, before, name):
 
 
 @pytest.mark.parametrize(
-    "name", ["SF_RUN_ID", "SF_OUTPUT_DIR", "SF_ANYTHING", "CUDA_VISIBLE_DEVICES"]
+    "name", ["SF_RUN_ID", "SF_OUTPUT_DIR", "SF_ANYTHING", "SF_JOB_TOKEN"]
 )
 def test_a_reserved_env_var_is_refused_with_400(api, before, name):
     response = api.post("/jobs", {"entrypoint": ["a"], "env": {name: "x"}})

@@ -381,7 +381,7 @@ def test_download_returns_every_attempt_as_text_and_404s_for_another_team(team, 
 
 @pytest.mark.django_db(transaction=True)
 def test_ingested_metric_points_tell_the_open_page_to_redraw(team, alice):
-    from jobs.launcher import job_token
+    from jobs.job_tokens import job_token
     from tests.jobs.factories import with_attempt
 
     job = queued_job(team, alice)

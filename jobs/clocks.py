@@ -1,0 +1,102 @@
+"""Owns the attempt clocks: opening an attempt, marking it started, seeing it alive, closing it.
+
+Metering bills (end − start) × GPUs per attempt (ARCHITECTURE.md invariant 5), so these two
+times are the bill, and nothing a job's code writes may set them on its own (invariant 7).
+Only this module writes `Attempt.start_time` and `Attempt.end_time` (a test reads the source of
+every other module to prove it); the loops (scheduler, launcher, reconciler), the control verbs
+and the runner's ingest endpoint call it.
+
+The rules every write follows:
+- A start comes from the server's clock (the runner's start report, the reconciler's first
+  sight of the attempt running) or the engine's own record of it, and lies between the
+  attempt's admission and now: a start read as earlier would bill queued time, a later one is
+  a clock from the future.
+- An end is never before the last moment the server saw the attempt alive (`alive_at`: a log
+  line, metric point or start report it accepted, or the engine reporting it running), never
+  before its start, and never after now.
+- Each clock is written once: the writes are guarded updates (`WHERE start_time IS NULL`,
+  `WHERE end_time IS NULL`), so an end observed twice is closed once.
+"""
+
+import datetime as dt
+from collections.abc import Iterable
+
+from django.db.models import Q
+
+from jobs.models import Attempt
+
+# Seeing an attempt alive costs an UPDATE; one per attempt per this many seconds is enough to
+# bound an end (the reconciler's own sightings come every tick anyway).
+ALIVE_RESOLUTION = dt.timedelta(seconds=1)
+
+
+def open_attempts(rows: list[Attempt], now: dt.datetime) -> list[Attempt]:
+    """Create the attempts the scheduler admitted, each opened (submitted) at `now`."""
+    for row in rows:
+        row.submitted_at = now
+    return Attempt.objects.bulk_create(rows, batch_size=1000)
+
+
+def bounded_start(attempt: Attempt, reported: dt.datetime | None, now: dt.datetime):
+    """`reported` (an engine's start) within [admission, now], or None when none was reported."""
+    if reported is None:
+        return None
+    return min(max(reported, attempt.submitted_at), now)
+
+
+def mark_started(attempt: Attempt, at: dt.datetime, now: dt.datetime, *, reopen: bool = False):
+    """Set the attempt's start once, bounded by its admission and now; return the stored start.
+
+    With `reopen`, a start learnt after the attempt was closed (a stop racing the engine's
+    start) is still taken, and the attempt is metered again to add exactly its time.
+    """
+    start = bounded_start(attempt, at, now)
+    rows = Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True)
+    if reopen:
+        rows.filter(end_time__gt=start).update(start_time=start, metered=False)
+    else:
+        rows.filter(end_time__isnull=True).update(start_time=start)
+    attempt.start_time = Attempt.objects.values_list("start_time", flat=True).get(pk=attempt.pk)
+    return attempt.start_time
+
+
+def seen_alive(attempt_ids: Iterable[int], now: dt.datetime) -> None:
+    """The server saw these attempts alive at `now`: no end may be billed before it."""
+    ids = list(attempt_ids)
+    if not ids:
+        return
+    Attempt.objects.filter(pk__in=ids, end_time__isnull=True).filter(
+        Q(alive_at__isnull=True) | Q(alive_at__lt=now - ALIVE_RESOLUTION)
+    ).update(alive_at=now)
+
+
+def bounded_end(attempt: Attempt, reported: dt.datetime | None, now: dt.datetime) -> dt.datetime:
+    """`reported` (an engine's or the runner's end) no earlier than the start and the last
+    sighting alive, and no later than now; now when nothing was reported."""
+    floors = [t for t in (attempt.alive_at, attempt.start_time) if t is not None]
+    return max([min(reported or now, now), *floors])
+
+
+def close(attempt: Attempt, reported_end: dt.datetime | None, now: dt.datetime, **fields) -> bool:
+    """Close the attempt once, with `fields` (exit_code, end_reason, failure); True when this
+    call closed it. The end is bounded as `bounded_end` says."""
+    current = (
+        Attempt.objects.filter(pk=attempt.pk).values("start_time", "alive_at", "submitted_at").get()
+    )
+    for name, value in current.items():
+        setattr(attempt, name, value)
+    end = bounded_end(attempt, reported_end, now)
+    closed = Attempt.objects.filter(pk=attempt.pk, end_time__isnull=True).update(
+        end_time=end, **fields
+    )
+    if closed:
+        attempt.end_time = end
+    return bool(closed)
+
+
+def close_open(attempt_ids: Iterable[int], now: dt.datetime, reason: str) -> int:
+    """Close these attempts at `now` where still open (a stop, a pause, a failed launch): the
+    server's own decision, so its clock is the end. Returns how many it closed."""
+    return Attempt.objects.filter(pk__in=list(attempt_ids), end_time__isnull=True).update(
+        end_time=now, end_reason=reason
+    )

@@ -1,0 +1,59 @@
+"""Owns the runner's credentials: the job token and the one-time bootstrap credential.
+
+A job token lets one attempt's runner fetch its snapshot and ship its logs, metrics and start
+report; nothing else. It is `<job>.<attempt>.<nonce>` signed with the installation's secret
+key, and it is honoured only while the attempt's row still carries that nonce and the attempt
+is its job's current one, open or closed less than the ingest grace ago (`jobs.api`), so it
+expires with the attempt and names exactly one.
+
+Where others can read a job's specification (the Ray dashboard's job list, a pod spec), the
+engine gets a bootstrap credential instead, which the runner exchanges once, at start, for the
+job token (`POST /api/v1/ingest/token`): read later from the spec, it is spent.
+"""
+
+import hmac
+
+from django.core import signing
+
+from jobs.models import Attempt
+
+JOB_TOKEN_SALT = "starforge.job-token"
+BOOTSTRAP_SALT = "starforge.job-bootstrap"
+
+
+def job_token_for(attempt: Attempt) -> str:
+    return _sign(JOB_TOKEN_SALT, attempt)
+
+
+def bootstrap_token_for(attempt: Attempt) -> str:
+    return _sign(BOOTSTRAP_SALT, attempt)
+
+
+def job_token(job_id: int, number: int) -> str:
+    """The job token of attempt `number` of a job (for tools and tests that hold only ids)."""
+    nonce = (
+        Attempt.objects.filter(job_id=job_id, number=number)
+        .values_list("token_nonce", flat=True)
+        .first()
+    )
+    return signing.Signer(salt=JOB_TOKEN_SALT).sign(f"{job_id}.{number}.{nonce or '-'}")
+
+
+def _sign(salt: str, attempt: Attempt) -> str:
+    return signing.Signer(salt=salt).sign(
+        f"{attempt.job_id}.{attempt.number}.{attempt.token_nonce}"
+    )
+
+
+def attempt_of(token: str, salt: str = JOB_TOKEN_SALT) -> Attempt | None:
+    """The attempt (with its job) a token of this kind names, or None for anything else: a bad
+    signature, another kind of credential, an attempt that does not exist or another nonce."""
+    try:
+        job_id, number, nonce = signing.Signer(salt=salt).unsign(token).split(".")
+        key = {"job_id": int(job_id), "number": int(number)}
+    except (signing.BadSignature, ValueError):
+        return None
+    attempt = Attempt.objects.select_related("job").filter(**key).first()
+    if attempt is None or not hmac.compare_digest(attempt.token_nonce, nonce):
+        return None
+    return attempt
