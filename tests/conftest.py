@@ -6,11 +6,20 @@ from django.test import Client
 
 from jobs.auth import issue_token
 from jobs.models import Cluster, Membership, Team
+from tests.access import let_jobs_reach_the_interpreter, let_jobs_through
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _jobs_may_pass_through(tmp_path_factory):
+    """Local jobs run under their team's uid when the suite runs as root (tests/access.py)."""
+    let_jobs_reach_the_interpreter()
+    let_jobs_through(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(autouse=True)
 def _isolated_storage(settings, tmp_path):
     """Snapshots, logs, run outputs and executor state go under this test's tmp dir."""
+    let_jobs_through(tmp_path)
     settings.SF_SNAPSHOT_DIR = tmp_path / "snapshots"
     settings.SF_LOG_DIR = tmp_path / "logs"
     settings.SF_OUTPUT_ROOT = tmp_path / "runs"

@@ -19,11 +19,23 @@ USER_AGENT = "starforge-client/0.1.0"
 class ApiError(Exception):
     """The server answered with a 4xx/5xx status; `detail` is its sentence for humans."""
 
-    def __init__(self, status: int, detail: str, body: Any = None) -> None:
+    def __init__(
+        self, status: int, detail: str, body: Any = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.detail = detail
         self.body = body
+        self.retry_after = retry_after  # seconds, from a Retry-After header in seconds
+
+
+def _retry_after(resp: http.client.HTTPResponse) -> float | None:
+    raw = resp.getheader("Retry-After") or ""
+    try:
+        value = float(raw)
+    except ValueError:
+        return None  # absent, or an HTTP date: the caller's own backoff applies
+    return value if 0 <= value < float("inf") else None
 
 
 class ConnectError(Exception):
@@ -129,7 +141,7 @@ class Client:
             resp = conn.getresponse()
             if resp.status >= 300:
                 detail, body = _detail(resp.status, resp.reason, resp.read())
-                raise ApiError(resp.status, detail, body)
+                raise ApiError(resp.status, detail, body, _retry_after(resp))
             total = 0
             while chunk := resp.read(CHUNK):
                 fileobj.write(chunk)
@@ -145,7 +157,7 @@ class Client:
         raw = resp.read()
         if resp.status >= 300:
             detail, body = _detail(resp.status, resp.reason, raw)
-            raise ApiError(resp.status, detail, body)
+            raise ApiError(resp.status, detail, body, _retry_after(resp))
         if not raw.strip():
             return None
         try:

@@ -2,15 +2,25 @@
 
 Executors start it with the SF_* environment contract. Standard library only: it runs inside
 arbitrary job images. Exit 86 means ingest failed and the user's code never ran.
+
+The job's code is hostile. The runner keeps its credentials (job token, record key) out of the
+job's environment and makes itself non-dumpable, so a job of the same uid can neither read its
+/proc environ nor ptrace it; it signs started.json and exit.json with SF_RECORD_KEY so a record
+the job wrote decides nothing; it is a child subreaper and ends every process the job left
+(setsid and double forks included) before it writes exit.json. With SF_RUN_AS_UID it stays root
+and runs the job as that uid, with its own directories and nothing else of the attempt's.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tarfile
@@ -20,6 +30,7 @@ import time
 from typing import IO, Any
 
 from sf.http import ApiError, Client, ConnectError
+from sf.supervise import Supervisor, guard_runner
 from sf.system import SystemSampler, sample_interval
 
 INGEST_EXIT = 86
@@ -32,9 +43,28 @@ METRICS_POLL_S = 0.25
 BATCH_INTERVAL_S = 0.2  # a line reaches the console well under 300 ms
 MAX_BACKOFF_S = 5.0
 FLUSH_GIVE_UP_S = 30.0
-KILL_GRACE_S = 10.0
 READ_CHUNK = 64 * 1024  # longer lines are split so one runaway line cannot exhaust memory
 FETCH_TRIES = 4
+RETRY_AFTER_CAP_S = 30.0  # a server's Retry-After is honoured up to this
+# Names only the runner may see: its credentials, its own files, how it runs the job.
+RUNNER_ONLY = frozenset(
+    {
+        "SF_JOB_TOKEN",
+        "SF_BOOTSTRAP_TOKEN",
+        "SF_RECORD_KEY",
+        "SF_EXIT_FILE",
+        "SF_STARTED_FILE",
+        "SF_PROC_FILE",
+        "SF_API_URL",
+        "SF_USER_ENV",
+        "SF_RUN_AS_UID",
+        "SF_RUN_AS_GID",
+        "SF_RUN_AS_USER",
+    }
+)
+# What a job sees of the contract when its own variables come apart (SF_USER_ENV).
+CHILD_CONTRACT = ("SF_RUN_ID", "SF_ATTEMPT", "SF_JOB_ID", "SF_OUTPUT_DIR", "SF_CHECKPOINT_DIR")
+BASE_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME")
 
 
 class IngestError(Exception):
@@ -64,6 +94,29 @@ def write_json_atomic(path: str, data: dict) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def record_mac(key: str, record: dict) -> str:
+    """HMAC-SHA256 of the record without `mac`, in the canonical form the server checks
+    (jobs.executors.base.record_mac)."""
+    body = {k: v for k, v in record.items() if k != "mac"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key.encode(), canonical, hashlib.sha256).hexdigest()
+
+
+def write_record(path: str, record: dict, key: str) -> None:
+    """A runner record, signed when the executor gave a record key."""
+    write_json_atomic(path, {**record, "mac": record_mac(key, record)} if key else record)
+
+
+def _retryable(exc: ApiError) -> bool:
+    return exc.status >= 500 or exc.status in (408, 429)
+
+
+def _retry_delay(exc: ApiError, default: float) -> float:
+    """The server's Retry-After (capped) where it sent one, else our own backoff."""
+    after = getattr(exc, "retry_after", None)
+    return default if after is None else min(float(after), RETRY_AFTER_CAP_S)
 
 
 def _say(message: str) -> None:
@@ -143,9 +196,11 @@ def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, root: str) -> None:
     os.chmod(target, member.mode & 0o755)
 
 
-def fetch_snapshot(client: Client, sha: str, dest: str) -> None:
-    """Download the job's snapshot (retrying transient failures) and unpack it into dest."""
-    with tempfile.TemporaryDirectory(prefix="sf-ingest-") as tmp:
+def fetch_snapshot(client: Client, sha: str, dest: str, scratch: str | None = None) -> None:
+    """Download the job's snapshot (retrying transient failures) and unpack it into dest.
+
+    The archive waits in `scratch` (the attempt dir), never in the job's TMPDIR."""
+    with tempfile.TemporaryDirectory(prefix="sf-ingest-", dir=scratch) as tmp:
         archive = os.path.join(tmp, "snapshot.tar.gz")
         _download(client, archive)
         if _sha256(archive) != sha:
@@ -160,12 +215,37 @@ def _download(client: Client, archive: str) -> None:
                 client.download("/api/v1/ingest/snapshot", fh)
             return
         except ApiError as exc:
-            if exc.status < 500 or attempt == FETCH_TRIES - 1:
+            if not _retryable(exc) or attempt == FETCH_TRIES - 1:
                 raise IngestError(f"snapshot download: HTTP {exc.status}: {exc.detail}") from exc
+            time.sleep(_retry_delay(exc, 2**attempt))
         except ConnectError as exc:
             if attempt == FETCH_TRIES - 1:
                 raise IngestError(f"snapshot download: {exc}") from exc
-        time.sleep(2**attempt)
+            time.sleep(2**attempt)
+
+
+def exchange_bootstrap(api_url: str, bootstrap: str, attempt: int) -> str:
+    """Spend the one-time bootstrap credential (Ray, Kubernetes) for the attempt's job token."""
+    client = Client(api_url, bootstrap)
+    for tries in range(FETCH_TRIES):
+        last = tries == FETCH_TRIES - 1
+        try:
+            answer = client.request("POST", "/api/v1/ingest/token", json_body={"attempt": attempt})
+        except ApiError as exc:
+            if not _retryable(exc) or last:
+                raise IngestError(f"token exchange: HTTP {exc.status}: {exc.detail}") from exc
+            time.sleep(_retry_delay(exc, 2**tries))
+            continue
+        except ConnectError as exc:
+            if last:
+                raise IngestError(f"token exchange: {exc}") from exc
+            time.sleep(2**tries)
+            continue
+        token = answer.get("token") if isinstance(answer, dict) else None
+        if not isinstance(token, str) or not token:
+            raise IngestError("token exchange: the server's answer holds no token")
+        return token
+    raise IngestError("token exchange: no answer")  # not reached: the last try raises
 
 
 def _sha256(path: str) -> str:
@@ -178,7 +258,7 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def resolve_entrypoint(argv: list[str], run_dir: str) -> list[str]:
+def resolve_entrypoint(argv: list[str], run_dir: str, path: str | None = None) -> list[str]:
     """Check the entrypoint executable exists before spawning (a missing one is ingest)."""
     exe = argv[0]
     if "/" in exe:
@@ -186,7 +266,7 @@ def resolve_entrypoint(argv: list[str], run_dir: str) -> list[str]:
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise IngestError(f"entrypoint {exe!r} is not an executable file in the snapshot")
         return argv
-    if shutil.which(exe) is None:
+    if shutil.which(exe, path=path) is None:
         raise IngestError(f"entrypoint executable {exe!r} not found on PATH")
     return argv
 
@@ -213,6 +293,7 @@ class BatchShipper:
         self.closing_at: float | None = None
         self.stopped = client is None
         self.limit = self.batch_max  # lowered while the server answers 413 (batch too large)
+        self.retry_after = 0.0  # the server's Retry-After on its last refusal, capped
         self.thread = threading.Thread(target=self._loop, name=f"sf-{self.field}", daemon=True)
 
     def start(self) -> None:
@@ -251,7 +332,8 @@ class BatchShipper:
                 backoff, failing_since = 0.0, None
                 continue
             failing_since = failing_since or time.monotonic()
-            backoff = min(MAX_BACKOFF_S, backoff * 2 or 0.25)
+            backoff = max(min(MAX_BACKOFF_S, backoff * 2 or 0.25), self.retry_after)
+            self.retry_after = 0.0
             if self._give_up(failing_since):
                 return
 
@@ -293,7 +375,8 @@ class BatchShipper:
         return True
 
     def _on_error(self, exc: ApiError, batch: list[dict]) -> bool:
-        if exc.status >= 500 or exc.status in (408, 429):
+        if _retryable(exc):
+            self.retry_after = _retry_delay(exc, 0.0)
             return False
         if exc.status == 413:
             if len(batch) > 1:
@@ -342,8 +425,9 @@ class MetricsTail:
     file cannot carry them, so job code cannot forge them.
     """
 
-    def __init__(self, path: str, shipper: BatchShipper) -> None:
+    def __init__(self, path: str, shipper: BatchShipper, owner: int | None = None) -> None:
         self.path, self.shipper = path, shipper
+        self.owner = owner  # the job's uid when it is not ours: the file must be its own
         self.offset, self.seq, self.skipped = 0, 0, 0
         self.pending = b""
         self.lock = threading.Lock()  # seq order must equal the shipper's buffer order
@@ -372,11 +456,8 @@ class MetricsTail:
             self.seq += 1
 
     def read_new(self) -> None:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except FileNotFoundError:
+        data = self._read_from_offset()
+        if data is None:
             return
         self.offset += len(data)
         *lines, self.pending = (self.pending + data).split(b"\n")
@@ -386,6 +467,23 @@ class MetricsTail:
                 self.skipped += 1
                 continue
             self.add(point)
+
+    def _read_from_offset(self) -> bytes | None:
+        """What the job appended since the last read, or None when the file is missing or is
+        not the job's own regular file (a root runner must not follow a job's symlink or
+        hard link to a file it could not read itself, nor block on a FIFO)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return None
+            if self.owner is not None and info.st_uid != self.owner:
+                return None
+            fh.seek(self.offset)
+            return fh.read()
 
 
 def parse_point(raw: bytes) -> dict | None:
@@ -442,51 +540,57 @@ def _pump(pipe: IO[bytes], stream: str, sink: LineSink) -> None:
             sink.emit(stream, text.removesuffix("\n"))
 
 
-class Supervisor:
-    """Forwards SIGTERM/SIGINT to the child's process group, escalating to SIGKILL."""
+# --- the job's identity and environment ------------------------------------------------
 
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.proc = proc
-        self.killer: threading.Timer | None = None
 
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._forward)
-        signal.signal(signal.SIGINT, self._forward)
+class JobIdentity:
+    """The uid the job runs as when the runner is root (SF_RUN_AS_UID/GID/USER)."""
 
-    def _forward(self, signum: int, _frame: Any) -> None:
-        self._signal_group(signum)
-        if self.killer is None:
-            self.killer = threading.Timer(KILL_GRACE_S, self._signal_group, (signal.SIGKILL,))
-            self.killer.daemon = True
-            self.killer.start()
+    def __init__(self, uid: int, gid: int, user: str) -> None:
+        self.uid, self.gid, self.user = uid, gid, user
 
-    def _signal_group(self, signum: int) -> None:
+    @classmethod
+    def from_environ(cls, environ: dict[str, str]) -> JobIdentity | None:
+        uid, gid = environ.get("SF_RUN_AS_UID", ""), environ.get("SF_RUN_AS_GID", "")
+        if not uid:
+            return None
+        if not (uid.isdigit() and gid.isdigit()) or int(uid) == 0:
+            raise IngestError(f"SF_RUN_AS_UID/GID must be a non-root uid and a gid: {uid}/{gid}")
+        if os.geteuid() != 0:
+            raise IngestError("SF_RUN_AS_UID is set but the runner is not root")
+        return cls(int(uid), int(gid), environ.get("SF_RUN_AS_USER") or f"uid{uid}")
+
+    def popen_args(self) -> dict[str, Any]:
+        return {"user": self.uid, "group": self.gid, "extra_groups": [], "umask": 0o077}
+
+    def own_dir(self, path: str) -> None:
+        """Create `path` (its parent must exist) as the job's, mode 0700, never following a
+        link the job may have left there on an earlier attempt."""
+        os.makedirs(path, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
-            os.killpg(self.proc.pid, signum)
-        except ProcessLookupError:
-            pass  # group already gone
+            os.fchown(fd, self.uid, self.gid)
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
 
-    def reap_leftovers(self, readers: list[threading.Thread]) -> None:
-        # Background processes of the job can keep the pipes open; the job is over, end them.
-        for reader in readers:
-            reader.join(5.0)
-        if any(r.is_alive() for r in readers):
-            self._signal_group(signal.SIGKILL)
-            for reader in readers:
-                reader.join(5.0)
-        if self.killer:
-            self.killer.cancel()
-
-
-# --- main ----------------------------------------------------------------------------
+    def own_tree(self, root: str) -> None:
+        """Give the unpacked snapshot to the job; `root` last, so it cannot enter before."""
+        for folder, dirs, files in os.walk(root, topdown=False):
+            for name in dirs + files:
+                os.lchown(os.path.join(folder, name), self.uid, self.gid)
+        self.own_dir(root)
 
 
 class RunnerEnv:
     """The SF_* environment contract between executors and the runner."""
 
     def __init__(self, environ: dict[str, str]) -> None:
+        self.environ = environ
         self.api_url = environ.get("SF_API_URL", "")
         self.token = environ.get("SF_JOB_TOKEN", "")
+        self.bootstrap = environ.get("SF_BOOTSTRAP_TOKEN", "")
+        self.record_key = environ.get("SF_RECORD_KEY", "")
         attempt = environ.get("SF_ATTEMPT", "")
         self.attempt = int(attempt) if attempt.isdigit() else 1
         self.run_dir = os.path.abspath(environ.get("SF_RUN_DIR") or "work")
@@ -496,7 +600,14 @@ class RunnerEnv:
         self.snapshot = environ.get("SF_SNAPSHOT", "")
         self.exit_file = os.path.abspath(environ.get("SF_EXIT_FILE") or "exit.json")
         self.started_file = os.path.abspath(environ.get("SF_STARTED_FILE") or "started.json")
-        self.metrics_file = os.path.join(os.path.dirname(self.exit_file), "metrics.jsonl")
+        self.attempt_dir = os.path.dirname(self.exit_file)
+        # A job of another uid cannot write the attempt dir: its metrics go to a folder of its
+        # own (SF_METRICS_FILE tells the SDK where, either way).
+        metrics_dir = self.attempt_dir
+        if environ.get("SF_RUN_AS_UID"):
+            metrics_dir = os.path.join(self.attempt_dir, "metrics")
+        self.metrics_file = os.path.join(metrics_dir, "metrics.jsonl")
+        self.identity: JobIdentity | None = None
 
     def client(self) -> Client | None:
         return Client(self.api_url, self.token) if self.api_url else None
@@ -510,54 +621,104 @@ class RunnerEnv:
             raise IngestError("SF_ENTRYPOINT must be a non-empty JSON list of strings")
         return argv
 
+    def job_dirs(self) -> list[str]:
+        """The folders the job writes: TMPDIR only where the executor put it in the attempt."""
+        tmpdir = self.environ.get("TMPDIR", "")
+        dirs = [os.path.dirname(self.metrics_file), self.output_dir, self.checkpoint_dir]
+        if tmpdir and os.path.dirname(os.path.abspath(tmpdir)) == self.attempt_dir:
+            dirs.append(tmpdir)
+        return [d for d in dirs if d]
 
-def prepare(env: RunnerEnv) -> list[str]:
-    """Create the directories, ingest the snapshot, and return the checked argv."""
+
+def prepare(env: RunnerEnv) -> tuple[list[str], dict[str, str]]:
+    """Create the directories, ingest the snapshot; return the checked argv and job env."""
     try:
-        for path in (env.run_dir, env.output_dir, env.checkpoint_dir):
-            if path:
+        env.identity = JobIdentity.from_environ(env.environ)
+        os.makedirs(env.run_dir, exist_ok=True)
+        for path in env.job_dirs():
+            if env.identity:
+                env.identity.own_dir(path)
+            else:
                 os.makedirs(path, exist_ok=True)
+        if env.bootstrap and not env.token:
+            if not env.api_url:
+                raise IngestError("SF_BOOTSTRAP_TOKEN is set but SF_API_URL is empty")
+            env.token = exchange_bootstrap(env.api_url, env.bootstrap, env.attempt)
         client = env.client()
         if env.snapshot:
             if client is None:
                 raise IngestError("SF_SNAPSHOT is set but SF_API_URL is empty")
-            fetch_snapshot(client, env.snapshot, env.run_dir)
-        return resolve_entrypoint(env.entrypoint(), env.run_dir)
+            fetch_snapshot(client, env.snapshot, env.run_dir, env.attempt_dir)
+        if env.identity:
+            env.identity.own_tree(env.run_dir)
+        child = child_env(env)
+        return resolve_entrypoint(env.entrypoint(), env.run_dir, child.get("PATH")), child
     except (OSError, ValueError) as exc:
         raise IngestError(str(exc)) from exc
 
 
 def child_env(env: RunnerEnv) -> dict[str, str]:
-    out = dict(os.environ)
+    """The job's environment: never the runner's credentials, files or identity settings.
+
+    With SF_USER_ENV (the local executor) it is the minimal base, the job's own variables and
+    the contract a job may see; otherwise (the runner's environment holds the job's variables)
+    the runner's environment without what only the runner may see."""
+    environ = env.environ
+    raw = environ.get("SF_USER_ENV")
+    if raw is None:
+        out = {k: v for k, v in environ.items() if k not in RUNNER_ONLY}
+    else:
+        out = {k: environ[k] for k in BASE_NAMES if k in environ}
+        out.update(_user_env(raw))
+        out.update(
+            {k: v for k, v in environ.items() if k in CHILD_CONTRACT or k.startswith("SF_PARENT_")}
+        )
+        if "CUDA_VISIBLE_DEVICES" in environ:
+            out["CUDA_VISIBLE_DEVICES"] = environ["CUDA_VISIBLE_DEVICES"]
     out["PYTHONPATH"] = os.pathsep.join(p for p in (env.run_dir, out.get("PYTHONPATH")) if p)
     out["PYTHONUNBUFFERED"] = "1"
     out["SF_METRICS_FILE"] = env.metrics_file
     return out
 
 
-def run(env: RunnerEnv, argv: list[str]) -> int:
+def _user_env(raw: str) -> dict[str, str]:
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise IngestError(f"SF_USER_ENV is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise IngestError("SF_USER_ENV must be a JSON object of strings")
+    return {k: v for k, v in value.items() if k not in RUNNER_ONLY}
+
+
+def run(env: RunnerEnv, argv: list[str], child: dict[str, str]) -> int:
     """Spawn the entrypoint, stream its output and metrics, and write the exit file."""
-    shipper = LogShipper(env.client(), env.attempt)
-    metrics = MetricsTail(env.metrics_file, MetricsShipper(env.client(), env.attempt))
-    console_path = os.path.join(os.path.dirname(env.exit_file), "console.log")
+    client = env.client()
+    shipper = LogShipper(client, env.attempt)
+    owner = env.identity.uid if env.identity else None
+    metrics = MetricsTail(env.metrics_file, MetricsShipper(client, env.attempt), owner)
+    console_path = os.path.join(env.attempt_dir, "console.log")
     with open(console_path, "a", encoding="utf-8") as console:
         try:
             proc = subprocess.Popen(
                 argv,
                 cwd=env.run_dir,
-                env=child_env(env),
+                env=child,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                **(env.identity.popen_args() if env.identity else {}),
             )
         except OSError as exc:
             return _ingest_failed(env, f"cannot start entrypoint {argv[0]!r}: {exc}")
         supervisor = Supervisor(proc)
         supervisor.install()
         started_at = time.time()
-        write_json_atomic(env.started_file, {"started_at": started_at, "pid": proc.pid})
-        report_started(env.client(), env.attempt)
+        write_record(env.started_file, {"started_at": started_at, "pid": proc.pid}, env.record_key)
+        report_started(client, env.attempt)
         shipper.start()
         metrics.shipper.start()
         metrics.start()
@@ -565,8 +726,8 @@ def run(env: RunnerEnv, argv: list[str]) -> int:
         sampler = SystemSampler(
             proc.pid,
             metrics.add,
-            sample_interval(os.environ),
-            os.environ.get("CUDA_VISIBLE_DEVICES"),
+            sample_interval(child),
+            env.environ.get("CUDA_VISIBLE_DEVICES"),
         )
         sampler.start()
         sink = LineSink(console, shipper)
@@ -578,7 +739,7 @@ def run(env: RunnerEnv, argv: list[str]) -> int:
             reader.start()
         code = proc.wait()
         sampler.stop()  # no samples of a finished job; before the final flush and the exit file
-        supervisor.reap_leftovers(readers)
+        supervisor.end_leftovers(readers)
     metrics.stop()
     # Both channels flush at once: a down server costs the give-up time once, not twice.
     for channel in (shipper, metrics.shipper):
@@ -598,45 +759,33 @@ def report_started(client: Client | None, attempt: int) -> None:
         return
 
     def send() -> None:
-        for delay in (0.0, 1.0, 3.0):
+        delay = 0.0
+        for backoff in (1.0, 3.0, 0.0):
             time.sleep(delay)
             try:
                 client.request("POST", "/api/v1/ingest/started", json_body={"attempt": attempt})
                 return
             except ConnectError:
-                continue
+                delay = backoff
             except ApiError as exc:
-                if exc.status < 500:
+                if not _retryable(exc):
                     return  # refused (attempt over, token wrong): nothing to retry
+                delay = _retry_delay(exc, backoff)
 
     threading.Thread(target=send, name="sf-started", daemon=True).start()
 
 
 def _finish(env: RunnerEnv, code: int, started_at: float | None) -> int:
     reason = f"killed by signal {-code}" if code < 0 else ""
-    write_json_atomic(
-        env.exit_file,
-        {
-            "exit_code": code,
-            "reason": reason,
-            "started_at": started_at,
-            "ended_at": time.time(),
-        },
-    )
+    record = {"exit_code": code, "reason": reason, "started_at": started_at}
+    write_record(env.exit_file, {**record, "ended_at": time.time()}, env.record_key)
     return 128 - code if code < 0 else code
 
 
 def _ingest_failed(env: RunnerEnv, why: str) -> int:
     _say(f"ingest failed: {why}")
-    write_json_atomic(
-        env.exit_file,
-        {
-            "exit_code": None,
-            "reason": f"ingest failed: {why}",
-            "started_at": None,
-            "ended_at": time.time(),
-        },
-    )
+    record = {"exit_code": None, "reason": f"ingest failed: {why}", "started_at": None}
+    write_record(env.exit_file, {**record, "ended_at": time.time()}, env.record_key)
     return INGEST_EXIT
 
 
@@ -651,6 +800,11 @@ def record_process(path: str) -> None:
 
 def main() -> int:
     """Run one attempt of a job as described by the SF_* environment."""
+    # First of all: a job of our uid may not read our environ (credentials) or ptrace us, and
+    # whatever it forks stays below us, however it detaches.
+    guard_runner()
+    if os.environ.get("SF_RUN_AS_UID"):
+        os.umask(0o077)  # a root runner's files (console.log, records) are its own
     if os.environ.get("SF_PROC_FILE"):
         record_process(os.environ["SF_PROC_FILE"])
     env = RunnerEnv(dict(os.environ))
@@ -658,13 +812,13 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _raise_terminated)
     signal.signal(signal.SIGINT, _raise_terminated)
     try:
-        argv = prepare(env)
+        argv, child = prepare(env)
     except IngestError as exc:
         return _ingest_failed(env, str(exc))
     except Terminated as exc:
         _say(f"stopped by signal {exc.signum} before the entrypoint started")
         return _finish(env, -exc.signum, None)
-    return run(env, argv)
+    return run(env, argv, child)
 
 
 if __name__ == "__main__":

@@ -3,15 +3,27 @@
 State lives on disk, not in memory, so it survives a worker restart: one directory per attempt
 (named deterministically from run_id + attempt) holds `slots.json` (its GPU slots),
 `proc.json` (the runner's pid) and `alive.lock`, which the runner holds locked for as long as it
-lives; the runner writes `started.json` and `exit.json` there.
+lives; the runner writes `started.json` and `exit.json` there, signed with the attempt's record
+key. While the runner holds its lock the attempt is alive whatever any file says; once it is
+gone only a record the runner signed decides the outcome (ARCHITECTURE.md invariant 7).
+
+A job's environment is an allow-list (invariant 8): the runner starts from `base_env`, the SF_*
+contract and its own files, never from the worker's environment, and applies the job's own
+variables (SF_USER_ENV) to the job alone. With `run_as` (the default when the server runs as
+root) the runner stays root and starts the job under an unprivileged uid: each team its own
+(`uid_base` + team id), or one named account. The attempt dir is then root's (0711) and only
+`work/` (the run dir and HOME), `tmp/`, `metrics/` and the run's output dir are the job's (0700).
 """
 
+import dataclasses
 import datetime as dt
 import fcntl
 import json
 import os
+import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -23,37 +35,85 @@ from typing import ClassVar
 from django.conf import settings
 
 from jobs.executors.base import (
+    DEFAULT_PATH,
     Capacity,
     LaunchError,
     LaunchSpec,
     Observation,
+    base_env,
     check_int,
     check_known,
     epoch,
     file_lock,
+    read_record,
+    record_key,
 )
 from jobs.states import JobStatus
 
-KILL_AFTER_S = 10.0
+KILL_AFTER_S = 15.0  # past the runner's own grace (10 s), so it normally ends its job itself
 LIVENESS_LOCK = "alive.lock"
+DEFAULT_UID_BASE = 200_000
+MIN_UID_BASE = 1000
+NO_RUN_AS = ("", "none")
+# The SF_* names the launcher hands the runner; anything else in a spec's env is the job's own
+# (when the launcher did not set SF_USER_ENV itself).
+CONTRACT = frozenset(
+    {
+        "SF_RUN_ID",
+        "SF_ATTEMPT",
+        "SF_JOB_ID",
+        "SF_OUTPUT_DIR",
+        "SF_CHECKPOINT_DIR",
+        "SF_ENTRYPOINT",
+        "SF_SNAPSHOT",
+        "SF_API_URL",
+        "SF_JOB_TOKEN",
+        "SF_BOOTSTRAP_TOKEN",
+    }
+)
+# Files of the attempt dir only the server's side writes or reads: never the job's.
+PRIVATE_MODE = 0o600
+
+
+@dataclasses.dataclass(frozen=True)
+class JobIdentity:
+    """The unix account a job runs as, when it is not the server's."""
+
+    uid: int
+    gid: int
+    user: str
 
 
 class LocalExecutor:
     STATE_TABLE: ClassVar[dict[str, JobStatus]] = {
         "STARTING": JobStatus.PENDING,  # runner up, fetching/unpacking the snapshot
         "RUNNING": JobStatus.RUNNING,  # entrypoint spawned (started.json written)
-        "SUCCEEDED": JobStatus.SUCCEEDED,  # exit.json with exit code 0
-        "FAILED": JobStatus.FAILED,  # exit.json with a non-zero exit code
+        "SUCCEEDED": JobStatus.SUCCEEDED,  # signed exit.json with exit code 0
+        "FAILED": JobStatus.FAILED,  # signed exit.json with a non-zero exit code
         "KILLED": JobStatus.FAILED,  # entrypoint killed by a signal
         "INGEST_FAILED": JobStatus.FAILED,  # runner could not fetch/unpack the snapshot
-        "DIED": JobStatus.FAILED,  # runner gone without writing exit.json
+        "DIED": JobStatus.FAILED,  # runner gone without a signed exit.json
     }
 
     @staticmethod
     def validate_settings(settings: dict) -> None:
-        check_known(settings, {"gpu_slots", "max_jobs"})
+        check_known(settings, {"gpu_slots", "max_jobs", "run_as", "uid_base"})
         check_int(settings, "gpu_slots", minimum=0)
         check_int(settings, "max_jobs", minimum=1)
+        check_int(settings, "uid_base", minimum=MIN_UID_BASE)
+        run_as = settings.get("run_as")
+        if run_as is None or run_as in NO_RUN_AS or run_as == "team":
+            return
+        if not isinstance(run_as, str):
+            raise ValueError(f"run_as must be a user name, 'team' or 'none', not {run_as!r}")
+        try:
+            account = pwd.getpwnam(run_as)
+        except KeyError:
+            raise ValueError(
+                f"run_as names user {run_as!r}, which this host does not have"
+            ) from None
+        if account.pw_uid == 0:
+            raise ValueError("run_as must be an unprivileged account, not one with uid 0")
 
     def __init__(self, cluster) -> None:
         self.cluster = cluster
@@ -70,14 +130,15 @@ class LocalExecutor:
                 # A worker died after claiming the directory but before the runner started
                 # (no runner holds its lock, none ever wrote proc.json): launch it now.
                 shutil.rmtree(attempt_dir)
+            identity = job_identity(self.cluster.settings, spec)
+            if identity:
+                self._open_to(identity)
             slots = self._free_slots(spec.gpus)
             attempt_dir.mkdir(parents=True)
+            attempt_dir.chmod(0o711)  # the job may pass through to work/, not list or write
             _write_json(attempt_dir / "slots.json", {"gpus": slots})
-            proc = self._spawn(spec, attempt_dir, slots)
-            _write_json(
-                attempt_dir / "proc.json",
-                {"pid": proc.pid, "gpus": slots},
-            )
+            proc = self._spawn(spec, attempt_dir, slots, identity)
+            _write_json(attempt_dir / "proc.json", {"pid": proc.pid, "gpus": slots})
         threading.Thread(target=proc.wait, daemon=True).start()  # reap; state is on disk
         return spec.name
 
@@ -101,20 +162,23 @@ class LocalExecutor:
         }
 
     def cancel(self, job_ref: str) -> None:
+        """SIGTERM the runner (it ends every process of the job, then writes its exit record);
+        past KILL_AFTER_S, SIGKILL every process the runner still has below it, then it.
+
+        Whatever exit.json says: job code may have written it while it keeps running."""
         attempt_dir = self.root / job_ref
         proc = _read_json(attempt_dir / "proc.json")
-        if not proc or (attempt_dir / "exit.json").exists():
+        if not proc:
+            return
+        if not _runner_alive(attempt_dir):
+            self._kill_orphans(attempt_dir)
             return
         first = _read_json(attempt_dir / "cancel.json")
         if not first:
             _write_json(attempt_dir / "cancel.json", {"at": time.time()})
-            if _runner_alive(attempt_dir):
-                _signal_group(proc["pid"], signal.SIGTERM)
+            _signal_group(proc["pid"], signal.SIGTERM)
         elif time.time() - first["at"] > KILL_AFTER_S:
-            started = _read_json(attempt_dir / "started.json")
-            for pid in (proc["pid"], started.get("pid")):
-                if pid:
-                    _signal_group(pid, signal.SIGKILL)
+            kill_tree(proc["pid"])
 
     def capacity(self) -> Capacity:
         count = nvml_gpu_count()
@@ -142,64 +206,221 @@ class LocalExecutor:
             )
         return free[:wanted]
 
-    def _spawn(self, spec: LaunchSpec, attempt_dir: Path, slots: list[int]) -> subprocess.Popen:
-        env = {**os.environ, **spec.env}
-        env.update(
-            {
-                "CUDA_VISIBLE_DEVICES": ",".join(map(str, slots)),
-                "SF_EXIT_FILE": str(attempt_dir / "exit.json"),
-                "SF_STARTED_FILE": str(attempt_dir / "started.json"),
-                "SF_RUN_DIR": str(attempt_dir / "work"),
-            }
-        )
-        python = settings.SF_RUNNER_PYTHON or sys.executable
-        # Jobs run in the server's Python environment: `python train.py` means this
-        # interpreter even on machines where only `python3` is on the PATH.
-        env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")])
-        env["SF_PROC_FILE"] = str(attempt_dir / "proc.json")
+    def _open_to(self, identity: JobIdentity) -> None:
+        """Let a job of another uid reach its own directories, and nothing else of ours."""
+        output_root = Path(self.cluster.settings.get("output_root") or settings.SF_OUTPUT_ROOT)
+        output_root.mkdir(parents=True, exist_ok=True)
+        for folder in (Path(settings.SF_LOCAL_STATE_DIR), self.root, output_root):
+            folder.chmod(0o711)  # traversable, not listable
+        close_var_dir(Path(settings.SF_VAR_DIR), {Path(settings.SF_LOCAL_STATE_DIR), output_root})
+        python = Path(os.path.realpath(runner_python()))
+        for target in (self.root, output_root, python.parent):
+            blocked = not_traversable(target)
+            if blocked:
+                raise LaunchError(
+                    f"jobs on {self.cluster.name} run as uid {identity.uid}, which cannot reach "
+                    f"{target}: {blocked} is mode {stat.S_IMODE(blocked.stat().st_mode):o}; "
+                    "make it traversable (chmod o+x) or set run_as",
+                    permanent=True,
+                )
+
+    def _spawn(
+        self,
+        spec: LaunchSpec,
+        attempt_dir: Path,
+        slots: list[int],
+        identity: "JobIdentity | None",
+    ) -> subprocess.Popen:
+        python = runner_python()
+        env = runner_env(spec, attempt_dir, identity, python)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, slots))
         # The runner inherits a locked descriptor and holds the lock as long as it lives: a
         # held lock means "a runner is alive here", whatever happened to the worker.
-        lock = os.open(attempt_dir / LIVENESS_LOCK, os.O_CREAT | os.O_RDWR)
+        lock = os.open(attempt_dir / LIVENESS_LOCK, os.O_CREAT | os.O_RDWR, PRIVATE_MODE)
         fcntl.flock(lock, fcntl.LOCK_EX)
+        log = os.open(attempt_dir / "runner.log", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
         try:
-            with open(attempt_dir / "runner.log", "ab") as out:
-                return subprocess.Popen(
-                    [python, "-m", "sf.runner"],
-                    env=env,
-                    cwd=attempt_dir,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    pass_fds=(lock,),
-                )
+            # -I: no PYTHON* variable, user site or working directory decides what it imports.
+            return subprocess.Popen(
+                [python, "-I", "-m", "sf.runner"],
+                env=env,
+                cwd=attempt_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(lock,),
+            )
         except OSError as exc:
             raise LaunchError(f"could not start the runner: {exc}", permanent=True) from exc
         finally:
             os.close(lock)
+            os.close(log)
 
     def _observe(self, attempt_dir: Path) -> Observation:
-        started = _read_json(attempt_dir / "started.json")
+        name = attempt_dir.name
+        started = read_record(attempt_dir / "started.json", name)
         start_time = epoch(started.get("started_at"))
-        done = _read_json(attempt_dir / "exit.json")
+        if _runner_alive(attempt_dir):
+            # Whatever exit.json says: job code may have written one and kept running.
+            return Observation("RUNNING" if started else "STARTING", start_time=start_time)
+        done = read_record(attempt_dir / "exit.json", name)
         if done:
             return _exited(done, start_time)
-        if _runner_alive(attempt_dir):
-            state = "RUNNING" if started else "STARTING"
-            return Observation(state, start_time=start_time)
+        if self._kill_orphans(attempt_dir, started):
+            # The runner died under its job: nothing supervises what is left, so end it, and
+            # close nothing until it is gone.
+            return Observation("RUNNING", start_time=start_time)
         return Observation(
             "DIED",
             failure="lost",
             start_time=start_time,
             end_time=dt.datetime.now(dt.UTC),
-            message="the runner process is gone and left no exit status",
+            message="the runner is gone and left no exit status it signed",
         )
+
+    def _kill_orphans(self, attempt_dir: Path, started: dict | None = None) -> bool:
+        """SIGKILL the process group of the job's entrypoint (from the runner's signed start
+        record) once its runner is gone; True while any process of it was still there."""
+        if started is None:
+            started = read_record(attempt_dir / "started.json", attempt_dir.name)
+        pgid = started.get("pid")
+        if isinstance(pgid, bool) or not isinstance(pgid, int) or pgid <= 1:
+            return False
+        if not _group_alive(pgid):
+            return False
+        _signal_group(pgid, signal.SIGKILL)
+        return True
+
+
+def job_identity(cluster_settings: dict, spec: LaunchSpec) -> JobIdentity | None:
+    """Whom the job runs as: None for the server's own user (run_as "" or "none", or unset
+    while the server is not root); else a team's uid or the named account."""
+    mode = cluster_settings.get("run_as")
+    if mode is None:
+        mode = "team" if os.geteuid() == 0 else ""
+    if mode in NO_RUN_AS:
+        return None
+    if os.geteuid() != 0:
+        raise LaunchError(
+            f"run_as {mode!r} needs the server to run as root: it starts jobs as another user",
+            permanent=True,
+        )
+    if mode == "team":
+        if not spec.team_id:
+            raise LaunchError("run_as 'team' needs the job's team id", permanent=True)
+        uid = int(cluster_settings.get("uid_base", DEFAULT_UID_BASE)) + spec.team_id
+        return JobIdentity(uid, uid, f"sf-team-{spec.team_id}")
+    try:
+        account = pwd.getpwnam(mode)
+    except KeyError:
+        raise LaunchError(f"run_as user {mode!r} does not exist here", permanent=True) from None
+    return JobIdentity(account.pw_uid, account.pw_gid, mode)
+
+
+def trusts_jobs_like_the_server(cluster_settings: dict) -> bool:
+    """True when the cluster's jobs run as the server's own unix user (no run_as)."""
+    mode = cluster_settings.get("run_as")
+    return mode in NO_RUN_AS or (mode is None and os.geteuid() != 0)
+
+
+def runner_python() -> str:
+    return settings.SF_RUNNER_PYTHON or sys.executable
+
+
+def runner_env(
+    spec: LaunchSpec, attempt_dir: Path, identity: JobIdentity | None, python: str
+) -> dict[str, str]:
+    """The runner's whole environment, from an allow-list: never the worker's own.
+
+    The job's variables travel as SF_USER_ENV only; the runner applies them to the job."""
+    work = attempt_dir / "work"
+    if identity:
+        home, user = str(work), identity.user
+    else:
+        account = pwd.getpwuid(os.geteuid())
+        home, user = account.pw_dir, account.pw_name
+    # Jobs run in the server's Python environment: `python train.py` means this interpreter
+    # even on machines where only `python3` is on the PATH.
+    path = os.pathsep.join([str(Path(python).parent), DEFAULT_PATH])
+    env = base_env(home, str(attempt_dir / "tmp"), path)
+    env.update({"USER": user, "LOGNAME": user})
+    env.update({k: v for k, v in spec.env.items() if k in CONTRACT or k.startswith("SF_PARENT_")})
+    env["SF_USER_ENV"] = json.dumps(user_env(spec.env))
+    env.update(
+        {
+            "SF_RECORD_KEY": record_key(spec.name),
+            "SF_EXIT_FILE": str(attempt_dir / "exit.json"),
+            "SF_STARTED_FILE": str(attempt_dir / "started.json"),
+            "SF_RUN_DIR": str(work),
+            "SF_PROC_FILE": str(attempt_dir / "proc.json"),
+        }
+    )
+    if identity:
+        env.update(
+            {
+                "SF_RUN_AS_UID": str(identity.uid),
+                "SF_RUN_AS_GID": str(identity.gid),
+                "SF_RUN_AS_USER": identity.user,
+            }
+        )
+    return env
+
+
+def user_env(env: dict[str, str]) -> dict[str, str]:
+    """The job's own variables: SF_USER_ENV as the launcher wrote it, else what is not ours."""
+    raw = env.get("SF_USER_ENV")
+    if raw is not None:
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise LaunchError("SF_USER_ENV is not a JSON object", permanent=True)
+        return {str(k): str(v) for k, v in parsed.items()}
+    return {
+        k: v
+        for k, v in env.items()
+        if k not in CONTRACT and not k.startswith("SF_PARENT_") and k != "SF_RECORD_KEY"
+    }
+
+
+def close_var_dir(var_dir: Path, keep: set[Path]) -> None:
+    """Leave SF_VAR_DIR traversable but take every other user's access to what it holds
+    (ledger file, secret key, snapshots, logs), but for the folders jobs must pass through."""
+    var_dir = var_dir.resolve()
+    state_paths = {p.resolve() for p in keep}
+    if not any(var_dir in p.parents for p in state_paths):
+        return  # the job's folders are elsewhere: SF_VAR_DIR need not be traversable at all
+    var_dir.chmod(0o711)
+    on_the_way = {p for path in state_paths for p in (path, *path.parents)}
+    for entry in var_dir.iterdir():
+        try:
+            mode = entry.lstat().st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(mode) or entry.resolve() in on_the_way:
+            continue
+        if stat.S_IMODE(mode) & 0o077:
+            entry.chmod(stat.S_IMODE(mode) & ~0o077)
+
+
+def not_traversable(path: Path) -> Path | None:
+    """The first folder from / down to `path` that others may not pass through, if any."""
+    for folder in reversed((path, *path.parents)):
+        try:
+            mode = folder.stat().st_mode
+        except OSError:
+            return folder
+        if not mode & stat.S_IXOTH:
+            return folder
+    return None
 
 
 def _exited(done: dict, start_time: dt.datetime | None) -> Observation:
     code, reason = done.get("exit_code"), str(done.get("reason") or "")
     if isinstance(code, bool) or not isinstance(code, int):
-        code = None  # the job's code can write here too: only an int is an exit code
+        code = None  # only an int is an exit code
     if reason.startswith("ingest failed"):
         state, failure = "INGEST_FAILED", "ingest"
     elif code == 0:
@@ -253,6 +474,61 @@ def _launched(attempt_dir: Path) -> bool:
     )
 
 
+def _proc_table() -> dict[int, tuple[int, int, str]]:
+    """Every process as pid -> (parent pid, process group, state), from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: fields start after the last ')'.
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        try:
+            table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0].decode())
+        except (IndexError, ValueError):
+            continue
+    return table
+
+
+def descendants(pid: int) -> list[int]:
+    """Live (non-zombie) processes below `pid`. The runner is a child subreaper, so whatever
+    its job forked, even through setsid and a double fork, stays below it while it lives."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for child, (parent, _group, _state) in table.items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return [p for p in found if table.get(p, (0, 0, "Z"))[2] != "Z"]
+
+
+def kill_tree(pid: int, rounds: int = 50) -> None:
+    """SIGKILL everything below the runner `pid`, again until nothing is left (a process may
+    fork while we look), then the runner itself."""
+    for _ in range(rounds):
+        below = descendants(pid)
+        if not below:
+            break
+        for child in below:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)
+    _signal_group(pid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    return any(g == pgid and s != "Z" for _p, g, s in _proc_table().values())
+
+
 def _signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -262,12 +538,14 @@ def _signal_group(pid: int, sig: int) -> None:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _write_json(path: Path, value: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(value))
+    tmp.chmod(PRIVATE_MODE)
     os.replace(tmp, path)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.access import let_jobs_reach_the_interpreter, let_jobs_through
 from tests.e2e.stack import ROOT, Stack, free_port, kill_group, wait_until
 
 # The server the round's own database is made on: SF_CHAOS_PG, else DATABASE_URL's server.
@@ -503,6 +504,8 @@ def run(
     began = time.monotonic()
     rng = random.Random(seed)
     var = Path(tempfile.mkdtemp(prefix="sf-chaos-"))
+    let_jobs_reach_the_interpreter()  # local jobs run under their team's uid when we are root
+    let_jobs_through(var)
     db = Database(f"sf_chaos_{os.getpid()}_{executor}")
     redis = Redis()
     slurm = Slurm(var / "slurm") if executor == "slurm" else None

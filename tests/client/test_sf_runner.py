@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sf import runner, snapshot
+from sf import runner, snapshot, supervise
 
 
 def tar_with(path: Path, name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> Path:
@@ -315,3 +315,210 @@ def test_one_record_too_large_alone_is_dropped_and_the_rest_shipped(
     assert client.batches == [[0, 1], [0], [1]]
     assert shipper.buffer == [] and not shipper.stopped
     assert "dropped one of the log lines (seq 0): the batch is larger" in capfd.readouterr().err
+
+
+# --- trust boundaries (issue 12) --------------------------------------------------------
+
+PRINT_ENV = "import json, os; print(json.dumps(dict(os.environ)), flush=True)"
+RUNNER_ONLY = {
+    "SF_JOB_TOKEN",
+    "SF_BOOTSTRAP_TOKEN",
+    "SF_RECORD_KEY",
+    "SF_EXIT_FILE",
+    "SF_STARTED_FILE",
+    "SF_PROC_FILE",
+    "SF_API_URL",
+    "SF_USER_ENV",
+}
+
+
+def job_env_of(result: subprocess.CompletedProcess) -> dict:
+    return json.loads(result.stdout.splitlines()[0])
+
+
+def test_with_sf_user_env_the_job_gets_the_base_its_env_and_the_contract_only(
+    tmp_path: Path,
+) -> None:
+    env = runner_env(tmp_path, "", "", [sys.executable, "-c", PRINT_ENV])
+    env = {k: v for k, v in env.items() if k.startswith("SF_")} | {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "LANG": "C.UTF-8",
+        "DATABASE_URL": "postgres://secret",
+        "SF_RECORD_KEY": "k" * 64,
+        "SF_PARENT_RUN_ID": "r6",
+        "SF_USER_ENV": json.dumps({"MINE": "1", "SF_JOB_TOKEN": "smuggled"}),
+    }
+    result = run_runner(env)
+    assert result.returncode == 0, result.stderr
+    seen = job_env_of(result)
+    assert seen["MINE"] == "1" and seen["SF_PARENT_RUN_ID"] == "r6" and seen["SF_RUN_ID"] == "r7"
+    assert not set(seen) & (RUNNER_ONLY | {"DATABASE_URL", "SF_ENTRYPOINT", "SF_SNAPSHOT"})
+    assert seen["SF_METRICS_FILE"].endswith("metrics.jsonl")
+
+
+def test_without_sf_user_env_the_job_gets_the_runners_env_without_its_secrets(
+    tmp_path: Path,
+) -> None:
+    env = runner_env(tmp_path, "", "", [sys.executable, "-c", PRINT_ENV])
+    env.update({"SF_RECORD_KEY": "k" * 64, "SF_BOOTSTRAP_TOKEN": "boot", "MINE": "1"})
+    result = run_runner(env)
+    seen = job_env_of(result)
+    assert seen["MINE"] == "1" and seen["SF_JOB_ID"] == "7"
+    assert not set(seen) & RUNNER_ONLY
+
+
+def test_records_are_signed_with_the_record_key_in_the_servers_canonical_form(
+    tmp_path: Path,
+) -> None:
+    import hashlib
+    import hmac
+
+    env = runner_env(tmp_path, "", "", [sys.executable, "-c", "pass"])
+    env["SF_RECORD_KEY"] = "record-key"
+    assert run_runner(env).returncode == 0
+    for path in (env["SF_STARTED_FILE"], env["SF_EXIT_FILE"]):
+        record = json.loads(Path(path).read_text())
+        body = {k: v for k, v in record.items() if k != "mac"}
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        assert record["mac"] == hmac.new(b"record-key", canonical, hashlib.sha256).hexdigest()
+
+
+def test_without_a_record_key_records_are_unsigned(tmp_path: Path) -> None:
+    env = runner_env(tmp_path, "", "", [sys.executable, "-c", "pass"])
+    assert run_runner(env).returncode == 0
+    assert "mac" not in exit_record(env)
+
+
+DOUBLE_FORK = """
+import os, signal, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print(os.getpid(), flush=True)
+        time.sleep(60)
+    os._exit(0)
+time.sleep(0.5)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_runner_ends_what_the_job_left_behind_before_its_exit_record(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    env = runner_env(tmp_path, "", "", [sys.executable, "-c", DOUBLE_FORK])
+    result = run_runner(env)  # the detached one ignores SIGTERM: SIGKILL after the grace
+    detached = int(result.stdout.split()[0])
+    assert result.returncode == 0 and not alive(detached)
+    assert exit_record(env)["ended_at"] - exit_record(env)["started_at"] >= supervise.KILL_GRACE_S
+
+
+def test_sigterm_ends_a_detached_process_of_the_job_too(tmp_path: Path) -> None:
+    script = DOUBLE_FORK.replace("time.sleep(0.5)", "time.sleep(60)")
+    script = script.replace("signal.signal(signal.SIGTERM, signal.SIG_IGN)", "pass")
+    env = runner_env(tmp_path, "", "", [sys.executable, "-c", script])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sf.runner"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    detached = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    assert not alive(detached)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the runner as another uid")
+def test_a_job_of_the_runners_uid_cannot_read_its_environ(tmp_path: Path) -> None:
+    import tempfile
+
+    probe = (
+        "import os\n"
+        "try:\n    open(f'/proc/{os.getppid()}/environ', 'rb').read()\n    print('read')\n"
+        "except PermissionError:\n    print('refused')\n"
+    )
+    folder = Path(tempfile.mkdtemp(prefix="sf-dumpable-"))
+    folder.chmod(0o777)
+    for parent in Path(os.path.realpath(sys.executable)).parents:
+        parent.chmod(parent.stat().st_mode | 0o001)  # nobody must reach this interpreter
+    env = runner_env(folder, "", "", [sys.executable, "-c", probe])
+    (folder / "attempt-1").chmod(0o777)
+    env["SF_RECORD_KEY"] = "record-key"
+    result = subprocess.run(
+        [sys.executable, "-I", "-m", "sf.runner"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        user=65534,
+        group=65534,
+        extra_groups=[],
+        check=False,
+    )
+    assert result.stdout.splitlines() == ["refused"], result.stderr
+
+
+def test_a_bootstrap_token_is_exchanged_first_through_a_429(fake_api: Any, tmp_path: Path) -> None:
+    answers = iter([(429, {"detail": "slow down."}), (200, {"token": "real-token"})])
+    fake_api.route("POST /api/v1/ingest/token", lambda r: next(answers))
+    fake_api.route("POST /api/v1/ingest/logs", lambda r: (200, {"next_seq": 1}))
+    env = runner_env(tmp_path, fake_api.url, "", [sys.executable, "-c", "print('hi')"])
+    del env["SF_JOB_TOKEN"]
+    env["SF_BOOTSTRAP_TOKEN"] = "boot-token"
+    assert run_runner(env).returncode == 0
+    exchange = [r for r in fake_api.requests if r.path == "/api/v1/ingest/token"]
+    assert [r.json() for r in exchange] == [{"attempt": 1}, {"attempt": 1}]
+    assert {r.headers["Authorization"] for r in exchange} == {"Bearer boot-token"}
+    rest = [r for r in fake_api.requests if r.path != "/api/v1/ingest/token"]
+    assert rest and {r.headers["Authorization"] for r in rest} == {"Bearer real-token"}
+
+
+def test_a_refused_bootstrap_token_is_an_ingest_failure(fake_api: Any, tmp_path: Path) -> None:
+    fake_api.route("POST /api/v1/ingest/token", lambda r: (403, {"detail": "already spent."}))
+    env = runner_env(tmp_path, fake_api.url, "", [sys.executable, "-c", "print('never')"])
+    del env["SF_JOB_TOKEN"]
+    env["SF_BOOTSTRAP_TOKEN"] = "boot-token"
+    assert run_runner(env).returncode == runner.INGEST_EXIT
+    reason = exit_record(env)["reason"]
+    assert reason == "ingest failed: token exchange: HTTP 403: already spent."
+
+
+def test_a_429_on_the_snapshot_download_is_retried(fake_api: Any, tmp_path: Path) -> None:
+    sha, data = pack(tmp_path, {"job.py": "print('ran')\n"})
+    answers = iter([(429, {"detail": "too many requests."}), (200, data)])
+    fake_api.route("GET /api/v1/ingest/snapshot", lambda r: next(answers))
+    env = runner_env(tmp_path, fake_api.url, sha, [sys.executable, "job.py"])
+    result = run_runner(env)
+    assert result.returncode == 0, result.stderr
+    assert "ran" in result.stdout
+
+
+class FailingThenOk:
+    def __init__(self, errors: list[Exception]) -> None:
+        self.errors, self.calls = errors, 0
+
+    def download(self, path: str, fh: Any) -> int:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return 0
+
+
+def test_retry_after_is_honoured_up_to_its_cap(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from sf.http import ApiError
+
+    slept: list[float] = []
+    monkeypatch.setattr(runner.time, "sleep", slept.append)
+    errors = [ApiError(429, "wait.", retry_after=7.0), ApiError(503, "wait.", retry_after=3600.0)]
+    client = FailingThenOk(errors)
+    runner._download(client, str(tmp_path / "a.tgz"))  # type: ignore[arg-type]
+    assert client.calls == 3 and slept == [7.0, runner.RETRY_AFTER_CAP_S]

@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 
 import psutil
 
+from tests.access import let_jobs_through
+
 ROOT = Path(__file__).resolve().parents[2]
 SF = str(Path(sys.executable).with_name("sf"))
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/11")
@@ -140,18 +142,21 @@ class Stack:
     """ASGI server, Celery worker and Celery beat as separate process groups, logs in `var`."""
 
     def __init__(self, var: Path, **extra_env: str) -> None:
+        let_jobs_through(var)  # local jobs run under their team's uid when we are root
         self.var = var
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = stack_env(var, self.port, **extra_env)
         self.procs: dict[str, subprocess.Popen] = {}
         self.token = ""
+        self.password = ""
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> Stack:
         self._manage("migrate", "--no-input", "-v", "0")
-        code = "from jobs.bootstrap import ensure_demo; print(ensure_demo().token)"
-        self.token = self._manage("shell", "-c", code).stdout.strip().splitlines()[-1]
+        code = "from jobs.bootstrap import ensure_demo as e; d = e(); print(d.token, d.password)"
+        lines = self._manage("shell", "-c", code).stdout.strip().splitlines()
+        self.token, self.password = lines[-1].split()  # the demo password is this stack's own
         # The Redis DB may hold tasks of an earlier run that point at another ledger.
         self._run([sys.executable, "-m", "celery", "-A", "starforge", "purge", "-f"])
         self._spawn(

@@ -3,13 +3,17 @@
 Covers the path scheduler → launcher → local executor → runner → log ingest → reconciler, plus
 what the executor promises on its own: one process per attempt, state that survives a new
 executor instance (a worker restart), GPU slots through CUDA_VISIBLE_DEVICES, and stop.
+
+Run as root, these jobs run under their team's uid (run_as's default), as in CI.
 """
 
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,6 +30,7 @@ from jobs.models import Attempt, Job, JobEvent
 from jobs.reconciler import reconcile_all
 from jobs.scheduler import admit_queued_jobs
 from jobs.states import JobStatus
+from tests.access import let_jobs_reach_the_interpreter
 from tests.jobs.factories import queued_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,6 +55,19 @@ class InFlight:
         deadline = time.monotonic() + timeout
         while self.count > 0 and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def job_dirs(settings):
+    """Executor state and run outputs outside pytest's tmp root, which every pytest session
+    resets to 0700: a job under its team's uid must pass through to its own directories."""
+    root = Path(tempfile.mkdtemp(prefix="sf-local-"))
+    root.chmod(0o711)
+    settings.SF_LOCAL_STATE_DIR = root / "local-executor"
+    settings.SF_OUTPUT_ROOT = root / "runs"
+    let_jobs_reach_the_interpreter()
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,147 @@
+"""Owns the job's processes on the runner's side: the runner as their subreaper, out of their
+reach, and ending every one of them.
+
+A job may fork, `setsid` and double-fork; as a child subreaper (Linux) the runner keeps all of
+that below it, and `Supervisor` ends the whole tree on a stop and once the entrypoint exits, so
+an exit record the runner writes means no process of the job remains. Made non-dumpable, the
+runner's environment (its credentials) and memory are closed to a job of the same uid.
+Standard library only, like the rest of the client.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+KILL_GRACE_S = 10.0
+REAP_POLL_S = 0.05
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def guard_runner() -> None:
+    """First thing the runner does: a job of its uid may not read its environ or ptrace it,
+    and whatever the job forks stays below it, however it detaches."""
+    _prctl(PR_SET_DUMPABLE, 0)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _prctl(option: int, value: int) -> bool:
+    """Best effort: Linux only, and harmless where the call is refused."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """Every process as pid -> (parent pid, state), from /proc."""
+    table = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                raw = fh.read()
+            # The command name may hold spaces and parentheses: fields start after the last ')'.
+            fields = raw[raw.rfind(b")") + 2 :].split()
+            table[int(entry)] = (int(fields[1]), fields[0].decode())
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+def descendants(pid: int) -> list[int]:
+    """Live (non-zombie) processes below `pid`: as a child subreaper the runner keeps below
+    it whatever its job forked, through setsid and double forks too."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for child, (parent, _state) in table.items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return [p for p in found if table.get(p, (0, "Z"))[1] != "Z"]
+
+
+def _reap_orphans() -> None:
+    """Collect the exit status of processes reparented to us (only once the entrypoint has
+    been waited for: this must not take its status from subprocess)."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+class Supervisor:
+    """Ends the whole job: on SIGTERM/SIGINT and when its entrypoint exits, every process below
+    the runner gets SIGTERM, then SIGKILL after KILL_GRACE_S; the runner waits until none is
+    left, so an exit file it writes means no process of the job remains."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.killer: threading.Timer | None = None
+        self.kill_at: float | None = None  # monotonic time of the SIGKILL
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._forward)
+        signal.signal(signal.SIGINT, self._forward)
+
+    def _forward(self, signum: int, _frame: Any) -> None:
+        self._signal_all(signum)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self.killer is None:
+            self.kill_at = time.monotonic() + KILL_GRACE_S
+            self.killer = threading.Timer(KILL_GRACE_S, self._signal_all, (signal.SIGKILL,))
+            self.killer.daemon = True
+            self.killer.start()
+
+    def _signal_all(self, signum: int) -> None:
+        try:
+            os.killpg(self.proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass  # group already gone
+        for pid in descendants(os.getpid()):
+            try:
+                os.kill(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def end_leftovers(self, readers: list[threading.Thread]) -> None:
+        """The entrypoint has exited: end what it left running, wait until nothing is, then
+        let the readers drain the pipes."""
+        if descendants(os.getpid()):
+            self._signal_all(signal.SIGTERM)
+            self._arm()
+        while True:
+            _reap_orphans()
+            if not descendants(os.getpid()):
+                break
+            if self.kill_at is not None and time.monotonic() >= self.kill_at:
+                self._signal_all(signal.SIGKILL)
+            time.sleep(REAP_POLL_S)
+        if self.killer:
+            self.killer.cancel()
+        for reader in readers:
+            reader.join(5.0)
