@@ -33,6 +33,7 @@ class LaunchSpec:
     entrypoint: list[str]
     env: dict[str, str]  # user env plus the SF_* contract with the runner
     team: str = ""
+    team_id: int = 0  # the local executor runs each team's jobs under its own uid (run_as "team")
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,19 @@ GPU_VISIBILITY_VARS = frozenset(
         "ASCEND_RT_VISIBLE_DEVICES",
     }
 )
+
+
+# The runner's own credentials (jobs.launcher.runner_credentials): engines whose job specs
+# others can read get a one-time bootstrap credential instead, and never carry these.
+RUNNER_SECRETS = frozenset({"SF_JOB_TOKEN", "SF_RECORD_KEY"})
+
+
+def passed_on(env: dict[str, str], *, spec_is_public: bool) -> dict[str, str]:
+    """The launch's variables an engine puts into its job: never GPU visibility (the engine
+    sets it from what it allocated), and where others can read the job's spec, never the
+    runner's secrets, whatever the launch held."""
+    dropped = GPU_VISIBILITY_VARS | RUNNER_SECRETS if spec_is_public else GPU_VISIBILITY_VARS
+    return {k: v for k, v in env.items() if k not in dropped}
 
 
 def base_env(home: str, tmpdir: str = "", path: str = DEFAULT_PATH) -> dict[str, str]:

@@ -17,6 +17,16 @@ itself: after the node's eviction timeout the pod is deleted or failed, and that
 
 Exit codes follow the runner's contract (client/sf/runner.py): 86 means ingest failed (the user's
 code never ran), 128+N that the entrypoint was killed by signal N (reported as -N).
+
+Trust boundaries (ARCHITECTURE.md invariant 8). A pod's environment is the image's own plus
+exactly `base_env` (HOME is the pod's work dir; PATH stays the image's, which knows where its
+interpreter lives) and the launch spec's env: nothing of the server's. Pod specs are readable
+by whoever may read pods in the namespace, so the runner gets a one-time bootstrap token
+(`BOOTSTRAP_TOKEN`), never the job token or record key. GPU visibility is the platform's: a
+0-GPU pod always gets NVIDIA_VISIBLE_DEVICES=void (the NVIDIA runtime would expose every GPU
+of the node otherwise) and a job's own GPU visibility variables are dropped. The pod does not
+mount a service account token unless the cluster names a `service_account` and sets
+`automount_service_account_token: true`.
 """
 
 import datetime as dt
@@ -36,7 +46,14 @@ from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.utils import parse_quantity
 
-from jobs.executors.base import Capacity, LaunchError, LaunchSpec, Observation
+from jobs.executors.base import (
+    Capacity,
+    LaunchError,
+    LaunchSpec,
+    Observation,
+    base_env,
+    passed_on,
+)
 from jobs.states import JobStatus
 
 if TYPE_CHECKING:
@@ -71,7 +88,9 @@ SETTINGS = {
     "service_account",
     "image_pull_secrets",
     "output_pvc",
+    "automount_service_account_token",
 }
+# Never in a pod spec: anyone who may read pods in the namespace reads their env.
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 QUALIFIED_NAME = re.compile(r"^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
@@ -80,6 +99,8 @@ NODE_LOST = {"NodeLost", "Shutdown", "NodeShutdown", "Terminated", "ContainerSta
 
 
 class KubernetesExecutor:
+    # The runner exchanges a one-time SF_BOOTSTRAP_TOKEN for its job token on start.
+    BOOTSTRAP_TOKEN: ClassVar[bool] = True
     STATE_TABLE: ClassVar[dict[str, JobStatus]] = {
         "Pending": S.PENDING,  # the Job exists, its pod does not yet, or has no status yet
         "Pending/Suspended": S.PENDING,  # spec.suspend: a queue (Kueue) holds the Job back
@@ -255,10 +276,12 @@ class KubernetesExecutor:
         }
 
     def _pod_spec(self, spec: LaunchSpec) -> dict:
-        env = dict(spec.env)
+        env = base_env(WORK_DIR)
+        del env["PATH"]  # the image's PATH: it knows where the image's interpreter lives
+        env.update(passed_on(spec.env, spec_is_public=self.BOOTSTRAP_TOKEN))
         if spec.gpus == 0:
             # Without a GPU limit the NVIDIA runtime would expose every GPU of the node.
-            env.setdefault("NVIDIA_VISIBLE_DEVICES", "void")
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"
         container: dict[str, Any] = {
             "name": CONTAINER,
             "image": self.settings["image"],
@@ -274,6 +297,11 @@ class KubernetesExecutor:
         pod: dict[str, Any] = {
             "restartPolicy": "Never",
             "enableServiceLinks": False,
+            # No Kubernetes API credential in the pod unless an operator chose a service
+            # account made for jobs and asked for its token (validated together).
+            "automountServiceAccountToken": bool(
+                self.settings.get("automount_service_account_token")
+            ),
             "containers": [container],
             "volumes": [{"name": "sf-work", "emptyDir": {}}],
         }
@@ -677,6 +705,16 @@ def _check_connection(settings: dict) -> None:
     for key in ("context", "kubeconfig", "service_account", "api_url"):
         if key in settings and not (isinstance(settings[key], str) and settings[key]):
             raise ValueError(f"Kubernetes setting {key!r} must be a non-empty string.")
+    mount = settings.get("automount_service_account_token", False)
+    if not isinstance(mount, bool):
+        raise ValueError(
+            "Kubernetes setting 'automount_service_account_token' must be true or false."
+        )
+    if mount and not settings.get("service_account"):
+        raise ValueError(
+            "Kubernetes setting 'automount_service_account_token' needs 'service_account': "
+            "jobs would otherwise get the namespace's default service account's API access."
+        )
 
 
 def _check_pod_settings(settings: dict) -> None:

@@ -11,6 +11,16 @@ deletes a Ray job, since that would free its id for a second launch.
 The job's entrypoint is the job-side runner, started in a per-attempt directory on a Ray node
 with the attempt's GPUs reserved for it (`entrypoint_num_gpus`; Ray sets CUDA_VISIBLE_DEVICES).
 The runner's exit code comes back as the job's `driver_exit_code`.
+
+Trust boundaries (ARCHITECTURE.md invariant 8). The submission carries no secret: Ray shows
+every job's runtime_env and entrypoint to anyone who can reach the dashboard, so the runner
+gets a one-time bootstrap token (`BOOTSTRAP_TOKEN`) that it exchanges for its job token on
+start; a job token or record key in the launch spec is dropped. The Jobs REST API passes
+nothing of this process's environment to Ray. On the node, Ray starts the entrypoint with
+the raylet's environment plus `runtime_env.env_vars`; the entrypoint therefore re-executes
+the interpreter with exactly the env_vars it was sent (the base environment and the job's
+own) and the few variables Ray sets for the job (`RAY_PROVIDED`): the Ray cluster's own
+environment does not reach the job either.
 """
 
 import datetime as dt
@@ -27,11 +37,15 @@ from django.conf import settings
 
 from jobs.executors.base import (
     COMMON_SETTINGS,
+    DEFAULT_PATH,
+    GPU_VISIBILITY_VARS,
     Capacity,
     LaunchError,
     LaunchSpec,
     Observation,
+    base_env,
     check_known,
+    passed_on,
 )
 from jobs.states import JobStatus
 
@@ -39,6 +53,20 @@ DEFAULT_TIMEOUT_S = 10.0
 INGEST_EXIT = 86  # the runner's "ingest failed": the user's code never ran (sf.runner)
 SIGNAL_EXIT_BASE = 128  # the runner exits 128+N when the entrypoint was killed by signal N
 METADATA_CLUSTER = "sf_cluster"  # metadata key marking the Ray jobs this cluster launched
+# Never in a Ray submission: Ray shows runtime_env to anyone who can reach the dashboard.
+# What Ray itself sets for the entrypoint and the job's code keeps: the GPUs Ray assigned it
+# (GPU_VISIBILITY_VARS; the job's own are dropped), and what `ray.init()` in the job needs to
+# join the cluster as this job's driver.
+RAY_PROVIDED = frozenset({"RAY_ADDRESS", "RAY_JOB_CONFIG_JSON_ENV_VAR"}) | GPU_VISIBILITY_VARS
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+KEEP_VAR = "SF_ENV_KEEP"  # the names the entrypoint keeps, comma-separated
+# Re-execute the interpreter with only the allowed variables. Every name comes from
+# KEEP_VAR, every value from the environment Ray made: no value is in the command line.
+EXEC_CLEAN = (
+    "import os,sys;k=set(os.environ.pop('SF_ENV_KEEP').split(','));"
+    "os.execve(sys.executable,[sys.executable,'-m','sf.runner'],"
+    "{n:v for n,v in os.environ.items() if n in k})"
+)
 
 
 class RayApiError(Exception):
@@ -50,6 +78,9 @@ class RayUnreachable(RayApiError):
 
 
 class RayExecutor:
+    # The runner exchanges a one-time SF_BOOTSTRAP_TOKEN for its job token (POST
+    # /api/v1/ingest/token): what the dashboard's job list shows is spent once it started.
+    BOOTSTRAP_TOKEN: ClassVar[bool] = True
     # Ray's JobStatus (ray/dashboard/modules/job/common.py), one row per member.
     STATE_TABLE: ClassVar[dict[str, JobStatus]] = {
         # Waiting for the job's supervisor actor: its GPUs, its runtime env. Ray fails a job
@@ -90,7 +121,7 @@ class RayExecutor:
 
     @staticmethod
     def validate_settings(settings: dict) -> None:
-        check_known(settings, {"address", "python", "work_dir", "timeout_s"})
+        check_known(settings, {"address", "python", "work_dir", "timeout_s", "node_env"})
         address = settings.get("address")
         if not isinstance(address, str) or not address.strip():
             raise ValueError(
@@ -111,6 +142,14 @@ class RayExecutor:
             raise ValueError(
                 f"work_dir must be an absolute path on the Ray nodes, not {work_dir!r}"
             )
+        node_env = settings.get("node_env", [])
+        if not isinstance(node_env, list) or not all(
+            isinstance(n, str) and ENV_NAME.match(n) for n in node_env
+        ):
+            raise ValueError(
+                "node_env must be a list of variable names of the Ray nodes' environment that "
+                f'jobs keep (e.g. ["LD_LIBRARY_PATH"]), not {node_env!r}'
+            )
         timeout = settings.get("timeout_s")
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
@@ -130,6 +169,9 @@ class RayExecutor:
             own.get("work_dir") or PurePosixPath(settings.SF_VAR_DIR, "ray", cluster.name)
         )
         self.timeout_s = float(own.get("timeout_s") or DEFAULT_TIMEOUT_S)
+        # Variables of the nodes' own environment an operator lets jobs keep (LD_LIBRARY_PATH
+        # for a site's CUDA, say): everything else of the raylet's is dropped.
+        self.node_env = frozenset(own.get("node_env") or ())
 
     # -- interface ---------------------------------------------------------------------------
     def submit(self, spec: LaunchSpec) -> str:
@@ -229,15 +271,16 @@ class RayExecutor:
     def _job_request(self, spec: LaunchSpec) -> dict:
         """The JobSubmitRequest body (ray/dashboard/modules/job/common.py)."""
         attempt_dir = shlex.quote(str(self.work_dir / spec.name))
+        env_vars = self._job_env(spec)
+        env_vars[KEEP_VAR] = ",".join(sorted(set(env_vars) | RAY_PROVIDED | self.node_env))
         return {
             "submission_id": spec.name,
             "entrypoint": (
                 f"mkdir -p {attempt_dir} && cd {attempt_dir} && "
-                f"exec {shlex.quote(self.python)} -m sf.runner"
+                f"exec {shlex.quote(self.python)} -c {shlex.quote(EXEC_CLEAN)}"
             ),
             "entrypoint_num_gpus": spec.gpus,
-            # The job's environment only: the node's own (PATH, ...) comes from Ray.
-            "runtime_env": {"env_vars": dict(spec.env)},
+            "runtime_env": {"env_vars": env_vars},
             "metadata": {
                 METADATA_CLUSTER: self.cluster.name,
                 "sf_run_id": spec.run_id,
@@ -247,6 +290,22 @@ class RayExecutor:
                 "sf_gpus": str(spec.gpus),
             },
         }
+
+    def _job_env(self, spec: LaunchSpec) -> dict[str, str]:
+        """The job's whole environment: the base and its own env, less what it may not set.
+
+        HOME is the attempt's run dir on the node; PATH has the interpreter's dir first, so
+        `python train.py` means the runner's interpreter. GPU visibility is Ray's (from
+        entrypoint_num_gpus), and the runner's secrets never travel in a Ray submission.
+        """
+        run_dir = str(self.work_dir / spec.name / "work")
+        python_dir = str(PurePosixPath(self.python).parent) if "/" in self.python else ""
+        path = f"{python_dir}:{DEFAULT_PATH}" if python_dir else DEFAULT_PATH
+        env = base_env(run_dir, path=path)
+        env.update(passed_on(spec.env, spec_is_public=self.BOOTSTRAP_TOKEN))
+        env.pop(KEEP_VAR, None)
+        env["SF_RUN_DIR"] = run_dir
+        return env
 
     def _adopt_or_retry(self, name: str, why: str) -> str:
         """No clear answer to a submit: the job may exist all the same, so look before failing."""

@@ -8,14 +8,25 @@ any Slurm the worker host is a client of. Each attempt gets a directory under `w
 At most once per attempt (ARCHITECTURE.md invariant 4): `submit` runs under a lock file in
 `work_dir` and adopts the job already known under the attempt's name (its recorded id, or a
 Slurm job of that name) instead of submitting a second one. Workers that launch on the same
-cluster must therefore share `work_dir` (as the nodes do). The job's environment reaches Slurm
-through `--export-file` on an anonymous file: the server's own environment never reaches a job,
-and a job's variables (SBATCH_*, SLURM_CONF) cannot change how it is submitted.
+cluster must therefore share `work_dir` (as the nodes do).
+
+The job's environment is an allow-list (ARCHITECTURE.md invariant 8): `base_env` (HOME is the
+attempt's run dir unless `home` is set, PATH the `path` setting with the interpreter's dir
+first) plus the launch spec's env, less any GPU visibility variable (Slurm sets those from the
+GRES it allocated). It reaches Slurm through `--export-file` on an anonymous file, with no
+`--export`: sbatch then takes the file as the job's whole environment and adds nothing of its
+own process's (checked against Slurm 22.05 by test_slurm_isolation.py; `--export=NONE` or `NIL`
+would instead load the service account's login environment on the node, and `NONE` ignores the
+file). The Slurm commands themselves run with a minimal environment (no secret of the worker
+ever reaches sbatch), and a job's variables (SBATCH_*, SLURM_CONF) cannot change how it is
+submitted.
+
+Job code runs as the same unix user as the runner and can write to the attempt dir, so the
+runner's `exit.json` counts only when its mac verifies (`read_record`), and even then it never
+ends an attempt while Slurm still reports the job: see `_stale_runner_exit` and `reap_stale`.
 """
 
-import contextlib
 import datetime as dt
-import json
 import os
 import re
 import shlex
@@ -31,13 +42,17 @@ from typing import ClassVar
 from django.conf import settings
 
 from jobs.executors.base import (
+    DEFAULT_PATH,
     Capacity,
     LaunchError,
     LaunchSpec,
     Observation,
+    base_env,
     check_known,
     epoch,
     file_lock,
+    passed_on,
+    read_record,
 )
 from jobs.states import JobStatus
 
@@ -46,7 +61,6 @@ COMMAND_TIMEOUT_S = 30
 CAPACITY_TTL_S = 1.0  # below the scheduler's 2 s tick: each tick asks Slurm afresh
 INGEST_EXIT = 86  # the runner's "snapshot could not be fetched; user code never ran"
 JOB_PREFIX = "sf-"  # every Starforge backend name starts with it (scheduler.backend_name)
-DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # squeue -O with a "|" suffix per field: no padding, no truncation; the name goes last.
 POLL_FIELDS = "JobID:|,State:|,Reason:|,StartTime:|,EndTime:|,exit_code:|,Name:|"
 # Node states (sinfo %T) in which a node takes new jobs; down, drained, draining, reserved,
@@ -80,6 +94,8 @@ SETTINGS = {
     "bin_dir": "directory of sbatch, squeue, scancel, sinfo, sacct (default: the PATH)",
     "slurm_conf": "slurm.conf of this cluster for the commands (default: $SLURM_CONF)",
     "time_limit": "time limit of every job, in Slurm's --time format, e.g. 2-00:00:00",
+    "home": "HOME of every job on the nodes (default: the attempt's own run dir)",
+    "path": f"PATH of every job, after the interpreter's dir (default {DEFAULT_PATH})",
 }
 
 _capacities: dict[tuple[str, ...], tuple[float, Capacity]] = {}  # capacity() answers, by cluster
@@ -92,6 +108,10 @@ class SlurmError(Exception):
 
 
 class SlurmExecutor:
+    # The runner gets the job token and the record key in its environment (the anonymous
+    # export file). Slurm keeps that environment in slurmctld's state; `sacct --env-vars`
+    # shows it to the job's unix user only where AccountingStoreFlags=job_env is set.
+    BOOTSTRAP_TOKEN: ClassVar[bool] = False
     # Every job state Slurm reports (22.05 and later: base states, then the flags that squeue
     # or the REST API show instead of the base state). COMPLETED and FAILED end with the
     # runner's exit code; the other ends carry the failure kind from END_STATES below.
@@ -157,11 +177,20 @@ class SlurmExecutor:
                 "slurmrestd_url is not supported yet: the Slurm executor uses the Slurm "
                 "commands (sbatch, squeue, scancel, sinfo) on the worker host; leave it out"
             )
-        for key in ("partition", "account", "python", "work_dir", "bin_dir", "slurm_conf"):
+        for key in (
+            "partition",
+            "account",
+            "python",
+            "work_dir",
+            "bin_dir",
+            "slurm_conf",
+            "home",
+            "path",
+        ):
             value = settings.get(key)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ValueError(f"{key} must be a non-empty string, not {value!r}")
-        for key in ("python", "work_dir", "bin_dir", "slurm_conf"):
+        for key in ("python", "work_dir", "bin_dir", "slurm_conf", "home"):
             if settings.get(key) and not os.path.isabs(settings[key]):
                 raise ValueError(f"{key} must be an absolute path, not {settings[key]!r}")
         limit = settings.get("time_limit")
@@ -182,6 +211,8 @@ class SlurmExecutor:
         self.bin_dir: str = conf.get("bin_dir", "")
         self.slurm_conf: str = conf.get("slurm_conf") or os.environ.get("SLURM_CONF", "")
         self.time_limit = str(conf.get("time_limit", ""))
+        self.home: str = conf.get("home", "")
+        self.path: str = conf.get("path") or DEFAULT_PATH
         self._run = run or _run_command
 
     # -- interface ---------------------------------------------------------------------------
@@ -310,18 +341,20 @@ class SlurmExecutor:
         return job_id
 
     def _job_env(self, spec: LaunchSpec, attempt_dir: Path) -> dict[str, str]:
-        env = {
-            # `python train.py` in a job means the runner's interpreter, as on the local executor
-            "PATH": f"{Path(self.python).parent}:{DEFAULT_PATH}",
-            "HOME": os.environ.get("HOME", "/"),
-            "LANG": os.environ.get("LANG", "C.UTF-8"),
-        }
-        env.update(spec.env)
+        """The job's whole environment: the base, its own env and the runner's file paths.
+
+        Nothing is read from this process's environment. GPU visibility is Slurm's (from the
+        GRES it allocated): submit refuses such variables, and they are dropped here too.
+        """
+        run_dir = attempt_dir / "work"
+        # `python train.py` in a job means the runner's interpreter, as on the local executor
+        env = base_env(self.home or str(run_dir), path=f"{Path(self.python).parent}:{self.path}")
+        env.update(passed_on(spec.env, spec_is_public=self.BOOTSTRAP_TOKEN))
         env.update(
             {
                 "SF_EXIT_FILE": str(attempt_dir / "exit.json"),
                 "SF_STARTED_FILE": str(attempt_dir / "started.json"),
-                "SF_RUN_DIR": str(attempt_dir / "work"),
+                "SF_RUN_DIR": str(run_dir),
             }
         )
         return env
@@ -333,13 +366,15 @@ class SlurmExecutor:
         if target == S.PENDING:
             reason = "" if row.reason == "None" else row.reason
             return Observation(row.state, message=reason, details=details, name=row.name)
-        if row.state == "RUNNING" and (exited := self._runner_exited(row)):
-            return exited
+        if row.state == "RUNNING" and (stale := self._stale_runner_exit(row)):
+            details.update(stale)
         if target == S.RUNNING or target is None:
             return Observation(row.state, start_time=row.start, details=details, name=row.name)
         details["exit_status"] = row.exit_status
         if target == S.SUCCEEDED:
             return _ended(row, details, exit_code=0)
+        if row.state == "CANCELLED" and (ended := self._cancelled_after_runner_exit(row, details)):
+            return ended
         if row.state != "FAILED":
             failure, message = self.END_STATES[row.state]
             return _ended(row, details, failure=failure, message=message)
@@ -351,7 +386,8 @@ class SlurmExecutor:
         code = exit_code_of(row.exit_status or 0)
         if code != INGEST_EXIT:
             return _ended(row, details, exit_code=code, failure="exit")
-        reason = str(_read_json(self.work_dir / row.name / "exit.json").get("reason", ""))
+        done = read_record(self.work_dir / row.name / "exit.json", row.name)
+        reason = str(done.get("reason", ""))
         if not reason.startswith("ingest failed"):  # the server cannot see the runner's files
             reason = (
                 f"ingest failed: the runner could not prepare the job (exit {INGEST_EXIT}); "
@@ -359,15 +395,18 @@ class SlurmExecutor:
             )
         return _ended(row, details, exit_code=code, failure="ingest", message=reason)
 
-    def _runner_exited(self, row: "JobRow") -> Observation | None:
-        """The runner's own end, when Slurm still says RUNNING long after the runner exited.
+    def _stale_runner_exit(self, row: "JobRow") -> dict | None:
+        """Details for a job Slurm still reports RUNNING long after its runner's signed exit.
 
         A slurmctld that crashes while a job ends can come back with the job RUNNING, the
         completion lost, and keep it so (and its GPUs allocated) until the node next
-        registers, minutes later. The runner's exit file in the shared attempt dir is the
-        answer then: after SF_LOST_GRACE_S of disagreement the attempt ends with the exit
-        code the runner wrote, and the stale Slurm job is cancelled to free its allocation.
-        A job still running has no exit file, so the check is one stat per old RUNNING job.
+        registers, minutes later. After SF_LOST_GRACE_S of disagreement the observation says
+        so (`stale_runner_exit`, with the runner's exit code and times), but it stays RUNNING:
+        a poll changes nothing on the cluster, and the ledger never closes an attempt while
+        Slurm reports its job. `reap_stale` cancels such jobs; the attempt ends when Slurm
+        reports the cancel (`_cancelled_after_runner_exit`). Only an exit record the runner
+        signed counts: job code can write `exit.json` too. A job still running has no exit
+        record, so the check is one stat per old RUNNING job.
         """
         grace = dt.timedelta(seconds=settings.SF_LOST_GRACE_S)
         now = dt.datetime.now(dt.UTC)
@@ -376,34 +415,75 @@ class SlurmExecutor:
         exit_file = self.work_dir / row.name / "exit.json"
         if not exit_file.exists():
             return None
-        done = _read_json(exit_file)
+        done = read_record(exit_file, row.name)
         ended, started = epoch(done.get("ended_at")), epoch(done.get("started_at"))
         if ended is None or now - ended < grace:
             return None
-        code = done.get("exit_code")
         lag = (now - ended).total_seconds()
-        note = (
-            f"Slurm still reported job {row.job_id} RUNNING {lag:.0f} s after the runner "
-            "exited (its completion was lost, e.g. by a slurmctld crash): the runner's exit "
-            "file ended the attempt, and the Slurm job was cancelled"
-        )
-        with contextlib.suppress(SlurmError):
-            self.cancel(row.job_id)
-        details = {"slurm_job_id": row.job_id, "reason": "runner exited", "note": note}
+        return {
+            "stale_runner_exit": True,
+            "runner_exit_code": _runner_code(done),
+            "runner_started_at": started.isoformat() if started else None,
+            "runner_ended_at": ended.isoformat(),
+            "note": (
+                f"Slurm still reported job {row.job_id} RUNNING {lag:.0f} s after the runner "
+                "exited (its completion was lost, e.g. by a slurmctld crash): the Slurm job is "
+                "cancelled, and the attempt ends when Slurm reports it gone"
+            ),
+        }
+
+    def reap_stale(self, observations: dict[str, Observation]) -> list[str]:
+        """Cancel the Slurm jobs that a poll found RUNNING after their runner's signed exit.
+
+        The reconciler calls this with a poll's answer, after acting on it. Only observations
+        marked `stale_runner_exit` are touched; a cancel that fails is tried again on the next
+        tick (the job is still marked then). Returns the job ids cancelled.
+        """
+        reaped = []
+        for ref, obs in observations.items():
+            if obs.native_state != "RUNNING" or not obs.details.get("stale_runner_exit"):
+                continue
+            try:
+                self.cancel(ref)
+            except SlurmError:
+                continue
+            reaped.append(ref)
+        return reaped
+
+    def _cancelled_after_runner_exit(self, row: "JobRow", details: dict) -> Observation | None:
+        """A CANCELLED job whose runner had already exited ends as the runner said.
+
+        That is how a stale RUNNING job ends once `reap_stale` cancelled it: its runner's
+        signed exit lies at least SF_LOST_GRACE_S before Slurm's end. A cancel that killed
+        the runner (an admin's scancel) has the runner end with it, and stays CANCELLED. The
+        exit code is the runner's signed one; the end is Slurm's (the allocation was held
+        until then).
+        """
+        done = read_record(self.work_dir / row.name / "exit.json", row.name)
+        ended = epoch(done.get("ended_at"))
+        grace = dt.timedelta(seconds=settings.SF_LOST_GRACE_S)
+        if ended is None or row.end is None or row.end - ended < grace:
+            return None  # no signed exit, or the runner ended with Slurm's cancel
+        code = _runner_code(done)
         state, failure, message = "FAILED", "exit", ""
-        if not isinstance(code, int) or isinstance(code, bool):  # ingest failed: code None
+        if code is None:  # ingest failed: the user's code never ran
             code, failure = INGEST_EXIT, "ingest"
             message = str(done.get("reason") or "the runner ended without an exit code")
         elif code == 0:
             state, failure = "COMPLETED", ""
+        note = (
+            f"Slurm reported job {row.job_id} CANCELLED after the runner had exited: the "
+            "runner's signed exit record gives the outcome, and the attempt is billed until "
+            "Slurm's end"
+        )
         return Observation(
             state,
             exit_code=code,
-            start_time=started or row.start,
-            end_time=ended,
+            start_time=row.start or epoch(done.get("started_at")),
+            end_time=row.end,
             message=message,
             failure=failure,
-            details=details,
+            details={**details, "reason": "runner exited", "note": note},
             name=row.name,
         )
 
@@ -453,9 +533,10 @@ class SlurmExecutor:
     def _slurm(self, args: list[str], fds: tuple[int, ...] = ()) -> str:
         """Run one Slurm command; its stdout, or SlurmError with Slurm's own words."""
         command = [os.path.join(self.bin_dir, args[0]) if self.bin_dir else args[0], *args[1:]]
+        # A minimal environment: the worker's PATH finds the commands, and nothing else of
+        # the worker's (secrets, SLURM_EXPORT_ENV, SBATCH_*) reaches them or a job.
         env = {
-            "PATH": os.environ.get("PATH", DEFAULT_PATH),
-            "HOME": os.environ.get("HOME", "/"),
+            "PATH": os.environ.get("PATH") or DEFAULT_PATH,
             "SLURM_TIME_FORMAT": "%s",  # times as epoch seconds
         }
         if self.slurm_conf:
@@ -561,12 +642,10 @@ def _epoch(value: str, now: dt.datetime) -> dt.datetime | None:
     return min(dt.datetime.fromtimestamp(number + 1, dt.UTC), now)
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
+def _runner_code(record: dict) -> int | None:
+    """The exit code in a runner's exit record; None when ingest failed (no code)."""
+    code = record.get("exit_code")
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
 
 
 def _int(value: str) -> int | None:

@@ -46,7 +46,10 @@ def test_submit_creates_one_labelled_job_running_the_runner(executor, apiserver)
     assert container["image"] == "registry.example/train:v2"
     assert container["command"][1:] == ["-m", "sf.runner"]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
-    assert {e["name"]: e["value"] for e in container["env"]} == spec.env
+    base = {"HOME": "/sf", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+    own = {k: v for k, v in spec.env.items() if k not in ("SF_JOB_TOKEN", "SF_RECORD_KEY")}
+    assert {e["name"]: e["value"] for e in container["env"]} == {**base, **own}
+    assert pod["automountServiceAccountToken"] is False
 
 
 def test_a_second_submit_adopts_the_existing_job(executor, apiserver):

@@ -210,7 +210,8 @@ def test_the_executor_speaks_the_jobs_api_of_rays_own_client(ray_jobs, ray_addre
     info = client.get_job_info(spec.name)
     assert info.status == JobStatus(obs.native_state) == JobStatus.SUCCEEDED
     assert info.submission_id == spec.name
-    assert info.runtime_env == {"env_vars": spec.env}
+    sent = ray_jobs.executor._job_request(spec)["runtime_env"]
+    assert info.runtime_env == sent
     assert info.metadata == {
         "sf_cluster": "ray-ci",
         "sf_run_id": spec.run_id,

