@@ -65,6 +65,7 @@ class TeamAdmin(admin.ModelAdmin):
                     "max_gpus_per_job",
                     ("gpu_hours_per_month", "budget_hard_stop"),
                     "max_member_priority",
+                    "snapshot_quota_mb",
                 )
             },
         ),

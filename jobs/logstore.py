@@ -6,12 +6,19 @@ and advance both in one transaction; readers never read past the committed size,
 first truncates anything a failed transaction left behind. Lines are stored in their wire form,
 so a replay splices stored bytes into the response without decoding them.
 
+An attempt's log holds at most SF_ATTEMPT_MAX_LOG_BYTES stored bytes: the lines of a batch
+that would pass it, and every later line, are dropped (their seqs still advance `next_seq`,
+so the runner carries on instead of resending them). The first drop writes one note line in
+their place (stderr, the first dropped line's seq) and one NOTE event; nothing stored before
+is touched. The check costs nothing below the cap: it reads the row the append locks anyway.
+
 Cursors are ``"<attempt>:<byte offset>"``. Each stored batch is also pushed, after commit, to
 the job's live group (`jobs.live`) with the cursor just after it.
 """
 
 import json
 import shutil
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +27,9 @@ from django.conf import settings
 from django.db import transaction
 
 from jobs import live
-from jobs.models import LogStream
+from jobs.models import JobEvent, LogStream
+
+DEFAULT_ATTEMPT_MAX_LOG_BYTES = 1024 * 1024 * 1024
 
 READ_BLOCK = 1024 * 1024
 
@@ -41,6 +50,7 @@ class AppendResult:
     accepted: int
     duplicates: int
     next_seq: int
+    dropped: int = 0  # fresh lines past the attempt's cap, not stored
 
 
 @dataclass(frozen=True)
@@ -54,20 +64,75 @@ def log_path(job_id: int, attempt: int) -> Path:
     return Path(settings.SF_LOG_DIR) / str(job_id % 1000) / str(job_id) / f"attempt-{attempt}.log"
 
 
+def max_log_bytes() -> int:
+    return getattr(settings, "SF_ATTEMPT_MAX_LOG_BYTES", DEFAULT_ATTEMPT_MAX_LOG_BYTES)
+
+
 def append(job_id: int, attempt: int, lines: list[dict]) -> AppendResult:
-    """Store `lines` (dicts with seq, stream, ts, text), ignoring those already stored."""
+    """Store `lines` (dicts with seq, stream, ts, text), ignoring those already stored and
+    dropping those past the attempt's cap."""
     lines = sorted(lines, key=lambda line: line["seq"])
     with transaction.atomic():
         stream = _locked_stream(job_id, attempt)
         fresh = _fresh_lines(lines, stream.next_seq)
-        if fresh:
-            stream.size = _write(log_path(job_id, attempt), stream.size, attempt, fresh)
-            stream.next_seq = fresh[-1]["seq"] + 1
-            LogStream.objects.filter(pk=stream.pk).update(
-                size=stream.size, next_seq=stream.next_seq
-            )
-            live.publish_lines(job_id, attempt, fresh, f"{attempt}:{stream.size}")
-    return AppendResult(len(fresh), len(lines) - len(fresh), stream.next_seq)
+        if not fresh:
+            return AppendResult(0, len(lines), stream.next_seq)
+        cap = max_log_bytes()
+        payload = b"" if stream.dropped_lines else _encode(attempt, fresh)
+        kept, dropped = fresh, 0
+        if stream.dropped_lines or stream.size + len(payload) > cap:
+            kept, payload = _within(attempt, fresh, cap - stream.size, stream.dropped_lines)
+            dropped = len(fresh) - len(kept)
+            if not stream.dropped_lines:  # the first drop: one note line, one event
+                note = _cap_note(fresh[len(kept)]["seq"], attempt, cap)
+                kept = [*kept, note]
+                payload += _encode(attempt, [note])
+                _cap_event(job_id, attempt, note["text"], cap)
+        if payload:
+            stream.size = _write_payload(log_path(job_id, attempt), stream.size, payload)
+        stream.next_seq = fresh[-1]["seq"] + 1
+        stream.dropped_lines += dropped
+        LogStream.objects.filter(pk=stream.pk).update(
+            size=stream.size, next_seq=stream.next_seq, dropped_lines=stream.dropped_lines
+        )
+        if kept:
+            live.publish_lines(job_id, attempt, kept, f"{attempt}:{stream.size}")
+    accepted = len(fresh) - dropped
+    return AppendResult(accepted, len(lines) - len(fresh), stream.next_seq, dropped)
+
+
+def _within(attempt: int, fresh: list[dict], room: int, capped: int) -> tuple[list[dict], bytes]:
+    """The leading lines of `fresh` whose stored form fits in `room` bytes (none once capped)."""
+    if capped:
+        return [], b""
+    kept: list[dict] = []
+    parts: list[bytes] = []
+    for line in fresh:
+        encoded = _encode(attempt, [line])
+        if len(encoded) > room:
+            break
+        room -= len(encoded)
+        kept.append(line)
+        parts.append(encoded)
+    return kept, b"".join(parts)
+
+
+def _cap_note(seq: int, attempt: int, cap: int) -> dict:
+    text = (
+        f"log limit of {cap / 2**20:g} MB reached for attempt {attempt}; further lines are dropped"
+    )
+    return {"seq": seq, "stream": "stderr", "ts": round(time.time(), 3), "text": text}
+
+
+def _cap_event(job_id: int, attempt: int, text: str, cap: int) -> None:
+    JobEvent.objects.create(
+        job_id=job_id,
+        kind=JobEvent.Kind.NOTE,
+        actor="ingest",
+        attempt=attempt,
+        reason=text,
+        data={"limit": "log_bytes", "max_bytes": cap},
+    )
 
 
 def _locked_stream(job_id: int, attempt: int) -> LogStream:
@@ -93,18 +158,21 @@ def _fresh_lines(lines: list[dict], next_seq: int) -> list[dict]:
     return fresh
 
 
-def _write(path: Path, committed: int, attempt: int, lines: list[dict]) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _encode(attempt: int, lines: list[dict]) -> bytes:
     # What json.dumps(line, ensure_ascii=False, separators=(",", ":")) writes, a line at a
     # time without its per-call cost: seq is an int, stream one of two words, ts a finite int
     # or float (ingest checks all three; json writes numbers as their repr), and the text goes
     # through json's own string encoder.
     text = json.encoder.encode_basestring  # type: ignore[attr-defined]
-    payload = "".join(
+    return "".join(
         f'{{"attempt":{attempt},"seq":{ln["seq"]!r},"stream":"{ln["stream"]}",'
         f'"ts":{ln["ts"]!r},"text":{text(ln["text"])}}}\n'
         for ln in lines
     ).encode(errors="replace")  # a lone surrogate in a line's text becomes "?"
+
+
+def _write_payload(path: Path, committed: int, payload: bytes) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as handle:
         if handle.tell() != committed:
             handle.truncate(committed)  # bytes of a transaction that did not commit

@@ -31,11 +31,12 @@ from math import floor, isfinite
 from operator import itemgetter
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 
 from jobs.errors import BadRequest
-from jobs.models import MetricPoint, MetricRollup, MetricSeries
+from jobs.models import JobEvent, MetricPoint, MetricRollup, MetricSeries, MetricStream
 
 KINDS = tuple(MetricPoint.Kind.values)
 MAX_NAME = 100
@@ -44,6 +45,7 @@ X_FIELDS = {"step": "step", "time": "ts"}
 LEVELS = (4, 6, 8, 10, 12, 14, 16)  # bucket widths 16 .. 65,536 steps or seconds
 BIGINT_MAX = 2**63 - 1  # seq and step are stored in bigint columns
 BUCKET_LIMIT = 2**62  # time buckets of absurd timestamps are clamped to fit a bigint
+DEFAULT_ATTEMPT_MAX_METRIC_POINTS = 5_000_000
 INSERT_CHUNK = 1000  # rows per INSERT: 8,000 parameters, under SQLite's limit
 ROLLUP_FIELDS = (
     "count",
@@ -65,30 +67,72 @@ RollupKey = tuple[str, str, str, int, int]  # kind, name, axis, level, bucket
 class AppendResult:
     accepted: int
     duplicates: int
+    dropped: int = 0  # fresh points past the attempt's cap, not stored
+
+
+def max_points() -> int:
+    return getattr(settings, "SF_ATTEMPT_MAX_METRIC_POINTS", DEFAULT_ATTEMPT_MAX_METRIC_POINTS)
 
 
 def append(job_id: int, attempt: int, points: list[Any]) -> AppendResult:
     """Store `points` (dicts with seq, kind, name, step, value, ts), ignoring those already stored.
 
+    An attempt keeps at most SF_ATTEMPT_MAX_METRIC_POINTS points: fresh points past it (the
+    highest seqs of the batch first) are dropped, and the first drop writes one NOTE event.
+    The attempt's `MetricStream` row, locked first, counts them: two queries per batch.
     Raises BadRequest naming the first point that is not valid; nothing is stored then.
     """
     by_seq = {point["seq"]: point for point in _checked(points)}  # a repeat inside the batch
     if not by_seq:
         return AppendResult(0, len(points))
     with transaction.atomic():
+        counter = _locked_counter(job_id, attempt)
         stored = set(
             MetricPoint.objects.filter(
                 job_id=job_id, attempt=attempt, seq__range=(min(by_seq), max(by_seq))
             ).values_list("seq", flat=True)
         )
         fresh = [_fields(by_seq[seq]) for seq in sorted(by_seq) if seq not in stored]
+        room = max(0, max_points() - counter.points)
+        fresh, over = fresh[:room], fresh[room:]
         # ON CONFLICT DO NOTHING covers a concurrent resend between the read and the write;
         # RETURNING says which rows this transaction stored, and only those are rolled up.
         inserted = _insert(job_id, attempt, fresh)
         new = [point for point in fresh if point["seq"] in inserted]
         if new:
             _roll_up(job_id, new)
-    return AppendResult(len(new), len(points) - len(new))
+        if new or over:
+            if over and not counter.dropped:
+                _cap_event(job_id, attempt)
+            MetricStream.objects.filter(pk=counter.pk).update(
+                points=counter.points + len(new), dropped=counter.dropped + len(over)
+            )
+    return AppendResult(len(new), len(points) - len(new) - len(over), len(over))
+
+
+def _locked_counter(job_id: int, attempt: int) -> MetricStream:
+    """The attempt's counter row, locked; made by the first batch (one query after that)."""
+    locked = MetricStream.objects.select_for_update()
+    counter = locked.filter(job_id=job_id, attempt=attempt).first()
+    if counter is None:
+        MetricStream.objects.get_or_create(job_id=job_id, attempt=attempt)  # two first batches
+        counter = locked.get(job_id=job_id, attempt=attempt)
+    return counter
+
+
+def _cap_event(job_id: int, attempt: int) -> None:
+    cap = max_points()
+    JobEvent.objects.create(
+        job_id=job_id,
+        kind=JobEvent.Kind.NOTE,
+        actor="ingest",
+        attempt=attempt,
+        reason=(
+            f"metric limit of {cap} points reached for attempt {attempt}; "
+            "further points are dropped"
+        ),
+        data={"limit": "metric_points", "max_points": cap},
+    )
 
 
 def _insert(job_id: int, attempt: int, points: list[dict]) -> set[int]:

@@ -17,6 +17,7 @@ router = Router(tags=["metrics"])
 class MetricIngestResult(Schema):
     accepted: int
     duplicates: int
+    dropped: int = 0  # points past the attempt's cap (SF_ATTEMPT_MAX_METRIC_POINTS), not stored
 
 
 POINT_DOC = {
@@ -51,7 +52,8 @@ def ingest_metrics(request):
     points = _parse_batch(ingest_body(request), attempt.number)
     result = metrics.append(attempt.job_id, attempt.number, points)
     live.publish_metrics(attempt.job_id, (p["kind"] for p in points), result.accepted)
-    return {"accepted": result.accepted, "duplicates": result.duplicates}
+    # Points past the attempt's cap are answered 200 too, so the runner does not resend them.
+    return {"accepted": result.accepted, "duplicates": result.duplicates, "dropped": result.dropped}
 
 
 def _parse_batch(body: bytes, attempt: int) -> list:

@@ -5,6 +5,13 @@ refused unless every member is a plain file, directory or a symlink that stays i
 (followed through the archive's other symlinks too), with safe relative names, under the
 unpacked-size and member-count caps (a decompression bomb or a truncated archive ends in a
 refusal, not in a half-written store).
+
+Snapshots belong to teams. The bytes are stored once per sha256 whoever sends them; each team
+whose member uploaded them owns them through a `SnapshotOwner` row, and only a team's own
+snapshots can run its jobs. An upload's `created` says whether THIS team owned the content
+before, never whether another team has it. A team owns at most `Team.snapshot_quota_mb` MiB
+of snapshots (the sum of their sizes); an upload past it is refused with a 413 and nothing
+is stored.
 """
 
 import gzip
@@ -20,8 +27,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
 
-from jobs.models import Snapshot
+from jobs.models import Snapshot, SnapshotOwner, Team
 
 MAX_MEMBERS = 200_000
 # Decompressed bytes allowed beyond the members' declared sizes: headers, long-name and pax
@@ -51,9 +62,15 @@ def snapshot_path(sha256: str) -> Path:
 
 
 def store_snapshot(
-    body: BinaryIO, content_type: str, declared_size: int | None
+    body: BinaryIO,
+    content_type: str,
+    declared_size: int | None,
+    *,
+    team: Team,
+    user: User | None = None,
 ) -> tuple[Snapshot, bool]:
-    """Validate and keep an uploaded archive; returns the row and whether it was new."""
+    """Validate and keep an uploaded archive for `team`; returns the row and whether the team
+    did not own it before (other teams' snapshots never show in the answer)."""
     limit = settings.SF_MAX_SNAPSHOT_BYTES
     if content_type.split(";")[0].strip() not in ACCEPTED_TYPES:
         raise SnapshotRefused(
@@ -61,6 +78,9 @@ def store_snapshot(
         )
     if declared_size is not None and declared_size > limit:
         raise SnapshotRefused(_too_big(declared_size, limit), 413)
+    quota = team.snapshot_quota_mb * 2**20
+    if declared_size is not None and declared_size > quota:
+        raise SnapshotRefused(_over_quota(team, declared_size, 0), 413)  # could never fit
     Path(settings.SF_SNAPSHOT_DIR).mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=settings.SF_SNAPSHOT_DIR, delete=False) as tmp:
         try:
@@ -70,7 +90,11 @@ def store_snapshot(
         except BaseException:
             os.unlink(tmp.name)
             raise
-    return _keep(tmp.name, sha, size)
+    try:
+        return _keep(tmp.name, sha, size, team, user)
+    finally:
+        if os.path.exists(tmp.name):
+            os.unlink(tmp.name)  # refused, or the blob was already stored
 
 
 def _copy_hashing(body: BinaryIO, out, limit: int) -> tuple[str, int]:
@@ -86,14 +110,100 @@ def _copy_hashing(body: BinaryIO, out, limit: int) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def _keep(tmp_name: str, sha: str, size: int) -> tuple[Snapshot, bool]:
-    path = snapshot_path(sha)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        os.unlink(tmp_name)  # same content already stored: one blob for both
-    else:
-        os.replace(tmp_name, path)
-    return Snapshot.objects.get_or_create(sha256=sha, defaults={"size": size})
+def _keep(
+    tmp_name: str, sha: str, size: int, team: Team, user: User | None
+) -> tuple[Snapshot, bool]:
+    """Claim the content for the team, under its quota, and place the blob if it is missing.
+
+    The team row is locked (FOR NO KEY UPDATE: a job insert's key-share lock on it does not
+    wait) so two uploads cannot both pass the quota, then the snapshot row, which job deletion
+    locks before it removes the blob, so the blob placed here is not removed under the claim.
+    """
+    with transaction.atomic():
+        team = Team.objects.select_for_update(no_key=True).get(pk=team.pk)
+        snapshot = _locked_row(sha, size)
+        path = snapshot_path(sha)
+        owned = (
+            snapshot.deleted_at is None
+            and path.exists()
+            and SnapshotOwner.objects.filter(team=team, snapshot=snapshot).exists()
+        )
+        if not owned:
+            used = team_snapshot_bytes(team, excluding=sha)
+            if used + size > team.snapshot_quota_mb * 2**20:
+                raise SnapshotRefused(_over_quota(team, size, used), 413)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            os.replace(tmp_name, path)  # same content already stored: one blob for all teams
+        if snapshot.deleted_at is not None:  # pruned earlier, uploaded again
+            Snapshot.objects.filter(pk=sha).update(deleted_at=None, deleted_reason="")
+            snapshot.deleted_at, snapshot.deleted_reason = None, ""
+        SnapshotOwner.objects.get_or_create(
+            team=team,
+            snapshot=snapshot,
+            defaults={"uploaded_by": user, "created_at": timezone.now()},
+        )
+    return snapshot, not owned
+
+
+def _locked_row(sha: str, size: int) -> Snapshot:
+    """The snapshot row, made if missing, locked; a deletion committing meanwhile means again."""
+    for _ in range(5):
+        Snapshot.objects.get_or_create(sha256=sha, defaults={"size": size})
+        snapshot = Snapshot.objects.select_for_update().filter(pk=sha).first()
+        if snapshot is not None:
+            return snapshot
+    raise SnapshotRefused("the snapshot was being deleted while it was stored; send it again", 409)
+
+
+def team_snapshot_bytes(team: Team, excluding: str | None = None) -> int:
+    """The sum of the sizes of the snapshots the team owns (what its quota counts)."""
+    owned = SnapshotOwner.objects.filter(team=team, snapshot__deleted_at__isnull=True)
+    if excluding is not None:
+        owned = owned.exclude(snapshot_id=excluding)
+    return owned.aggregate(total=Sum("snapshot__size"))["total"] or 0
+
+
+def owned_snapshot(team: Team | int, sha: str) -> Snapshot | None:
+    """The team's own stored snapshot `sha`, row-locked, or None: unknown, another team's, or
+    its blob gone (the caller answers all three alike)."""
+    snapshot = Snapshot.objects.select_for_update().filter(pk=sha).first()
+    if (
+        snapshot is None
+        or snapshot.deleted_at is not None
+        or not SnapshotOwner.objects.filter(team=team, snapshot=snapshot).exists()
+        or not snapshot_path(sha).exists()
+    ):
+        return None
+    return snapshot
+
+
+def release_claim(team_id: int, snapshot: Snapshot) -> bool:
+    """Drop the team's claim if none of its jobs uses the snapshot any more; then delete the
+    row and blob if no team owns it and no job references it. Call with the snapshot row
+    locked, inside the transaction that removed the job. Returns whether the blob went."""
+    from jobs.models import Job
+
+    if not Job.objects.filter(team_id=team_id, snapshot=snapshot).exists():
+        SnapshotOwner.objects.filter(team_id=team_id, snapshot=snapshot).delete()
+    if SnapshotOwner.objects.filter(snapshot=snapshot).exists():
+        return False
+    if Job.objects.filter(snapshot=snapshot).exists():
+        return False
+    Snapshot.objects.filter(pk=snapshot.pk).delete()
+    # Under the row lock, not after commit: an upload of the same bytes waits on that lock,
+    # then finds no row and places its own blob, which a late unlink would remove.
+    snapshot_path(snapshot.sha256).unlink(missing_ok=True)
+    return True
+
+
+def _over_quota(team: Team, size: int, used: int) -> str:
+    quota = team.snapshot_quota_mb
+    return (
+        f"team {team.name} owns {used / 2**20:.1f} MiB of snapshots and its quota is "
+        f"{quota} MiB; this {size / 2**20:.1f} MiB snapshot does not fit (delete old jobs, "
+        "or ask staff to raise snapshot_quota_mb)"
+    )
 
 
 def validate_archive(path: str) -> None:

@@ -64,6 +64,34 @@ def can_control_jobs(user: User, team_id: int) -> bool:
     )
 
 
+def uploading_team(user: User, name: str | None) -> Team:
+    """The team a snapshot upload is for: the named one, or the user's only team they can
+    upload to. Members and team admins upload; viewers and outsiders (staff too) do not."""
+    memberships = list(
+        Membership.objects.filter(user=user).select_related("team").order_by("team__name")
+    )
+    if name:
+        membership = next((m for m in memberships if m.team.name == name), None)
+        if membership is None:
+            raise Forbidden(f"you are not a member of team {name!r}; upload for one of your teams")
+        if membership.role == Membership.Role.VIEWER:
+            raise Forbidden(f"your role in team {name} is viewer; viewers cannot upload snapshots")
+        return membership.team
+    able = [m.team for m in memberships if m.role != Membership.Role.VIEWER]
+    if len(able) == 1:
+        return able[0]
+    if not able:
+        if memberships:
+            raise Forbidden(
+                "you are a viewer in every team of yours; viewers cannot upload snapshots"
+            )
+        raise Forbidden("you belong to no team; ask an admin to add you to one")
+    names = ", ".join(t.name for t in able)
+    raise BadRequest(
+        f"say which team the snapshot is for with ?team=NAME (sf submit --team); yours: {names}"
+    )
+
+
 def add_member(actor: User, team_name: str, username: str, role: str) -> Membership:
     with transaction.atomic():
         team = _managed_team(actor, team_name)

@@ -314,7 +314,9 @@ def cmd_submit(args: argparse.Namespace) -> None:
     """Snapshot the directory, upload it, and create the job."""
     payload = _submit_payload(args)
     client = _client(args)
-    payload["snapshot"] = _upload_snapshot(client, args)
+    # Snapshots belong to teams: upload for the team the job is submitted to.
+    payload["team"] = payload["team"] or _default_team(client)
+    payload["snapshot"] = _upload_snapshot(client, args, payload["team"])
     job = client.request("POST", "/api/v1/jobs", json_body=payload)
     if args.json:
         _print_json(job)
@@ -376,7 +378,14 @@ def _max_snapshot_mb(args: argparse.Namespace) -> float:
     return value
 
 
-def _upload_snapshot(client: Any, args: argparse.Namespace) -> str:
+def _default_team(client: Any) -> str | None:
+    """The team the server submits to when none is named (the first of /me), if any."""
+    me = client.request("GET", "/api/v1/me")
+    team = me.get("default_team") if isinstance(me, dict) else None
+    return team if isinstance(team, str) and team else None
+
+
+def _upload_snapshot(client: Any, args: argparse.Namespace, team: str | None = None) -> str:
     from sf import snapshot
 
     try:
@@ -388,7 +397,7 @@ def _upload_snapshot(client: Any, args: argparse.Namespace) -> str:
             f"snapshot {snap.sha256[:12]}: {snap.files} files, "
             f"{snap.raw_bytes / 1048576:.1f} MiB -> {snap.size / 1048576:.1f} MiB gzipped\n"
         )
-        answer = _send(client, snap)
+        answer = _send(client, snap, team)
     finally:
         snap.close()
     server_sha = answer.get("sha256") if isinstance(answer, dict) else None
@@ -397,10 +406,13 @@ def _upload_snapshot(client: Any, args: argparse.Namespace) -> str:
     return snap.sha256
 
 
-def _send(client: Any, snap: Any) -> Any:
+def _send(client: Any, snap: Any, team: str | None) -> Any:
+    from urllib.parse import urlencode
+
+    path = "/api/v1/snapshots" + (f"?{urlencode({'team': team})}" if team else "")
     with open(snap.path, "rb") as fh:
         if not sys.stderr.isatty():
-            return client.upload("/api/v1/snapshots", fh, snap.size, "application/gzip")
+            return client.upload(path, fh, snap.size, "application/gzip")
         from rich.console import Console
         from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
@@ -408,7 +420,7 @@ def _send(client: Any, snap: Any) -> Any:
         with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task("upload", total=snap.size)
             return client.upload(
-                "/api/v1/snapshots",
+                path,
                 fh,
                 snap.size,
                 "application/gzip",

@@ -90,6 +90,7 @@ def test_submit_uploads_snapshot_then_creates_job(
     sf_env(fake_api.url)
     (tmp_path / "proj").mkdir()
     (tmp_path / "proj" / "train.py").write_text("print('hi')\n")
+    fake_api.route("GET /api/v1/me", lambda r: (200, {"default_team": "vision"}))
     fake_api.route("POST /api/v1/snapshots", lambda r: (201, {"size": len(r.body)}))
     fake_api.route("POST /api/v1/jobs", lambda r: (201, {**JOB, "status": "PENDING"}))
     argv = [
@@ -110,9 +111,13 @@ def test_submit_uploads_snapshot_then_creates_job(
         "3",
     ]
     assert run_cli(argv) == 0
-    upload, create = fake_api.requests
+    me, upload, create = fake_api.requests
+    assert (me.method, me.path) == ("GET", "/api/v1/me")
     assert upload.headers["Content-Type"] == "application/gzip"
+    # The snapshot is uploaded for the team the job is submitted to (the default one here).
+    assert upload.query == {"team": "vision"}
     body = create.json()
+    assert body["team"] == "vision"
     assert body["entrypoint"] == ["python", "train.py", "--steps", "3"]
     assert body["env"] == {"A": "1", "B": "x=y"} and body["gpus"] == 0
     assert body["pending_deadline_s"] == 60 and body["cluster"] is None
@@ -124,8 +129,21 @@ def test_submit_uploads_snapshot_then_creates_job(
     )
 
 
+def test_submit_with_a_team_uploads_the_snapshot_for_that_team(
+    fake_api: Any, sf_env: Any, tmp_path: Path
+) -> None:
+    sf_env(fake_api.url)
+    fake_api.route("POST /api/v1/snapshots", lambda r: (201, {"size": len(r.body)}))
+    fake_api.route("POST /api/v1/jobs", lambda r: (201, JOB))
+    assert run_cli(["submit", "--dir", str(tmp_path), "--team", "nlp lab", "--", "true"]) == 0
+    upload, create = fake_api.requests  # no /me: the team is named
+    assert upload.path == "/api/v1/snapshots" and upload.query == {"team": "nlp lab"}
+    assert create.json()["team"] == "nlp lab"
+
+
 def test_submit_sends_the_window_and_its_policy(fake_api: Any, sf_env: Any, tmp_path: Path) -> None:
     sf_env(fake_api.url)
+    fake_api.route("GET /api/v1/me", lambda r: (200, {"default_team": "vision"}))
     fake_api.route("POST /api/v1/snapshots", lambda r: (201, {"size": len(r.body)}))
     fake_api.route("POST /api/v1/jobs", lambda r: (201, JOB))
     argv = ["submit", "--dir", str(tmp_path), "--window", "nights", "--window-policy", "pause"]

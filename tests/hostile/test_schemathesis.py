@@ -44,7 +44,7 @@ from schemathesis.specs.openapi.checks import (
 import jobs.api
 from jobs import logstore, metrics
 from jobs.auth import create_token
-from jobs.launcher import job_token
+from jobs.job_tokens import job_token
 from jobs.models import JobEvent
 from jobs.snapshots import store_snapshot
 from jobs.states import JobStatus
@@ -115,7 +115,7 @@ def world(make_team, make_user, monkeypatch, settings):
     ada = make_user("ada", vision, role="admin")
     make_user("vic", vision, role="viewer")
     bob = make_user("bob", nlp)
-    snapshot, _ = store_snapshot(io.BytesIO(tiny_archive()), "application/gzip", None)
+    snapshot, _ = store_snapshot(io.BytesIO(tiny_archive()), "application/gzip", None, team=vision)
     running = queued_job(vision, alice, name="running", snapshot=snapshot)
     with_attempt(running, JobStatus.RUNNING, start_time=timezone.now() - dt.timedelta(hours=1))
     logstore.append(running.pk, 1, [{"seq": 0, "stream": "stdout", "ts": 1.0, "text": "step 1"}])

@@ -10,7 +10,7 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs import logstore
-from jobs.launcher import job_token
+from jobs.job_tokens import job_token
 from jobs.models import Attempt, Job, JobEvent, LogStream
 from tests.jobs.api_helpers import assert_refused, submit
 
@@ -96,7 +96,7 @@ def test_a_batch_is_stored_in_order_and_counted(job_id):
     lines = make_lines(0, 3)
     response = send_lines(runner(job_id), [lines[2], lines[0], lines[1]])
     assert response.status_code == 200
-    assert response.json() == {"accepted": 3, "duplicates": 0, "next_seq": 3}
+    assert response.json() == {"accepted": 3, "duplicates": 0, "next_seq": 3, "dropped": 0}
     assert stored(job_id) == [f"attempt 1 line {s}" for s in range(3)]
 
 
@@ -104,7 +104,7 @@ def test_a_resent_batch_is_not_stored_twice_and_counts_duplicates(job_id):
     client = runner(job_id)
     send_lines(client, make_lines(0, 3))
     response = send_lines(client, make_lines(0, 3))
-    assert response.json() == {"accepted": 0, "duplicates": 3, "next_seq": 3}
+    assert response.json() == {"accepted": 0, "duplicates": 3, "next_seq": 3, "dropped": 0}
     assert stored(job_id) == [f"attempt 1 line {s}" for s in range(3)]
 
 
@@ -112,14 +112,14 @@ def test_an_overlapping_batch_stores_only_its_new_lines(job_id):
     client = runner(job_id)
     send_lines(client, make_lines(0, 3))
     response = send_lines(client, make_lines(1, 5))
-    assert response.json() == {"accepted": 2, "duplicates": 2, "next_seq": 5}
+    assert response.json() == {"accepted": 2, "duplicates": 2, "next_seq": 5, "dropped": 0}
     assert len(stored(job_id)) == 5
 
 
 def test_a_line_repeated_inside_one_batch_is_stored_once(job_id):
     line = make_lines(0, 1)[0]
     response = send_lines(runner(job_id), [line, dict(line)])
-    assert response.json() == {"accepted": 1, "duplicates": 1, "next_seq": 1}
+    assert response.json() == {"accepted": 1, "duplicates": 1, "next_seq": 1, "dropped": 0}
     assert stored(job_id) == ["attempt 1 line 0"]
 
 
@@ -237,8 +237,9 @@ def test_a_token_of_a_superseded_attempt_is_410(job_id):
     assert ledger(job_id) == before
 
 
-def test_a_token_naming_an_attempt_that_does_not_exist_is_404(job_id):
-    assert_refused(send_lines(runner(job_id, 7), make_lines(0, 1), attempt=7), 404)
+def test_a_token_naming_an_attempt_that_does_not_exist_is_401(job_id):
+    # A job token carries its attempt's nonce: no row, no token.
+    assert_refused(send_lines(runner(job_id, 7), make_lines(0, 1), attempt=7), 401)
     assert stored(job_id) == []
 
 

@@ -57,21 +57,33 @@ def job_id(api) -> int:
 def test_a_batch_is_stored_and_counted(job_id):
     response = send_points(runner(job_id), make_points(0, 3))
     assert response.status_code == 200, response.content
-    assert response.json() == {"accepted": 3, "duplicates": 0}
+    assert response.json() == {"accepted": 3, "duplicates": 0, "dropped": 0}
     assert stored(job_id)[1] == (1, 1, "train", "loss", 1, 0.5, T0 + 1)
 
 
 def test_a_resent_batch_is_not_stored_twice(job_id):
     client = runner(job_id)
     send_points(client, make_points(0, 3))
-    assert send_points(client, make_points(0, 3)).json() == {"accepted": 0, "duplicates": 3}
-    assert send_points(client, make_points(2, 5)).json() == {"accepted": 2, "duplicates": 1}
+    assert send_points(client, make_points(0, 3)).json() == {
+        "accepted": 0,
+        "duplicates": 3,
+        "dropped": 0,
+    }
+    assert send_points(client, make_points(2, 5)).json() == {
+        "accepted": 2,
+        "duplicates": 1,
+        "dropped": 0,
+    }
     assert [row[1] for row in stored(job_id)] == [0, 1, 2, 3, 4]
 
 
 def test_a_point_repeated_inside_one_batch_is_stored_once(job_id):
     point = make_points(0, 1)[0]
-    assert send_points(runner(job_id), [point, point]).json() == {"accepted": 1, "duplicates": 1}
+    assert send_points(runner(job_id), [point, point]).json() == {
+        "accepted": 1,
+        "duplicates": 1,
+        "dropped": 0,
+    }
     assert len(stored(job_id)) == 1
 
 
@@ -83,7 +95,7 @@ def test_seq_numbers_are_per_attempt(job_id):
 
 
 def test_an_empty_batch_is_fine(job_id):
-    assert send_points(runner(job_id), []).json() == {"accepted": 0, "duplicates": 0}
+    assert send_points(runner(job_id), []).json() == {"accepted": 0, "duplicates": 0, "dropped": 0}
 
 
 @pytest.mark.parametrize(

@@ -236,11 +236,11 @@ def test_a_body_over_the_size_limit_is_413(api, settings, earlier):
     assert_refused_cleanly(upload(api, body), 413, "limit", earlier, settings)
 
 
-def test_a_stream_over_the_size_limit_without_a_length_is_413(settings, earlier):
+def test_a_stream_over_the_size_limit_without_a_length_is_413(settings, earlier, team):
     settings.SF_MAX_SNAPSHOT_BYTES = 1024
     body = io.BytesIO(tar_gz(entry("noise.bin", os.urandom(4096))))
     with pytest.raises(SnapshotRefused) as refused:
-        store_snapshot(body, "application/gzip", None)
+        store_snapshot(body, "application/gzip", None, team=team)
     assert refused.value.http_status == 413
     assert (files_in(settings.SF_SNAPSHOT_DIR), Snapshot.objects.count()) == earlier
 
