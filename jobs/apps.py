@@ -4,3 +4,6 @@ from django.apps import AppConfig
 class JobsConfig(AppConfig):
     name = "jobs"
     verbose_name = "Jobs"
+
+    def ready(self) -> None:
+        from jobs import signals  # noqa: F401  (connects the receivers)

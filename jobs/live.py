@@ -2,8 +2,8 @@
 
 Groups: ``job-<id>`` gets a job's log batches and status changes (the job page); ``jobs`` gets
 every status change with the job's team, several to a message (list pages; the list consumer
-forwards only the user's teams); ``user-<id>`` hears that the user's memberships changed, so
-their open pages check again what they may see.
+forwards only the user's teams); ``user-<id>`` hears that the user's memberships, the user or
+one of their sessions changed (`jobs.signals`), so their open pages check again what they may see.
 
 The channel layer is lossy by design (a full channel drops messages), so a log batch carries
 its attempt, its sequence numbers and the log cursor just after it: a page that sees a batch
@@ -16,6 +16,7 @@ listens to, and the jobs group gets one message per `STATUS_BATCH` changes, not 
 """
 
 import asyncio
+import hashlib
 import logging
 import os
 import threading
@@ -105,6 +106,24 @@ def publish_membership_changed(user_id: int) -> None:
     """The user joined, left or changed role in a team: their consumers look again."""
     if _layer() is not None:
         _send_on_commit([(user_group(user_id), {"type": "membership.changed"})])
+
+
+def publish_user_changed(user_id: int) -> None:
+    """The user was saved (deactivated, staff flag, password): their consumers look again."""
+    if _layer() is not None:
+        _send_on_commit([(user_group(user_id), {"type": "user.changed"})])
+
+
+def publish_session_ended(user_id: int, session_key: str) -> None:
+    """The user signed out of one session: the streams it opened close."""
+    if _layer() is not None:
+        message = {"type": "session.ended", "session": session_digest(session_key)}
+        _send_on_commit([(user_group(user_id), message)])
+
+
+def session_digest(session_key: str) -> str:
+    """What names a session on the channel layer: the key itself would sign in whoever reads it."""
+    return hashlib.sha256(session_key.encode()).hexdigest()
 
 
 def publish_statuses(messages: Iterable[dict]) -> None:
