@@ -52,7 +52,7 @@ def run() -> dict:
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                 page = browser.new_page(base_url=stack.url)
-                sign_in(page, stack.url, "demo", "demo")
+                sign_in(page, stack.url, "demo", stack.password)
                 page.goto(f"/jobs/{job_id}/#logs")
                 page.evaluate(WATCH)
                 page.wait_for_function("() => window.sfDelays.length >= 20", timeout=60000)

@@ -11,10 +11,11 @@ from django.utils import timezone
 from ninja import Query, Router, Schema, Status
 from pydantic import Field
 
-from jobs import diagnostics, logstore, services
-from jobs.auth import ConsoleSession, JobToken, UserToken
-from jobs.errors import BadRequest, Gone, NotFound
+from jobs import clocks, diagnostics, logstore, services, teams
+from jobs.auth import BootstrapToken, ConsoleSession, JobToken, UserToken
+from jobs.errors import BadRequest, Conflict, Gone, NotFound
 from jobs.executors import executor_for
+from jobs.job_tokens import job_token_for
 from jobs.models import Attempt, Job, Membership
 from jobs.schemas import (
     AttemptOut,
@@ -29,6 +30,7 @@ from jobs.schemas import (
     SnapshotOut,
     StartedOut,
     Text,
+    TokenExchangeOut,
 )
 from jobs.snapshots import snapshot_path, store_snapshot
 from jobs.states import JobStatus
@@ -114,8 +116,8 @@ def me(request):
 
 @router.post(
     "/snapshots",
-    response={201: SnapshotOut, (400, 401, 413, 415, 429): ErrorOut},
-    summary="Upload a working-directory .tar.gz",
+    response={201: SnapshotOut, (400, 401, 403, 409, 413, 415, 429): ErrorOut},
+    summary="Upload a working-directory .tar.gz for one of your teams",
     openapi_extra={
         "requestBody": {
             "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}},
@@ -123,16 +125,21 @@ def me(request):
         }
     },
 )
-def upload_snapshot(request):
+def upload_snapshot(request, team: Text | None = None):
+    """For `team` (default: your only team you can upload to); `created` says whether that
+    team did not have these bytes before, whatever other teams hold."""
+    owner = teams.uploading_team(request.auth, team)
     length = request.headers.get("Content-Length")
     declared = int(length) if length and length.isdigit() else None
-    snapshot, created = store_snapshot(request, request.content_type or "", declared)
+    snapshot, created = store_snapshot(
+        request, request.content_type or "", declared, team=owner, user=request.auth
+    )
     return Status(201, {"sha256": snapshot.sha256, "size": snapshot.size, "created": created})
 
 
 @router.post(
     "/jobs",
-    response={201: JobOut, (400, 401, 403, 413, 422, 429): ErrorOut},
+    response={201: JobOut, (400, 401, 403, 404, 413, 422, 429): ErrorOut},
     summary="Submit a job",
 )
 def submit(request, data: JobIn):
@@ -398,19 +405,22 @@ def batch_body_doc(field: str, item: dict) -> dict:
 
 
 def _ingesting_attempt(principal) -> Attempt:
-    attempt = (
-        Attempt.objects.select_related("job")
-        .filter(job_id=principal.job_id, number=principal.attempt)
-        .first()
-    )
-    if attempt is None:
-        raise NotFound("this job token names an attempt that does not exist")
+    """The attempt a job token names, while its ingest is open: the attempt is its job's
+    current one and open, or closed less than INGEST_GRACE_S ago (the runner's last flush).
+    A request it authenticates is the runner's, so the attempt is seen alive now."""
+    attempt, now = principal.row, timezone.now()
     job = attempt.job
-    recently_ended = (timezone.now() - job.status_changed_at).total_seconds() < INGEST_GRACE_S
+    ended = attempt.end_time or (
+        None if job.status in JobStatus.active() else job.status_changed_at
+    )
     if job.current_attempt_id != attempt.pk or (
-        job.status not in JobStatus.active() and not recently_ended
+        ended is not None and (now - ended).total_seconds() >= INGEST_GRACE_S
     ):
         raise Gone(f"attempt {attempt.number} of job {job.pk} is over; its ingest is closed")
+    if attempt.end_time is None and (
+        attempt.alive_at is None or now - attempt.alive_at >= clocks.ALIVE_RESOLUTION
+    ):
+        clocks.seen_alive([attempt.pk], now)
     return attempt
 
 
@@ -440,6 +450,7 @@ def ingest_logs(request):
         "accepted": result.accepted,
         "duplicates": result.duplicates,
         "next_seq": result.next_seq,
+        "dropped": result.dropped,  # past the attempt's log cap: answered 200, not retried
     }
 
 
@@ -462,17 +473,50 @@ def ingest_logs(request):
     },
 )
 def ingest_started(request):
-    """Set the attempt's start_time when nothing set it yet (counted once, never moved).
+    """Set the attempt's start time when nothing set it yet (counted once, never moved).
 
     The server's clock, not the runner's, so a node with a skewed clock cannot bill queued
     time; an attempt already closed (stopped while starting) keeps what it has.
     """
     attempt = _ingesting_attempt(request.auth)
     runner_body(ingest_body(request), attempt.number)
-    Attempt.objects.filter(pk=attempt.pk, start_time__isnull=True, end_time__isnull=True).update(
-        start_time=timezone.now()
+    now = timezone.now()
+    return {"start_time": clocks.mark_started(attempt, now, now)}
+
+
+@ingest.post(
+    "/token",
+    auth=BootstrapToken(),
+    response={200: TokenExchangeOut, (400, 401, 409, 410, 413, 429): ErrorOut},
+    summary="Exchange the runner's one-time bootstrap credential for its job token",
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["attempt"],
+                        "properties": {"attempt": {"type": "integer"}},
+                    }
+                }
+            }
+        }
+    },
+)
+def exchange_bootstrap(request):
+    """Once per attempt: the engines whose job specs others can read (the Ray dashboard, a pod
+    spec) carry only this credential, spent by the runner at start."""
+    attempt = _ingesting_attempt(request.auth)
+    runner_body(ingest_body(request), attempt.number)
+    spent = Attempt.objects.filter(pk=attempt.pk, bootstrap_used_at__isnull=True).update(
+        bootstrap_used_at=timezone.now()
     )
-    return {"start_time": Attempt.objects.values_list("start_time", flat=True).get(pk=attempt.pk)}
+    if not spent:
+        raise Conflict(
+            f"the bootstrap credential of attempt {attempt.number} of job {attempt.job_id} "
+            "was exchanged already; it works once"
+        )
+    return {"token": job_token_for(attempt)}
 
 
 # Epoch seconds far past any clock; a larger number would read as Infinity in the browser.

@@ -124,6 +124,11 @@ class Team(models.Model):
     default_retry_cooldown_s = models.PositiveIntegerField(
         default=30, help_text="seconds before the first automatic retry; doubles each retry"
     )
+    snapshot_quota_mb = models.PositiveIntegerField(
+        default=10240,
+        help_text="MiB of working-directory snapshots the team may own at once (the sum of "
+        "their sizes); an upload past it is refused",
+    )
 
     def __str__(self) -> str:
         return self.name
@@ -173,6 +178,11 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)  # null: never expires
+    # The token whose request created this one (null: the console session or a shell). A token
+    # never outlives its creator and is revoked with it; deleting the creator deletes it too.
+    created_by = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="created_tokens"
+    )
 
     @staticmethod
     def new_secret() -> str:
@@ -183,10 +193,11 @@ class ApiToken(models.Model):
 
 
 class Snapshot(models.Model):
-    """A content-addressed working-directory archive (tar.gz) on disk.
+    """A content-addressed working-directory archive (tar.gz) on disk, one per sha256.
 
-    Deleted with the last job row that references it; a blob pruned earlier keeps its row with
-    `deleted_reason`, so a retry can say why it cannot run.
+    Teams own it through `SnapshotOwner`. Deleted when no team owns it and no job references
+    it; a blob pruned earlier keeps its row with `deleted_reason`, so a retry can say why it
+    cannot run.
     """
 
     sha256 = models.CharField(max_length=64, primary_key=True)
@@ -194,6 +205,27 @@ class Snapshot(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     deleted_at = models.DateTimeField(null=True, blank=True)
     deleted_reason = models.CharField(max_length=300, blank=True)
+
+
+class SnapshotOwner(models.Model):
+    """A team's claim on a stored snapshot: one of its members uploaded these bytes.
+
+    A job may use only a snapshot its team owns; the blob is stored once whoever uploads it.
+    The claim goes with the team's last job that uses the snapshot (deleted or pruned), the
+    blob when no team owns it and no job references it.
+    """
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="snapshot_claims")
+    snapshot = models.ForeignKey(Snapshot, on_delete=models.CASCADE, related_name="owners")
+    uploaded_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "snapshot"], name="one_snapshot_claim"),
+        ]
 
 
 class Job(models.Model):
@@ -271,6 +303,10 @@ class Job(models.Model):
         return self.status in JobStatus.terminal()
 
 
+def new_token_nonce() -> str:
+    return secrets.token_hex(16)
+
+
 class Attempt(models.Model):
     """One launch of a job: first run, each resume, each retry."""
 
@@ -286,6 +322,15 @@ class Attempt(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     end_reason = models.TextField(blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
+    # The last moment the server saw the attempt alive (a log line, metric point or start
+    # report it accepted, the engine reporting it running): no end is billed before it.
+    alive_at = models.DateTimeField(null=True, blank=True)
+    # Part of the attempt's job token and bootstrap credential, so neither can be made
+    # without this row (a leaked or guessed signing key alone forges nothing).
+    token_nonce = models.CharField(max_length=32, default=new_token_nonce, editable=False)
+    # When the runner exchanged its one-time bootstrap credential for the job token (Ray,
+    # Kubernetes: engines whose job specs others can read).
+    bootstrap_used_at = models.DateTimeField(null=True, blank=True)
     native_state = models.CharField(max_length=50, blank=True)
     # The backend's own words for a waiting attempt (Slurm's pending reason, a pod's
     # waiting reason), shown in Diagnostics.
@@ -340,6 +385,8 @@ class LogStream(models.Model):
     attempt = models.PositiveIntegerField()
     next_seq = models.BigIntegerField(default=0)
     size = models.BigIntegerField(default=0)
+    # Lines dropped past SF_ATTEMPT_MAX_LOG_BYTES (their seqs still advance next_seq).
+    dropped_lines = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -376,6 +423,21 @@ class MetricPoint(models.Model):
             ),
         ]
         indexes = [models.Index(fields=["job", "kind", "name", "step"], name="metric_series")]
+
+
+class MetricStream(models.Model):
+    """Bookkeeping for one attempt's metric points: how many are stored and how many were
+    dropped past SF_ATTEMPT_MAX_METRIC_POINTS; its row lock orders the cap check."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_streams")
+    attempt = models.PositiveIntegerField()
+    points = models.BigIntegerField(default=0)
+    dropped = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt"], name="one_metric_stream"),
+        ]
 
 
 class MetricSeries(models.Model):

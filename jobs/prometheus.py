@@ -1,4 +1,4 @@
-"""`/metrics`: the ledger and the loops in Prometheus' text format, for staff and trusted networks.
+"""`/metrics`: the ledger and the loops in Prometheus' text format, for staff and scrapers.
 
 Every figure is read on scrape with a fixed number of queries, however many jobs the ledger
 holds; the ticks' durations come from `jobs.tickstats` (Redis), written by the Celery worker.
@@ -6,6 +6,7 @@ The exposition is written by hand (format 0.0.4) so the server needs no client l
 """
 
 import datetime as dt
+import hmac
 import ipaddress
 from collections import defaultdict
 from dataclasses import dataclass
@@ -54,26 +55,45 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 
 
 def _refusal(request: HttpRequest) -> HttpResponse | None:
-    """None when the caller may read; otherwise the 401, 403 or 429 to answer."""
+    """None when the caller may read; otherwise the 401, 403 or 429 to answer.
+
+    A scrape needs a credential: the scrape token an admin set (SF_METRICS_TOKEN) or a staff
+    user's API token. Only the networks an admin listed in SF_METRICS_ALLOWED_NETS (none by
+    default: local jobs share the server's loopback) may read without one.
+    """
     if _from_allowed_network(request.META.get("REMOTE_ADDR", "")):
         return None
-    header = request.headers.get("Authorization", "")
-    if not header:
-        return _plain(403, "Metrics are served to allowed networks and staff tokens only.")
-    scheme, _, secret = header.partition(" ")
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
+        return _unauthorised(
+            "Metrics need a credential: send Authorization: Bearer with the scrape token "
+            "(SF_METRICS_TOKEN) or a staff user's API token."
+        )
+    if _is_scrape_token(secret):
+        return None
     try:
-        user = _token_user(request, secret.strip()) if scheme.lower() == "bearer" else None
-    except Throttled as exc:  # too many bad tokens from this address
+        user = _token_user(request, secret)
+    except Throttled as exc:  # too many unknown tokens from this address
         response = _plain(429, exc.detail)
         response["Retry-After"] = str(exc.extra.get("retry_after", ""))
         return response
     if user is None:
-        response = _plain(401, "The bearer token is missing, unknown or revoked.")
-        response["WWW-Authenticate"] = "Bearer"
-        return response
+        return _unauthorised("The bearer token is missing, unknown or revoked.")
     if not user.is_staff:
-        return _plain(403, "Metrics are served to staff tokens only.")
+        return _plain(403, "Metrics are served to staff tokens and the scrape token only.")
     return None
+
+
+def _is_scrape_token(secret: str) -> bool:
+    expected = settings.SF_METRICS_TOKEN
+    return bool(expected) and hmac.compare_digest(secret.encode(), expected.encode())
+
+
+def _unauthorised(sentence: str) -> HttpResponse:
+    response = _plain(401, sentence)
+    response["WWW-Authenticate"] = "Bearer"
+    return response
 
 
 def _token_user(request: HttpRequest, secret: str) -> User | None:

@@ -15,14 +15,20 @@ from django.db import transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from jobs import lifecycle, logstore, teams
+from jobs import clocks, lifecycle, logstore, teams
 from jobs.errors import BadRequest, Conflict, Forbidden, NotFound
 from jobs.executors import Capacity, executor_for
 from jobs.executors.base import GPU_VISIBILITY_VARS
 from jobs.launcher import cancel_current
 from jobs.models import Attempt, Cluster, Job, JobEvent, Membership, ScheduleWindow, Snapshot, Team
 from jobs.schemas import JobIn
-from jobs.snapshots import SnapshotRefused, read_project_file, snapshot_path
+from jobs.snapshots import (
+    SnapshotRefused,
+    owned_snapshot,
+    read_project_file,
+    release_claim,
+    snapshot_path,
+)
 from jobs.states import JobStatus
 from jobs.transitions import TransitionRefused, transition
 from metering.records import forget_deleted
@@ -77,7 +83,7 @@ def submit_job(user: User, data: JobIn) -> Job:
         )
     with transaction.atomic():
         # Locking the snapshot row keeps a concurrent job deletion from removing the blob.
-        snapshot = _resolve_snapshot(data.snapshot)
+        snapshot = _resolve_snapshot(data.snapshot, team)
         follow_ons = _follow_on_specs(team, cluster, data.then, snapshot)
         job = Job.objects.create(
             run_id=secrets.token_hex(8),
@@ -180,10 +186,9 @@ def delete_job(user: User, job_id: int) -> None:
         forget_deleted(job.pk)  # its GPU time stays billed in the usage records
         job.delete()
         transaction.on_commit(partial(logstore.delete_logs, job_id))
-        if snapshot is not None and not Job.objects.filter(snapshot=snapshot).exists():
-            blob = snapshot_path(snapshot.sha256)  # before delete(), which clears the pk
-            snapshot.delete()
-            transaction.on_commit(partial(blob.unlink, missing_ok=True))
+        if snapshot is not None:
+            # The team's claim goes with its last job using it; the blob with the last claim.
+            release_claim(job.team_id, snapshot)
 
 
 def _halt(user: User, job_id: int, target: JobStatus, reason: str) -> Job:
@@ -198,9 +203,13 @@ def _halt(user: User, job_id: int, target: JobStatus, reason: str) -> Job:
         # A stop also cancels a pending automatic retry; a person's pause or stop is theirs,
         # so a reopening window does not resume it.
         Job.objects.filter(pk=job.pk).update(next_attempt_at=None, paused_by_window=False)
-        had_attempt = Attempt.objects.filter(
-            job_id=job.pk, number=job.attempt_count, end_time__isnull=True
-        ).update(end_time=timezone.now(), end_reason=reason)
+        had_attempt = clocks.close_open(
+            Attempt.objects.filter(job_id=job.pk, number=job.attempt_count).values_list(
+                "pk", flat=True
+            ),
+            timezone.now(),
+            reason,
+        )
         # A FAILED job already said its follow-ons were not created, unless it was waiting
         # for an automatic retry (which could still have succeeded): then the stop decides.
         if target == S.STOPPED and (job.status != S.FAILED or job.next_attempt_at is not None):
@@ -319,12 +328,16 @@ def _check_env(env: dict[str, str]) -> None:
             )
 
 
-def _resolve_snapshot(sha: str | None) -> Snapshot | None:
+def _resolve_snapshot(sha: str | None, team: Team) -> Snapshot | None:
+    """The team's own snapshot, locked; another team's is refused exactly like an unknown one."""
     if sha is None:
         return None
-    snapshot = _lock_snapshot(sha)
-    if snapshot is None or not snapshot_path(sha).exists():
-        raise BadRequest(f"snapshot {sha[:64]!r} is unknown; upload it to /api/v1/snapshots first")
+    snapshot = owned_snapshot(team, sha)
+    if snapshot is None:
+        raise NotFound(
+            f"snapshot {sha[:64]!r} is unknown to team {team.name}; upload it to "
+            f"/api/v1/snapshots?team={team.name} first"
+        )
     return snapshot
 
 

@@ -1,13 +1,22 @@
 """Brute-force throttles: failed console sign-ins, and unknown bearer tokens, counted in a cache.
 
 Failures are counted in fixed windows in the `throttle` cache (Redis in a deployment, so every
-server process shares the counts). A username and address pair that failed to sign in
-SF_LOGIN_MAX_FAILURES times within SF_LOGIN_WINDOW_S gets 429 on every further attempt, a
-right password included, until the window ends; a successful sign-in clears its count. An
-address that sent SF_TOKEN_MAX_FAILURES unknown or badly signed bearer tokens within
-SF_TOKEN_WINDOW_S gets 429 on every bearer request until the window ends. Requests that
-succeed never count. When the cache cannot be reached the throttles let requests through
-(and log it) rather than lock everyone out.
+server process shares the counts). A throttle never locks out a valid credential that other
+clients' failures did not concern:
+
+- Sign-in: a username and address pair that failed SF_LOGIN_MAX_FAILURES times within
+  SF_LOGIN_WINDOW_S gets 429 on every further attempt for that username, a right password
+  included (that account's brute-force protection), until the window ends; a successful
+  sign-in clears its count. Failures for other usernames from the same address never count
+  against it.
+- Bearer tokens: the authenticator looks the token up first; a valid user or job token is
+  served whatever its address sent. Only a token that matches nothing is counted against its
+  address (`record_bad_token`), and once an address sent SF_TOKEN_MAX_FAILURES of those within
+  SF_TOKEN_WINDOW_S, its further unknown tokens get 429 (`check_token_address`) until the
+  window ends.
+
+Requests that succeed never count. When the cache cannot be reached the throttles let requests
+through (and log it) rather than lock everyone out.
 """
 
 import hashlib
@@ -77,7 +86,10 @@ def client_address(request: HttpRequest) -> str:
 
 
 def check_token_address(request: HttpRequest) -> None:
-    """Refuse a bearer request from an address that sent too many bad tokens lately."""
+    """Refuse an unknown bearer token from an address that sent too many of them lately.
+
+    Call it only once the token matched nothing: a valid credential is never refused here.
+    """
     wait = seconds_blocked(_key("token", client_address(request)), settings.SF_TOKEN_MAX_FAILURES)
     if wait:
         raise Throttled(

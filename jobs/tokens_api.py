@@ -1,4 +1,9 @@
-"""The tokens API (`/api/v1/tokens`): a user creates, lists and revokes their own API tokens."""
+"""The tokens API (`/api/v1/tokens`): a user creates, lists and revokes their own API tokens.
+
+Only a user's credential opens it (an API token or the console session), never a job token. A
+token created with a token is that token's child: it cannot outlive it, and revoking a token
+revokes its children (`jobs.auth`).
+"""
 
 import datetime as dt
 
@@ -17,7 +22,11 @@ router = Router(auth=[UserToken(), ConsoleSession()], tags=["tokens"])
 class TokenIn(Schema):
     # Lengths and ranges are checked by `auth.create_token`, so the console gets the same sentences.
     name: Text = "cli"
-    expires_in_days: int | None = Field(None, description="1..3650; omit for no expiry")
+    expires_in_days: int | None = Field(
+        None,
+        description="1..3650, and no later than the creating token's expiry; omit for no expiry, "
+        "or, when a token that expires creates it, for that token's expiry",
+    )
 
 
 class TokenOut(Schema):
@@ -61,14 +70,15 @@ def list_tokens(request):
     summary="Create an API token",
 )
 def create_token(request, data: TokenIn):
-    row, secret = auth.create_token(request.auth, data.name, data.expires_in_days)
+    creator = auth.request_token(request)
+    row, secret = auth.create_token(request.auth, data.name, data.expires_in_days, creator)
     return Status(201, {**token_out(row), "secret": secret})
 
 
 @router.delete(
     "/tokens/{token_id}",
     response={204: None, (401, 404, 422, 429): ErrorOut},
-    summary="Revoke one of my tokens",
+    summary="Revoke one of my tokens and every token created with it",
 )
 def revoke_token(request, token_id: int):
     auth.revoke_token(request.auth, token_id)

@@ -3,11 +3,20 @@
 DATABASE_URL   ledger database (default: embedded SQLite under var/)
 REDIS_URL      Celery broker and Channels layer (default: redis://127.0.0.1:6379/0)
 SF_VAR_DIR     root for the embedded ledger, snapshots, logs, run outputs (default: ./var)
+SF_SECRET_KEY  signs sessions and job tokens (default: this installation's own key, made with
+               `secrets` on first start and kept in $SF_VAR_DIR/secret-key, mode 0600; never a
+               string from the repository; starforge.settings_prod requires the variable)
 SF_LOCAL_GPU_SLOTS   virtual GPU slots of the local executor when NVML finds no GPU (default 4)
-SF_METRICS_ALLOWED_NETS   CIDRs that may read /metrics without a token (default: loopback only)
+SF_METRICS_TOKEN     a scrape token for /metrics (`Authorization: Bearer <it>`), as well as staff
+                     users' API tokens (default: none, only staff tokens)
+SF_METRICS_ALLOWED_NETS   CIDRs that may read /metrics without any credential (default: none;
+                     trusting a network is a choice: every job on the local executor runs on
+                     loopback)
 """
 
 import os
+import secrets
+import time
 from pathlib import Path
 
 import dj_database_url
@@ -27,7 +36,49 @@ def _env_int(name: str, default: int) -> int:
         raise RuntimeError(f"{name} must be an integer, got {raw!r}") from exc
 
 
-SECRET_KEY = os.environ.get("SF_SECRET_KEY", "dev-only-insecure-key-change-me-in-production")
+SECRET_KEY_MIN_LENGTH = 50
+
+
+def _read_secret_key(path: Path) -> str:
+    # Another process may have created the file an instant ago and still be writing it.
+    for _ in range(50):
+        key = path.read_text().strip()
+        if len(key) >= SECRET_KEY_MIN_LENGTH:
+            return key
+        time.sleep(0.1)
+    raise RuntimeError(
+        f"{path} holds fewer than {SECRET_KEY_MIN_LENGTH} characters: delete it to make a new "
+        "secret key (that signs every user out) or set SF_SECRET_KEY"
+    )
+
+
+def installation_secret_key(var_dir: Path) -> str:
+    """This installation's own secret key: made once, on first start, under `var_dir`.
+
+    The file is created with O_EXCL, so processes starting at once (server, worker, beat) all
+    end up with the one key that won, and with mode 0600, readable by the server's user only.
+    """
+    path = var_dir / "secret-key"
+    if path.exists():
+        return _read_secret_key(path)
+    try:
+        var_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return _read_secret_key(path)
+    except OSError as exc:
+        raise RuntimeError(
+            f"cannot create the secret key file {path} ({exc.strerror}): make SF_VAR_DIR "
+            "writable for the server's user or set SF_SECRET_KEY"
+        ) from exc
+    key = secrets.token_urlsafe(64)  # 86 characters
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), 0o600)  # whatever the umask
+        out.write(key + "\n")
+    return key
+
+
+SECRET_KEY = os.environ.get("SF_SECRET_KEY") or installation_secret_key(VAR_DIR)
 DEBUG = os.environ.get("SF_DEBUG", "1") == "1"
 ALLOWED_HOSTS = [h for h in os.environ.get("SF_ALLOWED_HOSTS", "*").split(",") if h]
 
@@ -161,19 +212,32 @@ SF_METRIC_BATCH_MAX_POINTS = _env_int("SF_METRIC_BATCH_MAX_POINTS", 20000)
 # A runner's batch in bytes: beyond it, 413 (Django's own 2.5 MB cap would answer a 500).
 SF_INGEST_MAX_BODY_BYTES = _env_int("SF_INGEST_MAX_BODY_MB", 16) * 1024 * 1024
 SF_LOG_PAGE_MAX_LINES = 50000
+# Per-attempt caps on what a job may store; past them lines and points are dropped, with one
+# note in the log and on the timeline (jobs.logstore, jobs.metrics).
+SF_ATTEMPT_MAX_LOG_BYTES = _env_int("SF_ATTEMPT_MAX_LOG_MB", 1024) * 1024 * 1024
+SF_ATTEMPT_MAX_METRIC_POINTS = _env_int("SF_ATTEMPT_MAX_METRIC_POINTS", 5_000_000)
 # Brute-force throttles (jobs.throttle): failed sign-ins per username and address, unknown
 # bearer tokens per address, each within a window; past the limit, 429 until the window ends.
 SF_LOGIN_MAX_FAILURES = _env_int("SF_LOGIN_MAX_FAILURES", 10)
 SF_LOGIN_WINDOW_S = _env_int("SF_LOGIN_WINDOW_S", 600)
 SF_TOKEN_MAX_FAILURES = _env_int("SF_TOKEN_MAX_FAILURES", 20)
 SF_TOKEN_WINDOW_S = _env_int("SF_TOKEN_WINDOW_S", 60)
+# Websockets open only from the site's own origin (scheme, host and port of the handshake);
+# these full origins too, for a proxy that rewrites Host (starforge.asgi).
+SF_ALLOWED_ORIGINS = [
+    o.strip() for o in os.environ.get("SF_ALLOWED_ORIGINS", "").split(",") if o.strip()
+]
+# How often an open websocket checks again that its session, user and membership still hold:
+# the latest a stream closes when no signal said so (a raw SQL delete, an expired session).
+SF_WS_RECHECK_S = _env_int("SF_WS_RECHECK_S", 5)
 # Where runners reach the API; the local executor passes it to every job.
 SF_API_URL = os.environ.get("SF_API_URL", "http://127.0.0.1:8000")
-# Addresses that may scrape /metrics without a staff token: comma-separated CIDRs.
+# /metrics answers a staff user's API token or this scrape token (empty: none configured) ...
+SF_METRICS_TOKEN = os.environ.get("SF_METRICS_TOKEN", "").strip()
+# ... and, only where an admin says so, any caller from these CIDRs (comma-separated): jobs on
+# the local executor share the server's loopback, so no network is trusted by default.
 SF_METRICS_ALLOWED_NETS = [
-    net.strip()
-    for net in os.environ.get("SF_METRICS_ALLOWED_NETS", "127.0.0.1/32,::1/128").split(",")
-    if net.strip()
+    net.strip() for net in os.environ.get("SF_METRICS_ALLOWED_NETS", "").split(",") if net.strip()
 ]
 # Python that starts the job-side runner (local executor; default for Slurm and Ray clusters).
 SF_RUNNER_PYTHON = os.environ.get("SF_RUNNER_PYTHON", "")

@@ -14,14 +14,13 @@ SF_CSRF_TRUSTED_ORIGINS   comma-separated origins (https://starforge.example.com
 SF_BEHIND_TLS_PROXY=1  trust X-Forwarded-Proto from the proxy that terminates TLS
 SF_HSTS_SECONDS        Strict-Transport-Security max-age (default one year; 0 turns it off)
 SF_SSL_REDIRECT=0      leave plain-HTTP redirects to the proxy (default: Django redirects)
+SF_METRICS_TOKEN       the scrape token Prometheus sends to /metrics (at least 32 characters;
+                       without it, only staff users' API tokens scrape)
 """
 
 import os
 
 from django.core.exceptions import ImproperlyConfigured
-
-from starforge.settings import *  # noqa: F403
-from starforge.settings import DATABASES, _env_int
 
 
 def _required(name: str, why: str) -> str:
@@ -31,13 +30,20 @@ def _required(name: str, why: str) -> str:
     return value
 
 
-DEBUG = False
-SECRET_KEY = _required("SF_SECRET_KEY", "it signs sessions and job tokens")
-if len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5 or SECRET_KEY.startswith("django-insecure"):
+# Checked before the base settings load: without the variable they would make a key of their own
+# under SF_VAR_DIR, and production keys are the deployment's to manage.
+_SECRET_KEY = _required("SF_SECRET_KEY", "it signs sessions and job tokens")
+if len(_SECRET_KEY) < 50 or len(set(_SECRET_KEY)) < 5 or _SECRET_KEY.startswith("django-insecure"):
     raise ImproperlyConfigured(
         "SF_SECRET_KEY is too weak: use at least 50 random characters, e.g. "
         "python -c 'import secrets; print(secrets.token_urlsafe(64))'"
     )
+
+from starforge.settings import *  # noqa: E402, F403
+from starforge.settings import DATABASES, _env_int  # noqa: E402
+
+DEBUG = False
+SECRET_KEY = _SECRET_KEY
 ALLOWED_HOSTS = [
     host.strip()
     for host in _required("SF_ALLOWED_HOSTS", "the host names this server answers to").split(",")
@@ -59,6 +65,11 @@ if os.environ.get("SF_BEHIND_TLS_PROXY") == "1":
 SECURE_SSL_REDIRECT = os.environ.get("SF_SSL_REDIRECT", "1") == "1"
 # /metrics is scraped over the internal network, often by plain HTTP.
 SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
+if 0 < len(SF_METRICS_TOKEN) < 32:  # noqa: F405
+    raise ImproperlyConfigured(
+        "SF_METRICS_TOKEN is too short to be guessed by nobody: use at least 32 random "
+        "characters, e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+    )
 SECURE_HSTS_SECONDS = _env_int("SF_HSTS_SECONDS", 365 * 24 * 3600)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = True
 SECURE_HSTS_PRELOAD = True

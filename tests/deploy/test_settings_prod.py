@@ -42,12 +42,28 @@ def test_check_deploy_reports_nothing():
         ({"SF_ALLOWED_HOSTS": ""}, "SF_ALLOWED_HOSTS must be set in production"),
         ({"DATABASE_URL": ""}, "DATABASE_URL must point at PostgreSQL in production"),
         ({"DATABASE_URL": "sqlite:////tmp/x.db"}, "DATABASE_URL must point at PostgreSQL"),
+        ({"SF_METRICS_TOKEN": "guessable"}, "SF_METRICS_TOKEN is too short"),
     ],
 )
 def test_an_unsafe_or_missing_value_stops_the_start_with_a_sentence(change, sentence):
     done = manage("check", **{**GOOD, **change})
     assert done.returncode != 0
     assert sentence in done.stderr
+
+
+def test_without_the_secret_key_production_refuses_and_makes_no_key_of_its_own(tmp_path):
+    done = manage("check", **{**GOOD, "SF_SECRET_KEY": "", "SF_VAR_DIR": str(tmp_path)})
+    assert done.returncode != 0
+    assert "SF_SECRET_KEY must be set in production" in done.stderr
+    assert not (tmp_path / "secret-key").exists()
+
+
+def test_production_uses_the_given_key_not_a_file(tmp_path):
+    code = "from django.conf import settings; print(settings.SECRET_KEY)"
+    done = manage("shell", "-c", code, **{**GOOD, "SF_VAR_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == GOOD["SF_SECRET_KEY"]
+    assert not (tmp_path / "secret-key").exists()
 
 
 def test_the_secure_headers_are_sent():

@@ -13,7 +13,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from jobs.auth import create_token, revoke_token
-from jobs.launcher import job_token
+from jobs.job_tokens import job_token
 from starforge.api import api as ninja_api
 from tests.jobs.api_helpers import assert_refused, submit
 from tests.jobs.test_log_ingest import attach_attempt
@@ -239,12 +239,15 @@ def few_bad_tokens(settings):
     settings.SF_TOKEN_WINDOW_S = 60
 
 
-def test_an_address_sending_unknown_tokens_gets_429_for_every_token(api, alice, few_bad_tokens):
+def test_an_address_sending_unknown_tokens_gets_429_for_them_but_not_for_a_valid_token(
+    api, alice, few_bad_tokens
+):
     secret = create_token(alice, "good")[1]
     for n in range(3):
         assert_refused(bearer(f"sf_guess{n}").get("/api/v1/me"), 401)
-    body = assert_refused(bearer(secret).get("/api/v1/me"), 429, "too many unknown tokens")
+    body = assert_refused(bearer("sf_guess3").get("/api/v1/me"), 429, "too many unknown tokens")
     assert 55 <= body["retry_after"] <= 60
+    assert bearer(secret).get("/api/v1/me").status_code == 200
     assert bearer(secret, address="10.0.0.2").get("/api/v1/me").status_code == 200
 
 
@@ -253,11 +256,14 @@ def test_forged_job_tokens_count_towards_the_same_limit(api, few_bad_tokens):
     attach_attempt(job_id, 1)
     real = job_token(job_id, 1)
     body = {"attempt": 1}
+    forged = bearer(real[:-1] + ("A" if real[-1] != "A" else "B"))
     for _ in range(3):
-        forged = bearer(real[:-1] + ("A" if real[-1] != "A" else "B"))
         assert_refused(forged.post("/api/v1/ingest/started", body, "application/json"), 401)
-    answer = bearer(real).post("/api/v1/ingest/started", body, "application/json")
+    answer = forged.post("/api/v1/ingest/started", body, "application/json")
     assert_refused(answer, 429, "try again in")
+    assert_refused(bearer("sf_guess").get("/api/v1/me"), 429, "too many unknown tokens")
+    served = bearer(real).post("/api/v1/ingest/started", body, "application/json")
+    assert served.status_code == 200, served.content  # a valid job token is never throttled
 
 
 def test_successful_and_revoked_tokens_do_not_count(api, alice, few_bad_tokens):

