@@ -454,23 +454,27 @@ def ingest_logs(request):
     }
 
 
+# The body of a runner's request that carries nothing but the attempt it is about.
+ATTEMPT_BODY_DOC = {
+    "requestBody": {
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["attempt"],
+                    "properties": {"attempt": {"type": "integer"}},
+                }
+            }
+        }
+    }
+}
+
+
 @ingest.post(
     "/started",
     response={200: StartedOut, (400, 401, 404, 410, 413, 429): ErrorOut},
     summary="The runner spawned the entrypoint: the attempt's start time, by the server's clock",
-    openapi_extra={
-        "requestBody": {
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["attempt"],
-                        "properties": {"attempt": {"type": "integer"}},
-                    }
-                }
-            }
-        }
-    },
+    openapi_extra=ATTEMPT_BODY_DOC,
 )
 def ingest_started(request):
     """Set the attempt's start time when nothing set it yet (counted once, never moved).
@@ -489,19 +493,7 @@ def ingest_started(request):
     auth=BootstrapToken(),
     response={200: TokenExchangeOut, (400, 401, 409, 410, 413, 429): ErrorOut},
     summary="Exchange the runner's one-time bootstrap credential for its job token",
-    openapi_extra={
-        "requestBody": {
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["attempt"],
-                        "properties": {"attempt": {"type": "integer"}},
-                    }
-                }
-            }
-        }
-    },
+    openapi_extra=ATTEMPT_BODY_DOC,
 )
 def exchange_bootstrap(request):
     """Once per attempt: the engines whose job specs others can read (the Ray dashboard, a pod

@@ -15,6 +15,7 @@ root) the runner stays root and starts the job under an unprivileged uid: each t
 `work/` (the run dir and HOME), `tmp/`, `metrics/` and the run's output dir are the job's (0700).
 """
 
+import contextlib
 import dataclasses
 import datetime as dt
 import fcntl
@@ -32,6 +33,7 @@ from functools import cache
 from pathlib import Path
 from typing import ClassVar
 
+import psutil
 from django.conf import settings
 
 from jobs.executors.base import (
@@ -474,39 +476,14 @@ def _launched(attempt_dir: Path) -> bool:
     )
 
 
-def _proc_table() -> dict[int, tuple[int, int, str]]:
-    """Every process as pid -> (parent pid, process group, state), from /proc."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                raw = fh.read()
-        except OSError:
-            continue
-        # The command name may hold spaces and parentheses: fields start after the last ')'.
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        try:
-            table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0].decode())
-        except (IndexError, ValueError):
-            continue
-    return table
-
-
-def descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[psutil.Process]:
     """Live (non-zombie) processes below `pid`. The runner is a child subreaper, so whatever
     its job forked, even through setsid and a double fork, stays below it while it lives."""
-    table = _proc_table()
-    children: dict[int, list[int]] = {}
-    for child, (parent, _group, _state) in table.items():
-        children.setdefault(parent, []).append(child)
-    found, todo = [], list(children.get(pid, []))
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(children.get(current, []))
-    return [p for p in found if table.get(p, (0, 0, "Z"))[2] != "Z"]
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    return [p for p in below if _alive(p)]
 
 
 def kill_tree(pid: int, rounds: int = 50) -> None:
@@ -517,16 +494,25 @@ def kill_tree(pid: int, rounds: int = 50) -> None:
         if not below:
             break
         for child in below:
-            try:
-                os.kill(child, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            with contextlib.suppress(psutil.Error):
+                child.kill()
         time.sleep(0.01)
     _signal_group(pid, signal.SIGKILL)
 
 
 def _group_alive(pgid: int) -> bool:
-    return any(g == pgid and s != "Z" for _p, g, s in _proc_table().values())
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(process.pid) == pgid and _alive(process):
+                return True
+    return False
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _signal_group(pid: int, sig: int) -> None:
