@@ -11,6 +11,7 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 
 from jobs import services
+from jobs.auth import revoke_token
 from jobs.models import (
     ApiToken,
     Attempt,
@@ -119,8 +120,14 @@ class ApiTokenAdmin(admin.ModelAdmin):
         "last_used_at",
         "expires_at",
         "revoked_at",
+        "created_by",
     )
-    readonly_fields = ("prefix", "key_hash", "created_at", "last_used_at")
+    readonly_fields = ("prefix", "key_hash", "created_at", "last_used_at", "created_by")
+
+    def save_model(self, request, obj, form, change) -> None:
+        super().save_model(request, obj, form, change)
+        if "revoked_at" in form.changed_data and obj.revoked_at is not None:
+            revoke_token(obj.user, obj.pk)  # what the token created goes with it
 
 
 class AttemptInline(admin.TabularInline):

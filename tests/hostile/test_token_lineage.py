@@ -133,3 +133,31 @@ def test_a_job_token_cannot_create_or_list_tokens(api):
     assert_refused(mint(secret), 401)
     assert_refused(bearer(secret).get("/api/v1/tokens"), 401)
     assert ApiToken.objects.count() == before
+
+
+def test_revoking_in_the_django_admin_revokes_the_children_too(alice, week_token):
+    from django.contrib.auth.models import User
+
+    parent, secret = week_token
+    child = mint(secret).json()
+    staff = User.objects.create_superuser("root-admin", password="pw")
+    admin = Client()
+    admin.force_login(staff)
+    url = f"/admin/jobs/apitoken/{parent.pk}/change/"
+    form = admin.get(url).context["adminform"].form
+    data = {k: v for k, v in form.initial.items() if v is not None and k in form.fields}
+    now = timezone.now()
+    data.update(
+        {
+            "user": alice.pk,
+            "revoked_at_0": now.strftime("%Y-%m-%d"),
+            "revoked_at_1": now.strftime("%H:%M:%S"),
+            "expires_at_0": parent.expires_at.strftime("%Y-%m-%d"),
+            "expires_at_1": parent.expires_at.strftime("%H:%M:%S"),
+        }
+    )
+    data.pop("expires_at", None)
+    data.pop("revoked_at", None)
+    response = admin.post(url, data)
+    assert response.status_code == 302, response.content[:2000]
+    assert_refused(bearer(child["secret"]).get("/api/v1/me"), 401, "revoked")
