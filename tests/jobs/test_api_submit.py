@@ -189,9 +189,7 @@ def test_an_invalid_env_var_name_is_refused_with_400(api, before, name):
     assert ledger() == before
 
 
-@pytest.mark.parametrize(
-    "name", ["SF_RUN_ID", "SF_OUTPUT_DIR", "SF_ANYTHING", "SF_JOB_TOKEN"]
-)
+@pytest.mark.parametrize("name", ["SF_RUN_ID", "SF_OUTPUT_DIR", "SF_ANYTHING", "SF_JOB_TOKEN"])
 def test_a_reserved_env_var_is_refused_with_400(api, before, name):
     response = api.post("/jobs", {"entrypoint": ["a"], "env": {name: "x"}})
     assert_refused(response, 400, name, "set by Starforge")
