@@ -21,7 +21,7 @@ The rules every write follows:
 import datetime as dt
 from collections.abc import Iterable
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from jobs.models import Attempt
 
@@ -94,9 +94,10 @@ def close(attempt: Attempt, reported_end: dt.datetime | None, now: dt.datetime, 
     return bool(closed)
 
 
-def close_open(attempt_ids: Iterable[int], now: dt.datetime, reason: str) -> int:
+def close_open(attempt_ids: Iterable[int] | QuerySet, now: dt.datetime, reason: str) -> int:
     """Close these attempts at `now` where still open (a stop, a pause, a failed launch): the
-    server's own decision, so its clock is the end. Returns how many it closed."""
-    return Attempt.objects.filter(pk__in=list(attempt_ids), end_time__isnull=True).update(
+    server's own decision, so its clock is the end. `attempt_ids` may be a subquery, so the
+    close is one statement. Returns how many it closed."""
+    return Attempt.objects.filter(pk__in=attempt_ids, end_time__isnull=True).update(
         end_time=now, end_reason=reason
     )

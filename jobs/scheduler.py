@@ -384,8 +384,7 @@ def _halt(ids: list[int], target: JobStatus, reason: str, now: dt.datetime) -> l
         target, [Change(pk, reason) for pk in ids], actor="scheduler", expected=S.active()
     )
     halted = [job.pk for job in changed]
-    current = Job.objects.filter(pk__in=halted).values_list("current_attempt", flat=True)
-    clocks.close_open([pk for pk in current if pk is not None], now, reason)
+    clocks.close_open(Job.objects.filter(pk__in=halted).values("current_attempt"), now, reason)
     Job.objects.filter(pk__in=halted).update(next_attempt_at=None)
     if target == S.STOPPED:
         for job in Job.objects.filter(pk__in=halted).only("pk", "then"):
