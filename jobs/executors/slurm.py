@@ -63,9 +63,13 @@ INGEST_EXIT = 86  # the runner's "snapshot could not be fetched; user code never
 JOB_PREFIX = "sf-"  # every Starforge backend name starts with it (scheduler.backend_name)
 # squeue -O with a "|" suffix per field: no padding, no truncation; the name goes last.
 POLL_FIELDS = "JobID:|,State:|,Reason:|,StartTime:|,EndTime:|,exit_code:|,Name:|"
-# Node states (sinfo %T) in which a node takes new jobs; down, drained, draining, reserved,
-# not responding (`idle*`), powered down (`idle~`) and the like do not count.
-USABLE_NODE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
+# Node states (sinfo %T) in which a node takes new jobs; down, drained, draining, reserved and
+# the like do not count. A flag after the state counts only when it is "-" (planned by backfill
+# for a waiting job, still schedulable); `idle*` (not responding), `idle~` (powered down) and the
+# other flags take the node out.
+USABLE_NODE_STATES = frozenset({"idle", "mixed", "allocated", "completing", "planned"})
+USABLE_NODE_FLAGS = frozenset("-")
+NODE_FLAGS = "*~#%!$@^-"
 # States that hold an allocation, for counting Starforge's own GPUs on the nodes.
 ALLOCATED_STATES = "CONFIGURING,RUNNING,COMPLETING,SUSPENDED,STOPPED,SIGNALING,RESIZING,STAGE_OUT"
 # FAILED reasons that mean the runner ran and exited (or was killed): its status is the answer.
@@ -292,14 +296,15 @@ class SlurmExecutor:
 
     def _ask_capacity(self) -> Capacity:
         try:
-            nodes = self._usable_nodes()
+            nodes, unusable = self._partition_nodes()
             ours = self._starforge_gpus(list(nodes)) if nodes else 0
         except SlurmError as exc:
             return Capacity(reachable=False, message=str(exc))
         total = sum(gpus for gpus, _ in nodes.values())
         foreign = max(0, sum(used for _, used in nodes.values()) - ours)
         where = f"partition {self.partition}" if self.partition else "the default partition"
-        message = "" if nodes else f"{where} has no usable nodes (all down, drained or absent)"
+        seen = ", ".join(unusable) if unusable else "none listed"
+        message = "" if nodes else f"{where} has no usable nodes ({seen})"
         return Capacity(reachable=True, total_gpus=max(0, total - foreign), message=message)
 
     # -- submit ------------------------------------------------------------------------------
@@ -501,12 +506,14 @@ class SlurmExecutor:
             return []
 
     # -- capacity ----------------------------------------------------------------------------
-    def _usable_nodes(self) -> dict[str, tuple[int, int]]:
-        """{node: (GPUs configured, GPUs in use)} of the partition's nodes that take jobs."""
+    def _partition_nodes(self) -> tuple[dict[str, tuple[int, int]], list[str]]:
+        """{node: (GPUs configured, GPUs in use)} of the partition's nodes that take jobs, and
+        "node state" of each one that does not (for the capacity message)."""
         args = ["sinfo", "-h", "-N", "-O", "NodeHost:|,Partition:|,StateLong:|,Gres:|,GresUsed:|"]
         if self.partition:
             args[1:1] = ["-p", self.partition]
         nodes = {}
+        unusable = []
         for line in self._slurm(args).splitlines():
             fields = line.split("|")
             if len(fields) < 5:
@@ -515,9 +522,13 @@ class SlurmExecutor:
             in_partition = (
                 partition.rstrip("*") == self.partition if self.partition else partition[-1:] == "*"
             )
-            if in_partition and state in USABLE_NODE_STATES:
+            if not in_partition:
+                continue
+            if usable_node_state(state):
                 nodes[node] = (gpu_count(gres), gpu_count(used))
-        return nodes
+            else:
+                unusable.append(f"{node} {state}")
+        return nodes, unusable
 
     def _starforge_gpus(self, nodes: list[str]) -> int:
         args = ["squeue", "-h", "--all", "-t", ALLOCATED_STATES, "-w", ",".join(nodes)]
@@ -623,6 +634,12 @@ def exit_code_of(status: int) -> int:
     if 128 < code < 128 + 65:
         return -(code - 128)
     return code
+
+
+def usable_node_state(state: str) -> bool:
+    """Whether a node in this sinfo state (`idle`, `mixed-`, `idle*`, `drained`...) takes jobs."""
+    base = state.rstrip(NODE_FLAGS)
+    return base in USABLE_NODE_STATES and set(state[len(base) :]) <= USABLE_NODE_FLAGS
 
 
 def gpu_count(gres: str) -> int:

@@ -12,7 +12,7 @@ from jobs.scheduler import admit_queued_jobs
 from tests.jobs.factories import queued_job
 
 pytestmark = pytest.mark.django_db
-DRAINED = "the default partition has no usable nodes (all down, drained or absent)"
+DRAINED = "the default partition has no usable nodes (vm drained)"
 
 
 class NoNodes:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jobs.executors import slurm as slurm_executor
-from jobs.executors.slurm import SlurmExecutor
+from jobs.executors.slurm import SlurmExecutor, usable_node_state
 from jobs.models import Cluster
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -86,11 +86,15 @@ def executor(cluster_settings) -> SlurmExecutor:
 
 @pytest.fixture
 def idle_gpus(slurm_conf) -> None:
-    """Wait until no job holds a GPU on the node (jobs of earlier tests may still complete)."""
-    deadline = time.monotonic() + 15
+    """Wait until the node takes jobs and no job holds a GPU on it (jobs of earlier tests may
+    still complete; on a loaded host slurmctld may briefly see the node as not responding)."""
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        used = slurm("sinfo", "-h", "-N", "-O", "GresUsed:|", conf=slurm_conf)
-        if all(part.startswith("gpu:0") for part in used.split("|") if part.strip()):
+        nodes = slurm("sinfo", "-h", "-N", "-O", "StateLong:|,GresUsed:|", conf=slurm_conf)
+        fields = [line.split("|") for line in nodes.splitlines() if line.strip()]
+        if fields and all(
+            usable_node_state(state) and used.startswith("gpu:0") for state, used, *_ in fields
+        ):
             return
         time.sleep(0.2)
-    raise AssertionError(f"the node's GPUs stayed busy: {used.strip()}")
+    raise AssertionError(f"the node stayed unusable or its GPUs busy: {nodes.strip()}")

@@ -237,13 +237,22 @@ def test_capacity_counts_usable_nodes_and_takes_off_foreign_load(executor, fake)
         "n2|gpu*|idle|gpu:a100:4(S:0-1)|gpu:a100:0(IDX:N/A)|\n"
         "n3|gpu*|drained|gpu:4|gpu:0|\n"
         "n4|gpu*|idle*|gpu:4|gpu:0|\n"
+        "n5|gpu*|mixed-|gpu:2|gpu:0|\n"
+        "n6|gpu*|idle~|gpu:2|gpu:0|\n"
         "n1|cpu|mixed|gpu:4|gpu:3(IDX:0-2)|\n",
     )
     # 3 GPUs in use on n1: 1 by a Starforge job, 2 by someone else's job
     fake.answer("squeue", "gres:gpu:1|sf-x-a1|\ngres/gpu:2|train-resnet|\nN/A|sf-cpu-a1|\n")
     capacity = executor.capacity()
-    assert capacity.reachable and capacity.total_gpus == 8 - 2
-    assert fake.calls[1][fake.calls[1].index("-w") + 1] == "n1,n2"
+    assert capacity.reachable and capacity.total_gpus == 10 - 2
+    assert fake.calls[1][fake.calls[1].index("-w") + 1] == "n1,n2,n5"
+
+
+def test_a_partition_without_usable_nodes_names_each_node_and_its_state(executor, fake):
+    fake.answer("sinfo", "n3|gpu*|drained|gpu:4|gpu:0|\nn4|gpu*|idle*|gpu:4|gpu:0|\n")
+    capacity = executor.capacity()
+    assert capacity.reachable and capacity.total_gpus == 0
+    assert capacity.message == "the default partition has no usable nodes (n3 drained, n4 idle*)"
 
 
 def test_a_burst_of_capacity_questions_shares_one_answer(executor, fake, monkeypatch):
