@@ -63,9 +63,9 @@ def run(var_dir: Path) -> dict:
 
 def _seed(team, cluster, user) -> list[int]:
     """JOBS queued jobs; half admitted and launched (PENDING, with their events)."""
-    from jobs.launcher import launch_attempts
+    from jobs.loops.launcher import launch_attempts
+    from jobs.loops.scheduler import admit_queued_jobs
     from jobs.models import Job, Team
-    from jobs.scheduler import admit_queued_jobs
 
     common.queue_jobs(JOBS, [team], cluster, user, prefix="c")
     Team.objects.filter(pk=team.pk).update(gpu_quota=JOBS // 2)

@@ -15,9 +15,9 @@ def run() -> dict:
     from django.db import connection
     from django.test import Client
 
-    from jobs import logstore
     from jobs.bootstrap import ensure_demo
     from jobs.models import Job, Team
+    from jobs.stores import logstore
 
     ensure_demo()
     user = User.objects.create_user("viewer", password="pw")  # not staff: the team filter applies

@@ -1,4 +1,4 @@
-"""Benchmark: reading one job's 1,000,000 metric points for its Charts tab (`jobs.metrics`).
+"""Benchmark: reading one job's 1,000,000 metric points for its Charts tab (`jobs.stores.metrics`).
 
 `.venv/bin/python bench/metrics_bench.py` — needs PostgreSQL on 127.0.0.1:5432 (as `make bench`).
 Creates its own database `sf_bench_metrics`, loads 1,000,000 train points (4 metrics of 250,000
@@ -69,8 +69,8 @@ def timed(fn) -> dict:
 
 def split_series(job_id: int) -> dict:
     """series() for x=step split into its database fetch and its LTTB share."""
-    from jobs.metrics import lttb
     from jobs.models import MetricPoint
+    from jobs.stores.metrics import lttb
 
     start = time.perf_counter()
     rows = list(
@@ -104,7 +104,7 @@ def build_rollups() -> float:
 
 def ingest(job_id: int) -> dict:
     """metrics.append, rollups included, for INGEST_POINTS points in batches of INGEST_BATCH."""
-    from jobs import metrics
+    from jobs.stores import metrics
 
     t0 = 1_700_000_000.0
     points = [
@@ -135,8 +135,8 @@ def ingest(job_id: int) -> dict:
 def measure() -> dict:
     from django.db import connection
 
-    from jobs import metrics
     from jobs.models import MetricPoint, MetricRollup
+    from jobs.stores import metrics
 
     user = common.make_user()
     cluster = common.make_cluster(8)

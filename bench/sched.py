@@ -1,8 +1,9 @@
 """Scheduler benchmarks: admission throughput, and the cost of one tick against queue depth.
 
 Both run the real code path in-process against this child's own PostgreSQL database:
-`jobs.scheduler.admit_queued_jobs()`, then `jobs.launcher.launch_attempts()` in chunks of
-`jobs.tasks.LAUNCH_CHUNK` (what the Celery `schedule_tick` / `launch` tasks do, minus the broker).
+`jobs.loops.scheduler.admit_queued_jobs()`, then `jobs.loops.launcher.launch_attempts()` in
+chunks of `jobs.tasks.LAUNCH_CHUNK` (what the Celery `schedule_tick` / `launch` tasks do, minus
+the broker).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ def throughput(n_jobs: int, quota: int) -> dict:
     """
     from django.db.models import Count, Q
 
-    from jobs.launcher import launch_attempts
+    from jobs.loops.launcher import launch_attempts
+    from jobs.loops.scheduler import admit_queued_jobs
     from jobs.models import Job
-    from jobs.scheduler import admit_queued_jobs
     from jobs.tasks import LAUNCH_CHUNK
 
     user = common.make_user()
@@ -94,7 +95,7 @@ def one_tick(depth: int, quota: int = 1) -> dict:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from jobs.scheduler import admit_queued_jobs
+    from jobs.loops.scheduler import admit_queued_jobs
 
     user = common.make_user()
     cluster = common.make_cluster(gpus=depth * 2)

@@ -3,7 +3,7 @@ running, and stopped afterwards only then).
 
 `vs_sbatch`: the same short jobs (the job-side runner running `python -c pass`, offline: no API
 server) submitted through Starforge's real path and straight with sbatch, side by side.
-Starforge: `services.submit_job` in a process of its own (as the API server would), a worker
+Starforge: `submit_job` in a process of its own (as the API server would), a worker
 thread running `launch_attempts()` on the chunks the ticks hand it (the Celery `launch` task),
 and the main thread running beat's ticks: `admit_queued_jobs()`, `reconcile_all()`, then a
 LOOP_SLEEP_S sleep. sbatch: a submitting thread runs sbatch, the main
@@ -174,10 +174,10 @@ def _poll_squeue(n, submitted, submit_all, conf):
 def _through_starforge(n: int, gpus: int, cluster, team, user) -> dict:
     from django.db import connection
 
-    from jobs.launcher import launch_attempts
+    from jobs.loops.launcher import launch_attempts
+    from jobs.loops.reconciler import reconcile_all
+    from jobs.loops.scheduler import admit_queued_jobs
     from jobs.models import Attempt, Job, JobEvent
-    from jobs.reconciler import reconcile_all
-    from jobs.scheduler import admit_queued_jobs
     from jobs.tasks import LAUNCH_CHUNK
 
     launches: queue.Queue[list[int] | None] = queue.Queue()
@@ -250,16 +250,17 @@ def submit_jobs(n: int, gpus: int) -> None:
     django.setup()
     from django.contrib.auth.models import User
 
-    from jobs import services
+    from jobs import kick
+    from jobs.actions.submit import submit_job
     from jobs.schemas import JobIn
 
-    services.kick_scheduler = lambda: None  # no broker here: the bench's loop is the tick
+    kick.scheduler = lambda: None  # no broker here: the bench's loop is the tick
     user = User.objects.get(username="bench")
     spec = JobIn(entrypoint=["python", "-c", "pass"], gpus=gpus)
     submitted = {}
     for _ in range(n):
         t = time.time()
-        submitted[services.submit_job(user, spec).pk] = t
+        submitted[submit_job(user, spec).pk] = t
     print(json.dumps(submitted))
 
 
@@ -342,8 +343,8 @@ def _one_tick(cluster) -> dict:
     from django.test.utils import CaptureQueriesContext
 
     from jobs.executors import slurm as slurm_executor
+    from jobs.loops.reconciler import reconcile_cluster
     from jobs.models import Job
-    from jobs.reconciler import reconcile_cluster
 
     commands: list[str] = []
     real = slurm_executor._run_command

@@ -1,7 +1,7 @@
 """Django admin: clusters, teams and quotas, windows, tokens; jobs are read-only here.
 
-Deleting a job here goes through `jobs.services.delete_job`, like the API: an active or queued
-job is refused (stop it first), and its logs and last-referenced snapshot go with it.
+Deleting a job here goes through `jobs.actions.control.delete_job`, like the API: an active or
+queued job is refused (stop it first), and its logs and last-referenced snapshot go with it.
 """
 
 from django.contrib import admin, messages
@@ -10,7 +10,7 @@ from django.contrib.admin.utils import unquote
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 
-from jobs import services
+from jobs.actions import control
 from jobs.auth import revoke_token
 from jobs.models import (
     ApiToken,
@@ -163,11 +163,11 @@ class JobAdmin(admin.ModelAdmin):
         return super().delete_view(request, object_id, extra_context)
 
     def delete_model(self, request, obj: Job) -> None:
-        services.delete_job(request.user, obj.pk)
+        control.delete_job(request.user, obj.pk)
 
     def delete_queryset(self, request, queryset) -> None:
         for pk in queryset.order_by("pk").values_list("pk", flat=True):
-            services.delete_job(request.user, pk)
+            control.delete_job(request.user, pk)
 
     def get_actions(self, request):
         actions = super().get_actions(request)

@@ -1,6 +1,6 @@
 """Ledger models: teams, clusters, tokens, jobs, attempts, the event timeline, log streams.
 
-`Job.status` is written only by `jobs.transitions`; everything else reads it.
+`Job.status` is written only by `jobs.ledger.transitions`; everything else reads it.
 """
 
 import datetime as dt
@@ -65,9 +65,20 @@ class Cluster(models.Model):
     unreachable_reason = models.TextField(blank=True, editable=False)
     poll_failing_since = models.DateTimeField(null=True, blank=True, editable=False)
     poll_error = models.TextField(blank=True, editable=False)
+    # Whether its GPUs are counted slots rather than devices, as the scheduler last saw; None
+    # until it has asked. Job reads show it from here: a read never asks an engine.
+    gpus_virtual = models.BooleanField(null=True, editable=False)
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def virtual_gpus(self) -> bool:
+        """Counted GPU slots, not devices: as last seen, else what the kind has out of the box
+        (the local executor counts slots on a host without an NVIDIA driver)."""
+        if self.gpus_virtual is not None:
+            return self.gpus_virtual
+        return self.kind in (self.Kind.LOCAL, self.Kind.NOOP)
 
     def clean(self) -> None:
         from django.core.exceptions import ValidationError

@@ -1,4 +1,5 @@
-"""The ledger's eight job states and the table of allowed transitions.
+"""The ledger's eight job states, the table of allowed transitions, and which control verb a
+person may use from which state (docs/ARCHITECTURE.md, "States").
 
     QUEUED ──► SUBMITTED ──► PENDING ──► RUNNING ──► SUCCEEDED
       ▲  │         │  │         │           │
@@ -7,8 +8,10 @@
       │                                     ▼
       └──────── retry/resume ◄── FAILED / STOPPED / PAUSED
 
-The table below is the contract; the diagram is a reading aid.
+The tables below are the contract; the diagram is a reading aid.
 """
+
+from dataclasses import dataclass
 
 from django.db import models
 
@@ -33,7 +36,8 @@ class JobStatus(models.TextChoices):
 
     @classmethod
     def active(cls) -> frozenset["JobStatus"]:
-        """States that hold a quota slot (and, from PENDING on, GPUs)."""
+        """States that hold a quota slot (and, from PENDING on, GPUs): a launch is in flight or
+        the job is on its cluster, so a stop or a pause must cancel it there."""
         return frozenset({cls.SUBMITTED, cls.PENDING, cls.RUNNING})
 
     @classmethod
@@ -42,16 +46,8 @@ class JobStatus(models.TextChoices):
         return frozenset({cls.SUCCEEDED, cls.FAILED, cls.STOPPED, cls.PAUSED})
 
     @classmethod
-    def holds_quota(cls) -> frozenset["JobStatus"]:
-        return cls.active()
-
-    @classmethod
     def holds_gpus(cls) -> frozenset["JobStatus"]:
         return frozenset({cls.PENDING, cls.RUNNING})
-
-    @classmethod
-    def metered(cls) -> frozenset["JobStatus"]:
-        return frozenset({cls.RUNNING})
 
 
 S = JobStatus
@@ -69,3 +65,32 @@ ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
 
 def is_allowed(current: str, target: str) -> bool:
     return JobStatus(target) in ALLOWED_TRANSITIONS[JobStatus(current)]
+
+
+def sources(target: JobStatus) -> frozenset[JobStatus]:
+    """The states the table allows to move to `target`."""
+    return frozenset(state for state, targets in ALLOWED_TRANSITIONS.items() if target in targets)
+
+
+@dataclass(frozen=True)
+class Verb:
+    """A control verb: the state it moves a job to (None: `delete` removes the row) and the
+    states it is allowed from. The API and the console's buttons read it, and the refusals
+    the CLI prints are written from it."""
+
+    name: str
+    target: JobStatus | None
+    allowed_from: frozenset[JobStatus]
+
+
+VERBS: dict[str, Verb] = {
+    # stop and pause: wherever the table allows their target (stop cancels a pending
+    # automatic retry of a FAILED job, and ends a PAUSED one for good)
+    "stop": Verb("stop", S.STOPPED, sources(S.STOPPED)),
+    "pause": Verb("pause", S.PAUSED, sources(S.PAUSED)),
+    # resume and retry both requeue; which one applies depends on where the job is
+    "resume": Verb("resume", S.QUEUED, frozenset({S.PAUSED})),
+    "retry": Verb("retry", S.QUEUED, frozenset({S.FAILED, S.STOPPED})),
+    # delete: only what nothing runs for and nothing waits to admit
+    "delete": Verb("delete", None, frozenset({S.SUCCEEDED, S.FAILED, S.STOPPED, S.PAUSED})),
+}

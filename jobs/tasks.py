@@ -4,10 +4,10 @@ import time
 
 from celery import shared_task
 
-from jobs import tickstats
-from jobs.launcher import launch_attempts
-from jobs.reconciler import reconcile_all
-from jobs.scheduler import MAX_ADMIT_PER_TICK, admit_queued_jobs
+from jobs.loops import tickstats
+from jobs.loops.launcher import launch_attempts
+from jobs.loops.reconciler import reconcile_all
+from jobs.loops.scheduler import MAX_ADMIT_PER_TICK, admit_queued_jobs
 
 LAUNCH_CHUNK = 200
 

@@ -5,7 +5,7 @@ removes members, changes roles and sets the team's defaults. Quotas are staff's 
 the Django admin. API and console both come through here.
 
 Each change locks the team row first, so two admins demoting each other at once cannot leave
-a team without an admin. Live pages a change concerns are told after commit (`jobs.live`), so
+a team without an admin. Live pages a change concerns are told after commit (`jobs.broadcast`), so
 a removed member's open websockets stop at once rather than at their next reconnect.
 """
 
@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Prefetch, QuerySet
 
-from jobs import live
+from jobs import broadcast
 from jobs.errors import BadRequest, Conflict, Forbidden, NotFound
 from jobs.models import Cluster, Membership, ScheduleWindow, Team
 
@@ -226,4 +226,4 @@ def _keep_an_admin(team: Team, username: str, change: str) -> None:
 
 def _membership_changed(actor: User, team: Team, user: User, what: str) -> None:
     log.info("team %s: %s %s by %s", team.name, user.username, what, actor.username)
-    live.publish_membership_changed(user.pk)
+    broadcast.publish_membership_changed(user.pk)

@@ -17,7 +17,7 @@ from django.conf import settings  # noqa: E402
 from django.http.request import split_domain_port, validate_host  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from jobs.consumers import JobConsumer, JobListConsumer  # noqa: E402
+from jobs.console.consumers import JobConsumer, JobListConsumer  # noqa: E402
 
 log = logging.getLogger(__name__)
 

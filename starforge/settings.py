@@ -213,7 +213,7 @@ SF_METRIC_BATCH_MAX_POINTS = _env_int("SF_METRIC_BATCH_MAX_POINTS", 20000)
 SF_INGEST_MAX_BODY_BYTES = _env_int("SF_INGEST_MAX_BODY_MB", 16) * 1024 * 1024
 SF_LOG_PAGE_MAX_LINES = 50000
 # Per-attempt caps on what a job may store; past them lines and points are dropped, with one
-# note in the log and on the timeline (jobs.logstore, jobs.metrics).
+# note in the log and on the timeline (jobs.stores.logstore, jobs.stores.metrics).
 SF_ATTEMPT_MAX_LOG_BYTES = _env_int("SF_ATTEMPT_MAX_LOG_MB", 1024) * 1024 * 1024
 SF_ATTEMPT_MAX_METRIC_POINTS = _env_int("SF_ATTEMPT_MAX_METRIC_POINTS", 5_000_000)
 # Brute-force throttles (jobs.throttle): failed sign-ins per username and address, unknown

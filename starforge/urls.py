@@ -2,8 +2,9 @@ from django.contrib import admin
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
 
-from jobs import team_views, throttle, views
-from jobs.prometheus import metrics_view
+from jobs import throttle
+from jobs.api.prometheus import metrics_view
+from jobs.console import teams, views
 from metering.views import usage_page
 from starforge.api import api
 
@@ -14,20 +15,20 @@ urlpatterns = [
     path("states/", views.states_help, name="states"),
     path("usage/", usage_page, name="usage"),
     path("metrics", metrics_view, name="metrics"),
-    path("teams/", team_views.team_list, name="teams"),
-    path("teams/<slug:name>/", team_views.team_detail, name="team-detail"),
-    path("teams/<slug:name>/members/", team_views.member_add, name="team-member-add"),
+    path("teams/", teams.team_list, name="teams"),
+    path("teams/<slug:name>/", teams.team_detail, name="team-detail"),
+    path("teams/<slug:name>/members/", teams.member_add, name="team-member-add"),
     path(
         "teams/<slug:name>/members/<str:username>/role/",
-        team_views.member_role,
+        teams.member_role,
         name="team-member-role",
     ),
     path(
         "teams/<slug:name>/members/<str:username>/remove/",
-        team_views.member_remove,
+        teams.member_remove,
         name="team-member-remove",
     ),
-    path("teams/<slug:name>/defaults/", team_views.team_defaults, name="team-defaults"),
+    path("teams/<slug:name>/defaults/", teams.team_defaults, name="team-defaults"),
     path("tokens/", views.token_list, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token-revoke"),
     # The console's own assets (Plotly's bundle included) are served by the app: it works

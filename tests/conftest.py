@@ -1,10 +1,13 @@
 """Fixtures shared by the server suites: isolated storage dirs, teams, users, tokens, clusters."""
 
+from contextlib import ExitStack
+
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs.auth import issue_token
+from jobs.executors import override
 from jobs.models import Cluster, Membership, Team
 from tests.access import let_jobs_reach_the_interpreter, let_jobs_through
 
@@ -109,3 +112,12 @@ def _fresh_throttle_counts(settings, request):
             "LOCATION": f"throttle-{request.node.nodeid}",
         },
     }
+
+
+@pytest.fixture
+def use_executor():
+    """`use_executor(fake)`: every executor lookup answers `fake` for the rest of the test
+    (`use_executor(fake, cluster)`: only that cluster's). A fake is an executor object or a
+    callable that makes one from the cluster; see `jobs.executors.override`."""
+    with ExitStack() as stack:
+        yield lambda executor, cluster=None: stack.enter_context(override(cluster, executor))

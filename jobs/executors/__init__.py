@@ -7,6 +7,15 @@ from jobs.executors.base import (
     LaunchSpec,
     Observation,
     executor_for,
+    override,
 )
 
-__all__ = ["Capacity", "Executor", "LaunchError", "LaunchSpec", "Observation", "executor_for"]
+__all__ = [
+    "Capacity",
+    "Executor",
+    "LaunchError",
+    "LaunchSpec",
+    "Observation",
+    "executor_for",
+    "override",
+]

@@ -127,7 +127,7 @@ GPU_VISIBILITY_VARS = frozenset(
 )
 
 
-# The runner's own credentials (jobs.launcher.runner_credentials): engines whose job specs
+# The runner's own credentials (jobs.loops.launcher.runner_credentials): engines whose job specs
 # others can read get a one-time bootstrap credential instead, and never carry these.
 RUNNER_SECRETS = frozenset({"SF_JOB_TOKEN", "SF_RECORD_KEY"})
 
@@ -255,7 +255,36 @@ def validate_cluster_settings(kind: str, settings: object) -> dict:
     return settings
 
 
+# The one test seam: what `override` put in place of the real engines, by cluster id (None: all).
+_overrides: dict[int | None, Any] = {}
+
+
+@contextmanager
+def override(cluster: "Cluster | None", executor: Any) -> Iterator[None]:
+    """Within the block, `executor_for` answers `executor` for this cluster (None: for every
+    cluster): an executor object, or a callable that makes one from the cluster (a class).
+
+    Tests put fakes here rather than patching each caller, so a new caller of `executor_for`
+    cannot reach a real engine unnoticed.
+    """
+    key = None if cluster is None else cluster.pk
+    had, previous = key in _overrides, _overrides.get(key)
+    _overrides[key] = executor
+    try:
+        yield
+    finally:
+        if had:
+            _overrides[key] = previous
+        else:
+            del _overrides[key]
+
+
 def executor_for(cluster: "Cluster") -> Executor:
+    if _overrides:
+        found = _overrides.get(cluster.pk, _overrides.get(None))
+        if found is not None:
+            made = found if hasattr(found, "poll") and not isinstance(found, type) else None
+            return made if made is not None else found(cluster)
     try:
         cls = executor_class(cluster.kind)
     except LaunchError as exc:

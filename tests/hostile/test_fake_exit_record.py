@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 
-from jobs import services
+from jobs.actions import control
 from jobs.executors.local import LocalExecutor
+from jobs.loops.reconciler import reconcile_all
 from jobs.models import Job
-from jobs.reconciler import reconcile_all
 from jobs.states import JobStatus
 from tests.jobs.test_local_executor import (  # noqa: F401 (fixtures)
     _api_for_runners,
@@ -89,7 +89,7 @@ def test_stop_ends_a_job_that_faked_its_exit_and_hid_a_process(team, alice, loca
     detached = int((work / "detached.pid").read_text())
     record = json.loads((work.parent / "exit.json").read_text())
     assert record["exit_code"] == 0 and "mac" not in record  # the job's own, unsigned
-    services.stop_job(User.objects.get(username="alice"), job.pk)
+    control.stop_job(User.objects.get(username="alice"), job.pk)
     executor = LocalExecutor(local_cluster)
     deadline = time.monotonic() + 40
     # The runner ends every process of the job before it writes its signed exit record: the

@@ -13,8 +13,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs import logstore
 from jobs.models import JobEvent, LogStream, MetricPoint
+from jobs.stores import logstore
 from tests.jobs.api_helpers import submit
 from tests.jobs.test_log_ingest import attach_attempt, make_lines, runner, send_lines, stored
 from tests.jobs.test_metrics import make_points, send_points
@@ -171,7 +171,7 @@ def test_the_series_read_sees_only_stored_points(job_id, settings, api):
 
 
 def test_the_defaults_are_generous():
-    from jobs import metrics
+    from jobs.stores import metrics
 
     assert logstore.max_log_bytes() >= 1024 * 2**20
     assert metrics.max_points() >= 5_000_000

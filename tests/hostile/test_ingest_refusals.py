@@ -17,10 +17,10 @@ from django.core import signing
 from django.test import Client
 from django.utils import timezone
 
-from jobs import logstore
-from jobs.api import INGEST_GRACE_S
+from jobs.api.ingest import INGEST_GRACE_S
 from jobs.job_tokens import BOOTSTRAP_SALT, JOB_TOKEN_SALT, job_token
 from jobs.models import Attempt, Job, JobEvent, LogStream, MetricPoint
+from jobs.stores import logstore
 from tests.jobs.api_helpers import assert_refused, submit
 from tests.jobs.test_log_ingest import attach_attempt
 

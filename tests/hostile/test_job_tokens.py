@@ -9,9 +9,10 @@ from django.core import signing
 from django.test import Client
 from django.utils import timezone
 
-from jobs import clocks, launcher
-from jobs.api import INGEST_GRACE_S
+from jobs.api.ingest import INGEST_GRACE_S
 from jobs.job_tokens import BOOTSTRAP_SALT, JOB_TOKEN_SALT, bootstrap_token_for, job_token
+from jobs.ledger import clocks
+from jobs.loops import launcher
 from jobs.models import Attempt, Cluster, Job
 from tests.jobs.api_helpers import assert_refused, submit
 from tests.jobs.test_log_ingest import attach_attempt

@@ -42,12 +42,12 @@ from schemathesis.specs.openapi.checks import (
 )
 
 import jobs.api
-from jobs import logstore, metrics
 from jobs.auth import create_token
 from jobs.job_tokens import job_token
 from jobs.models import JobEvent
-from jobs.snapshots import store_snapshot
 from jobs.states import JobStatus
+from jobs.stores import logstore, metrics
+from jobs.stores.snapshots import store_snapshot
 from starforge.api import api
 from tests.jobs.factories import place, queued_job, with_attempt
 

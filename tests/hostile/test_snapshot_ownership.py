@@ -19,7 +19,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from jobs.models import Job, Snapshot, SnapshotOwner
-from jobs.snapshots import snapshot_path
+from jobs.stores.snapshots import snapshot_path
 from tests.conftest import ApiClient
 from tests.jobs.api_helpers import assert_refused
 
@@ -281,7 +281,7 @@ def test_two_uploads_at_once_cannot_both_pass_the_quota(make_team, make_user, se
 
     from django.db import connections
 
-    from jobs.snapshots import SnapshotRefused, store_snapshot
+    from jobs.stores.snapshots import SnapshotRefused, store_snapshot
 
     team = make_team("vision")
     team.snapshot_quota_mb = 1

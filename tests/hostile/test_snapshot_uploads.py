@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from jobs.models import Snapshot
-from jobs.snapshots import HEADROOM_BYTES, SnapshotRefused, validate_archive
+from jobs.stores.snapshots import HEADROOM_BYTES, SnapshotRefused, validate_archive
 from tests.jobs.test_snapshots import entry as tar_entry
 from tests.jobs.test_snapshots import tar_gz as pack_entries
 

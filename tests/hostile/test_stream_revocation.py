@@ -17,9 +17,9 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
+from jobs.ledger.transitions import transition
 from jobs.models import Membership
 from jobs.states import JobStatus
-from jobs.transitions import transition
 from tests.jobs.factories import queued_job
 from tests.jobs.test_live import session_of, signed_in, socket
 

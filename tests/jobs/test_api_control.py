@@ -3,7 +3,7 @@
 import pytest
 
 from jobs.models import Attempt, Job, JobEvent
-from jobs.snapshots import snapshot_path
+from jobs.stores.snapshots import snapshot_path
 from tests.jobs.api_helpers import assert_refused, submit, upload_snapshot
 
 pytestmark = pytest.mark.django_db

@@ -5,7 +5,7 @@ from django.test import Client
 
 from jobs.auth import hash_token, issue_token
 from jobs.models import ApiToken, Cluster, Job, JobEvent, ScheduleWindow
-from jobs.snapshots import snapshot_path
+from jobs.stores.snapshots import snapshot_path
 from tests.jobs.api_helpers import assert_refused, upload_snapshot
 
 pytestmark = pytest.mark.django_db

@@ -5,13 +5,13 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from jobs import services
+from jobs.actions import control
 from jobs.executors import LaunchError, Observation
-from jobs.launcher import launch_attempts
-from jobs.lifecycle import requeue_due_retries
+from jobs.ledger.lifecycle import requeue_due_retries
+from jobs.loops.launcher import launch_attempts
+from jobs.loops.reconciler import reconcile_all
+from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job, JobEvent
-from jobs.reconciler import reconcile_all
-from jobs.scheduler import admit_queued_jobs
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job
 
@@ -99,7 +99,7 @@ def test_lost_on_backend_is_retried(backend, team, alice, settings):
 
 def test_stop_cancels_a_pending_automatic_retry(backend, team, alice):
     job = run_and_fail(backend, queued_job(team, alice, max_retries=2, retry_cooldown_s=5))
-    services.stop_job(alice, job.pk)
+    control.stop_job(alice, job.pk)
     job.refresh_from_db()
     assert (job.status, job.next_attempt_at) == (S.STOPPED, None)
     assert requeue_due_retries(later(600)) == []
@@ -108,7 +108,7 @@ def test_stop_cancels_a_pending_automatic_retry(backend, team, alice):
 
 def test_manual_retry_supersedes_the_pending_automatic_one(backend, team, alice):
     job = run_and_fail(backend, queued_job(team, alice, max_retries=2, retry_cooldown_s=60))
-    services.retry_job(alice, job.pk)
+    control.retry_job(alice, job.pk)
     job.refresh_from_db()
     assert (job.status, job.retry_count, job.next_attempt_at) == (S.QUEUED, 1, None)
 

@@ -6,9 +6,8 @@ Found by the chaos suite: after a slurmctld crash Slurm drained its node, and jo
 
 import pytest
 
-from jobs import scheduler
 from jobs.executors import Capacity
-from jobs.scheduler import admit_queued_jobs
+from jobs.loops.scheduler import admit_queued_jobs
 from tests.jobs.factories import queued_job
 
 pytestmark = pytest.mark.django_db
@@ -20,10 +19,12 @@ class NoNodes:
         return Capacity(reachable=True, total_gpus=0, message=DRAINED)
 
 
-def test_the_capacity_wait_carries_the_executors_message(make_team, make_user, monkeypatch):
+def test_the_capacity_wait_carries_the_executors_message(
+    use_executor, make_team, make_user, monkeypatch
+):
     team = make_team("vision", gpu_quota=4)
     job = queued_job(team, make_user("bob", team), gpus=1)
-    monkeypatch.setattr(scheduler, "executor_for", lambda cluster: NoNodes())
+    use_executor(lambda cluster: NoNodes())
     admit_queued_jobs()
     job.refresh_from_db()
     assert job.status_reason == (

@@ -5,13 +5,14 @@ import datetime as dt
 import pytest
 from django.core.management import CommandError, call_command
 
-from jobs import services
+from jobs.actions import control
+from jobs.actions.submit import submit_job
 from jobs.executors import Observation
-from jobs.launcher import launch_attempts
-from jobs.ledgercheck import violations
+from jobs.loops.launcher import launch_attempts
+from jobs.loops.reconciler import reconcile_all
+from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job, JobEvent
-from jobs.reconciler import reconcile_all
-from jobs.scheduler import admit_queued_jobs
+from jobs.reads.ledgercheck import violations
 from jobs.schemas import JobIn
 from jobs.states import JobStatus
 from metering.models import UsageRecord
@@ -28,7 +29,7 @@ def ran_ledger(backend, team, alice, make_user):
     one paused, one still queued behind the quota, one running."""
     team.gpu_quota = 3
     team.save()
-    jobs = [services.submit_job(alice, JobIn(entrypoint=["true"], gpus=1)) for _ in range(4)]
+    jobs = [submit_job(alice, JobIn(entrypoint=["true"], gpus=1)) for _ in range(4)]
     launch_attempts(admit_queued_jobs().admitted)
     refs = list(Attempt.objects.order_by("pk").values_list("job_ref", flat=True))
     start = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
@@ -36,7 +37,7 @@ def ran_ledger(backend, team, alice, make_user):
     backend.states[refs[1]] = Observation("BAD", exit_code=3, start_time=start)
     backend.states[refs[2]] = Observation("RUN", start_time=start)
     reconcile_all()
-    services.pause_job(alice, jobs[2].pk)
+    control.pause_job(alice, jobs[2].pk)
     launch_attempts(admit_queued_jobs().admitted)  # the fourth job takes the freed GPUs
     meter_ended()
     return jobs
@@ -128,7 +129,6 @@ def test_tampered_usage_records_are_reported(ran_ledger):
 def test_a_backend_object_alive_behind_a_closed_attempt_is_an_orphan(
     backend, team, alice, monkeypatch, settings
 ):
-    monkeypatch.setattr("jobs.ledgercheck.executor_for", backend)
     ended = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=settings.SF_LOST_GRACE_S + 5)
     orphan, gone = queued_job(team, alice), queued_job(team, alice)
     for job, ref in ((orphan, "ref-1"), (gone, "ref-2")):
@@ -149,7 +149,6 @@ def test_a_backend_object_alive_behind_a_closed_attempt_is_an_orphan(
 def test_a_backend_object_no_attempt_accounts_for_is_an_orphan(
     backend, team, alice, monkeypatch, settings
 ):
-    monkeypatch.setattr("jobs.ledgercheck.executor_for", backend)
     grace = dt.timedelta(seconds=settings.SF_LOST_GRACE_S)
     now = dt.datetime.now(dt.UTC)
     running, recent, unrecorded = (queued_job(team, alice) for _ in range(3))

@@ -6,7 +6,7 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from jobs import clocks
+from jobs.ledger import clocks
 from jobs.models import Attempt
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job, with_attempt

@@ -1,10 +1,10 @@
-"""Invariant 7: nothing but jobs/clocks.py writes an attempt's start or end, or opens one."""
+"""Invariant 7: nothing but jobs/ledger/clocks.py writes an attempt's start or end, or opens one."""
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OWNER = "jobs/clocks.py"
+OWNER = "jobs/ledger/clocks.py"
 CLOCKS = {"start_time", "end_time"}
 WRITING_CALLS = {"update", "create", "get_or_create", "update_or_create", "bulk_update"}
 

@@ -13,12 +13,13 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from jobs import diagnostics, scheduler
-from jobs.executors import Capacity, Observation
+from jobs.executors import Capacity, Observation, override
 from jobs.executors.base import KINDS, executor_class, validate_cluster_settings
-from jobs.launcher import launch_spec
+from jobs.loops import scheduler
+from jobs.loops.launcher import launch_spec
+from jobs.loops.reconciler import reconcile_all
 from jobs.models import Attempt, Cluster, Job, JobEvent, Team
-from jobs.reconciler import reconcile_all
+from jobs.reads import diagnostics
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job, with_attempt
 
@@ -107,12 +108,10 @@ class Unreachable:
         return Capacity(reachable=False, message="slurmctld at 10.0.0.5:6817 refused")
 
 
-def test_an_unreachable_cluster_admits_nothing_and_diagnostics_says_so(
-    monkeypatch, team, alice, local_cluster
-):
-    monkeypatch.setattr(scheduler, "executor_for", Unreachable)
+def test_an_unreachable_cluster_admits_nothing_and_diagnostics_says_so(team, alice, local_cluster):
     job = queued_job(team, alice)
-    scheduler.admit_queued_jobs()
+    with override(None, Unreachable):
+        scheduler.admit_queued_jobs()
     job.refresh_from_db()
     assert job.status == S.QUEUED
     assert "cannot be reached (slurmctld at 10.0.0.5:6817 refused)" in job.status_reason
@@ -121,7 +120,7 @@ def test_an_unreachable_cluster_admits_nothing_and_diagnostics_says_so(
     text = " ".join(diagnostics.explain(job))
     assert "Cluster local cannot be reached" in text and "Nothing is admitted" in text
 
-    monkeypatch.undo()  # the engine answers again: the health clears at the next tick
+    # the engine answers again: the health clears at the next tick
     scheduler.admit_queued_jobs()
     local_cluster.refresh_from_db()
     assert local_cluster.unreachable_since is None and local_cluster.unreachable_reason == ""

@@ -31,7 +31,7 @@ def test_prune_snapshots_keeps_what_a_live_or_recent_job_needs(api, team, alice)
     from django.utils import timezone
 
     from jobs.models import Job, Snapshot
-    from jobs.snapshots import snapshot_path
+    from jobs.stores.snapshots import snapshot_path
     from tests.jobs.api_helpers import upload_snapshot
     from tests.jobs.factories import place, queued_job
 

@@ -6,9 +6,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from jobs import logstore
 from jobs.models import Job
 from jobs.states import JobStatus
+from jobs.stores import logstore
 from tests.jobs.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
@@ -108,7 +108,7 @@ def test_retry_button_is_disabled_with_the_reason_when_the_snapshot_is_gone(api,
     Snapshot.objects.filter(pk=sha).update(deleted_reason="with `prune_snapshots`")
     job = job_in("FAILED", team, alice)
     Job.objects.filter(pk=job.pk).update(snapshot_id=sha)
-    from jobs.snapshots import snapshot_path
+    from jobs.stores.snapshots import snapshot_path
 
     snapshot_path(sha).unlink()
     page = signed_in(alice).get(f"/jobs/{job.pk}/").content.decode()

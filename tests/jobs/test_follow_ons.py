@@ -13,12 +13,13 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from jobs import lifecycle, services
+from jobs import kick
 from jobs.executors import Observation
-from jobs.launcher import launch_attempts, launch_spec
+from jobs.ledger import lifecycle
+from jobs.loops.launcher import launch_attempts, launch_spec
+from jobs.loops.reconciler import reconcile_all
+from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Job, JobEvent
-from jobs.reconciler import reconcile_all
-from jobs.scheduler import admit_queued_jobs
 from jobs.states import JobStatus
 from tests.jobs.api_helpers import assert_refused
 from tests.jobs.factories import with_attempt
@@ -40,7 +41,7 @@ entrypoint = ["python", "export.py"]
 def kicks(monkeypatch) -> list[str]:
     """Record scheduler kicks instead of sending a Celery task to a broker."""
     sent: list[str] = []
-    monkeypatch.setattr(services, "kick_scheduler", lambda: sent.append("tick"))
+    monkeypatch.setattr(kick, "scheduler", lambda: sent.append("tick"))
     return sent
 
 
@@ -362,9 +363,7 @@ def test_after_success_fills_in_only_the_missing_children(parent, backend):
 
 
 def test_children_are_admitted_and_launched_like_any_job(parent, backend, monkeypatch):
-    from jobs import scheduler
 
-    monkeypatch.setattr(scheduler, "executor_for", backend)
     end(backend, "OK", 0)
     launch_attempts(admit_queued_jobs().admitted)
     made = children(parent)

@@ -8,9 +8,9 @@ import datetime as dt
 
 import pytest
 
-from jobs import services
+from jobs.actions import control
+from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt
-from jobs.scheduler import admit_queued_jobs
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job
 
@@ -18,21 +18,21 @@ pytestmark = pytest.mark.django_db
 S = JobStatus
 
 
-@pytest.mark.parametrize("halt", [services.pause_job, services.stop_job])
+@pytest.mark.parametrize("halt", [control.pause_job, control.stop_job])
 def test_a_halt_that_races_admission_closes_the_new_attempt(
     halt, make_team, make_user, noop_cluster, monkeypatch
 ):
     team = make_team("nlp", gpu_quota=4, cluster=noop_cluster)
     ann = make_user("ann", team, role="admin")
     job = queued_job(team, ann, gpus=1)
-    checked = services._controllable
+    checked = control._controllable
 
     def admitted_meanwhile(user, job_id):
         found = checked(user, job_id)  # the job as the request saw it: QUEUED, no attempt
         admit_queued_jobs(dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC))
         return found
 
-    monkeypatch.setattr(services, "_controllable", admitted_meanwhile)
+    monkeypatch.setattr(control, "_controllable", admitted_meanwhile)
     halt(ann, job.pk)
 
     job.refresh_from_db()

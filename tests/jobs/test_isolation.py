@@ -21,11 +21,11 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
-from jobs import logstore, metrics
 from jobs.auth import create_token
+from jobs.ledger.transitions import transition
 from jobs.models import ApiToken, Job, JobEvent, Membership, Team
 from jobs.states import JobStatus
-from jobs.transitions import transition
+from jobs.stores import logstore, metrics
 from starforge.api import api as ninja_api
 from starforge.asgi import websocket_urlpatterns
 from tests.jobs.factories import queued_job, with_attempt

@@ -10,10 +10,11 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from jobs import logstore, services
+from jobs import kick
 from jobs.models import Attempt, Job, JobEvent, LogStream, Snapshot
-from jobs.snapshots import snapshot_path
 from jobs.states import JobStatus
+from jobs.stores import logstore
+from jobs.stores.snapshots import snapshot_path
 from tests.jobs.api_helpers import assert_refused, submit
 from tests.jobs.factories import place, with_attempt
 
@@ -29,7 +30,7 @@ ONLY_FAILED_OR_STOPPED = "only FAILED or STOPPED jobs can be retried"
 def kicks(monkeypatch) -> list[str]:
     """Record scheduler kicks instead of sending a Celery task to a broker."""
     sent: list[str] = []
-    monkeypatch.setattr(services, "kick_scheduler", lambda: sent.append("tick"))
+    monkeypatch.setattr(kick, "scheduler", lambda: sent.append("tick"))
     return sent
 
 

@@ -3,11 +3,11 @@
 import pytest
 
 from jobs.executors import LaunchError
-from jobs.launcher import launch_attempts
+from jobs.ledger.transitions import transition
+from jobs.loops.launcher import launch_attempts
+from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job
-from jobs.scheduler import admit_queued_jobs
 from jobs.states import JobStatus
-from jobs.transitions import transition
 from tests.jobs.factories import queued_job
 
 pytestmark = pytest.mark.django_db
@@ -64,7 +64,7 @@ def test_stop_while_launching_cancels_what_was_launched(
     transition(job.pk, S.STOPPED, actor="alice")
     with django_capture_on_commit_callbacks(execute=True):
         # the launch task read the attempt before the stop landed
-        from jobs import launcher
+        from jobs.loops import launcher
 
         outcome = launcher._launch_one(
             Attempt.objects.select_related("job__cluster").get(pk=attempt.pk)
@@ -81,8 +81,8 @@ def test_a_late_launch_task_does_not_take_back_an_attempt_the_reconciler_adopted
 
     from django.utils import timezone
 
-    from jobs import launcher
-    from jobs.reconciler import reconcile_all
+    from jobs.loops import launcher
+    from jobs.loops.reconciler import reconcile_all
 
     job, attempt = admitted(team, alice)
     outcome = launcher._launch_one(

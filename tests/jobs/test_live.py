@@ -14,9 +14,9 @@ from channels.db import database_sync_to_async
 from django.middleware.csrf import _get_new_csrf_string
 from django.test import Client
 
-from jobs import logstore
+from jobs.ledger.transitions import transition
 from jobs.states import JobStatus
-from jobs.transitions import transition
+from jobs.stores import logstore
 from starforge.asgi import application
 from tests.jobs.factories import queued_job
 

@@ -11,7 +11,7 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 from redis import Redis
 
-from jobs import live
+from jobs import broadcast
 
 PREFIX = "sf-test-live-publish"
 
@@ -38,20 +38,22 @@ def clear_keys() -> None:
 
 def statuses(n: int, team: int = 1) -> list[dict]:
     now = timezone.now()
-    return [live.status_message(i, team, "SUBMITTED", "PENDING", "launched", now) for i in range(n)]
+    return [
+        broadcast.status_message(i, team, "SUBMITTED", "PENDING", "launched", now) for i in range(n)
+    ]
 
 
 def test_the_jobs_group_gets_a_ticks_changes_in_batches_in_order(redis_layer, monkeypatch):
     async def scenario() -> list[dict]:
         channel = await redis_layer.new_channel()
-        await redis_layer.group_add(live.JOBS_GROUP, channel)
-        await live._group_send_all(redis_layer, sends)
+        await redis_layer.group_add(broadcast.JOBS_GROUP, channel)
+        await broadcast._group_send_all(redis_layer, sends)
         return [await redis_layer.receive(channel) for _ in range(3)]
 
-    messages = statuses(live.STATUS_BATCH * 2 + 1)
+    messages = statuses(broadcast.STATUS_BATCH * 2 + 1)
     captured: list = []
-    monkeypatch.setattr(live, "_send_on_commit", captured.append)
-    live.publish_statuses(messages)
+    monkeypatch.setattr(broadcast, "_send_on_commit", captured.append)
+    broadcast.publish_statuses(messages)
     (sends,) = captured
     received = async_to_sync(scenario)()
     assert [m["type"] for m in received] == ["job.statuses"] * 3
@@ -60,10 +62,12 @@ def test_the_jobs_group_gets_a_ticks_changes_in_batches_in_order(redis_layer, mo
 
 def test_only_job_groups_with_a_member_are_sent_to(redis_layer):
     channel = async_to_sync(redis_layer.new_channel)()
-    async_to_sync(redis_layer.group_add)(live.job_group(7), channel)
-    groups = {live.job_group(i) for i in range(10)}
-    assert async_to_sync(live._listened)(redis_layer, groups) == {live.job_group(7)}
+    async_to_sync(redis_layer.group_add)(broadcast.job_group(7), channel)
+    groups = {broadcast.job_group(i) for i in range(10)}
+    assert async_to_sync(broadcast._listened)(redis_layer, groups) == {broadcast.job_group(7)}
 
-    live._send_now([(live.job_group(i), message) for i, message in enumerate(statuses(10))])
+    broadcast._send_now(
+        [(broadcast.job_group(i), message) for i, message in enumerate(statuses(10))]
+    )
     message = async_to_sync(redis_layer.receive)(channel)
     assert (message["type"], message["job"]) == ("job.status", 7)

@@ -22,14 +22,15 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.signals import request_finished, request_started
 
-from jobs import logstore, services
+from jobs.actions import control
 from jobs.executors.local import LocalExecutor, _read_json
-from jobs.launcher import launch_attempts, launch_spec
-from jobs.ledgercheck import violations
+from jobs.loops.launcher import launch_attempts, launch_spec
+from jobs.loops.reconciler import reconcile_all
+from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job, JobEvent
-from jobs.reconciler import reconcile_all
-from jobs.scheduler import admit_queued_jobs
+from jobs.reads.ledgercheck import violations
 from jobs.states import JobStatus
+from jobs.stores import logstore
 from tests.access import let_jobs_reach_the_interpreter
 from tests.jobs.factories import queued_job
 
@@ -193,7 +194,7 @@ def test_state_survives_a_new_executor_instance_and_submit_adopts(team, alice, l
     assert restarted.poll([attempt.job_ref])[attempt.job_ref].native_state == "RUNNING"
     pids = {p.name for p in (restarted.root).iterdir() if p.is_dir()}
     assert pids == {attempt.job_ref}
-    services.stop_job(User.objects.get(username="alice"), job.pk)
+    control.stop_job(User.objects.get(username="alice"), job.pk)
 
 
 def test_stop_ends_the_process_on_the_backend(team, alice, local_cluster):
@@ -201,7 +202,7 @@ def test_stop_ends_the_process_on_the_backend(team, alice, local_cluster):
     [attempt] = start(job)
     run_until(lambda: Job.objects.get(pk=job.pk).status == S.RUNNING)
     proc = _read_json(LocalExecutor(local_cluster).root / attempt.job_ref / "proc.json")
-    services.stop_job(User.objects.get(username="alice"), job.pk)
+    control.stop_job(User.objects.get(username="alice"), job.pk)
     deadline = time.monotonic() + 15
     while process_alive(proc["pid"]) and time.monotonic() < deadline:
         reconcile_all()
@@ -296,4 +297,4 @@ def test_check_ledger_reports_a_live_runner_that_no_attempt_launched(team, alice
     ), found
     assert found[0].endswith("but no attempt in the ledger launched it")
     LocalExecutor(local_cluster).cancel("sf-ghost-a1")
-    services.stop_job(User.objects.get(username="alice"), job.pk)
+    control.stop_job(User.objects.get(username="alice"), job.pk)

@@ -9,9 +9,9 @@ from django.core import signing
 from django.test import Client
 from django.utils import timezone
 
-from jobs import logstore
 from jobs.job_tokens import job_token
 from jobs.models import Attempt, Job, JobEvent, LogStream
+from jobs.stores import logstore
 from tests.jobs.api_helpers import assert_refused, submit
 
 pytestmark = pytest.mark.django_db

@@ -9,9 +9,9 @@ from django.apps import apps
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs import metrics
-from jobs.metrics import lttb
 from jobs.models import MetricPoint, MetricRollup, MetricSeries
+from jobs.stores import metrics
+from jobs.stores.metrics import lttb
 from tests.jobs.api_helpers import assert_refused, submit
 from tests.jobs.test_log_ingest import attach_attempt, finish, runner
 

@@ -8,10 +8,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from jobs import tickstats
+from jobs.api.prometheus import gpu_seconds_by_team, render
 from jobs.auth import issue_token
+from jobs.loops import tickstats
 from jobs.models import ApiToken, Attempt, Cluster
-from jobs.prometheus import gpu_seconds_by_team, render
 from jobs.states import JobStatus
 from jobs.tasks import reconcile_tick, schedule_tick
 from metering.usage import job_gpu_seconds
@@ -178,7 +178,7 @@ def test_without_redis_the_tick_metrics_are_left_out_and_the_ticks_still_run(
 
 
 def test_label_values_are_escaped(redis_db, make_team):
-    from jobs.prometheus import _labels
+    from jobs.api.prometheus import _labels
 
     assert _labels({"team": 'a"b\\c\nd'}) == '{team="a\\"b\\\\c\\nd"}'
 

@@ -21,13 +21,13 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
 
-from jobs import launcher, ledgercheck, scheduler
 from jobs.executors import Capacity
-from jobs.launcher import launch_attempts
+from jobs.ledger.transitions import Change, apply_transitions
+from jobs.loops.launcher import launch_attempts
+from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Cluster, ClusterShare, Job, JobEvent, Membership, Team
-from jobs.scheduler import admit_queued_jobs
+from jobs.reads import ledgercheck
 from jobs.states import JobStatus
-from jobs.transitions import Change, apply_transitions
 from tests.jobs.scripted import ScriptedExecutor
 from tests.jobs.threads import looping
 
@@ -81,10 +81,9 @@ def _needs_postgres():
 
 
 @pytest.fixture
-def farm(monkeypatch) -> Farm:
+def farm(use_executor) -> Farm:
     fake = Farm()
-    for module in (scheduler, launcher):
-        monkeypatch.setattr(module, "executor_for", fake)
+    use_executor(fake)
     return fake
 
 
@@ -173,7 +172,7 @@ class Limits:
 def _held_now() -> list[Row]:
     """What every team holds, read in one statement: one snapshot of the ledger."""
     rows = (
-        Job.objects.filter(status__in=S.holds_quota())
+        Job.objects.filter(status__in=S.active())
         .values("team_id", "user_id", "cluster_id")
         .annotate(gpus=Sum("gpus"), jobs=Count("id"))
         .values_list("team_id", "user_id", "cluster_id", "gpus", "jobs")
@@ -200,7 +199,7 @@ def _replay_timeline(limits: Limits) -> tuple[list[str], int, set[str]]:
         if before != status[job]:
             out.append(f"event {pk}: job {job} went {before}->{after} but was {status[job]}")
         status[job] = after
-        if after in S.holds_quota():
+        if after in S.active():
             holding.add(job)
         else:
             holding.discard(job)

@@ -9,10 +9,11 @@ from decimal import Decimal
 
 import pytest
 
-from jobs import services
+from jobs.actions import control
+from jobs.actions.submit import submit_job
 from jobs.errors import BadRequest, Forbidden
+from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, ClusterShare, Job, JobEvent, ScheduleWindow
-from jobs.scheduler import admit_queued_jobs
 from jobs.schemas import JobIn
 from jobs.states import JobStatus
 from metering.records import meter_ended
@@ -78,7 +79,7 @@ def test_max_gpus_per_job_is_refused_at_submit_and_holds_jobs_submitted_before(n
     nlp.max_gpus_per_job = 4
     nlp.save()
     with pytest.raises(BadRequest, match="team nlp allows at most 4 per job"):
-        services.submit_job(ann, JobIn(entrypoint=["true"], gpus=8))
+        submit_job(ann, JobIn(entrypoint=["true"], gpus=8))
     admit_queued_jobs()
     assert status_of(before) == (
         S.QUEUED,
@@ -198,10 +199,10 @@ def test_fair_share_alternates_between_teams_with_equal_use(make_team, make_user
 def test_members_priority_is_bounded_and_team_admins_are_not(nlp, make_user):
     ann, boss = make_user("ann", nlp), make_user("boss", nlp, role="admin")
     with pytest.raises(Forbidden, match="priority 50 is above 10, the highest a member"):
-        services.submit_job(ann, JobIn(entrypoint=["true"], gpus=0, priority=50))
-    assert services.submit_job(ann, JobIn(entrypoint=["true"], gpus=0, priority=10))
-    assert services.submit_job(ann, JobIn(entrypoint=["true"], gpus=0, priority=-100))
-    assert services.submit_job(boss, JobIn(entrypoint=["true"], gpus=0, priority=100)).priority
+        submit_job(ann, JobIn(entrypoint=["true"], gpus=0, priority=50))
+    assert submit_job(ann, JobIn(entrypoint=["true"], gpus=0, priority=10))
+    assert submit_job(ann, JobIn(entrypoint=["true"], gpus=0, priority=-100))
+    assert submit_job(boss, JobIn(entrypoint=["true"], gpus=0, priority=100)).priority
 
 
 @pytest.fixture
@@ -213,14 +214,14 @@ def nights(db):
 def test_window_policy_pause_needs_a_window(nlp, make_user):
     ann = make_user("ann", nlp)
     with pytest.raises(BadRequest, match="--window-policy pause needs a window"):
-        services.submit_job(ann, JobIn(entrypoint=["true"], window_policy="pause"))
+        submit_job(ann, JobIn(entrypoint=["true"], window_policy="pause"))
 
 
 def test_a_pause_policy_job_pauses_when_its_window_closes_and_resumes_when_it_opens(
     nlp, make_user, nights
 ):
     ann = make_user("ann", nlp)
-    job = services.submit_job(
+    job = submit_job(
         ann, JobIn(entrypoint=["true"], gpus=1, window="nights", window_policy="pause")
     )
     monday_night = dt.datetime(2026, 11, 30, 21, 0, tzinfo=dt.UTC)
@@ -245,11 +246,11 @@ def test_a_pause_policy_job_pauses_when_its_window_closes_and_resumes_when_it_op
 
 def test_a_person_pausing_a_window_job_keeps_it_paused(nlp, make_user, nights):
     ann = make_user("ann", nlp)
-    job = services.submit_job(
+    job = submit_job(
         ann, JobIn(entrypoint=["true"], gpus=1, window="nights", window_policy="pause")
     )
     admit_queued_jobs(dt.datetime(2026, 11, 30, 21, 0, tzinfo=dt.UTC))
-    services.pause_job(ann, job.pk)
+    control.pause_job(ann, job.pk)
     admit_queued_jobs(dt.datetime(2026, 11, 30, 22, 0, tzinfo=dt.UTC))
     assert status_of(job)[0] == S.PAUSED
     assert Job.objects.get(pk=job.pk).paused_by_window is False
@@ -257,7 +258,7 @@ def test_a_person_pausing_a_window_job_keeps_it_paused(nlp, make_user, nights):
 
 def test_a_wait_policy_job_runs_on_after_its_window_closes(nlp, make_user, nights):
     ann = make_user("ann", nlp)
-    job = services.submit_job(ann, JobIn(entrypoint=["true"], gpus=1, window="nights"))
+    job = submit_job(ann, JobIn(entrypoint=["true"], gpus=1, window="nights"))
     admit_queued_jobs(dt.datetime(2026, 11, 30, 21, 0, tzinfo=dt.UTC))
     place(job, S.RUNNING)
     admit_queued_jobs(dt.datetime(2026, 12, 1, 9, 0, tzinfo=dt.UTC))

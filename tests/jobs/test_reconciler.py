@@ -9,10 +9,10 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from jobs import launcher
 from jobs.executors import Observation
+from jobs.loops import launcher
+from jobs.loops.reconciler import reconcile_all
 from jobs.models import Attempt, Job, JobEvent
-from jobs.reconciler import reconcile_all
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job, with_attempt
 

@@ -11,8 +11,8 @@ import pytest
 from django.utils import timezone
 
 from jobs.executors import Observation
+from jobs.loops.reconciler import reconcile_all
 from jobs.models import Attempt, Job
-from jobs.reconciler import reconcile_all
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job, with_attempt
 

@@ -6,8 +6,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job, JobEvent, ScheduleWindow
-from jobs.scheduler import admit_queued_jobs
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job
 

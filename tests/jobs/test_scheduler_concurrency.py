@@ -7,10 +7,10 @@ import pytest
 from django.db import connection
 from django.db.models import Sum
 
+from jobs.ledger.transitions import Change, apply_transitions
+from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Job, Team
-from jobs.scheduler import admit_queued_jobs
 from jobs.states import JobStatus
-from jobs.transitions import Change, apply_transitions
 from tests.jobs.factories import queued_job
 from tests.jobs.threads import looping
 
@@ -25,11 +25,7 @@ def _needs_postgres():
 
 
 def _usage() -> dict[str, int]:
-    rows = (
-        Job.objects.filter(status__in=S.holds_quota())
-        .values("team__name")
-        .annotate(gpus=Sum("gpus"))
-    )
+    rows = Job.objects.filter(status__in=S.active()).values("team__name").annotate(gpus=Sum("gpus"))
     return {r["team__name"]: r["gpus"] for r in rows}
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jobs.models import Snapshot
-from jobs.snapshots import SnapshotRefused, snapshot_path, store_snapshot
+from jobs.stores.snapshots import SnapshotRefused, snapshot_path, store_snapshot
 
 pytestmark = pytest.mark.django_db
 

@@ -1,10 +1,10 @@
-"""Invariant 1: nothing but jobs/transitions.py assigns a job's status."""
+"""Invariant 1: nothing but jobs/ledger/transitions.py assigns a job's status."""
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ALLOWED = {"jobs/transitions.py"}
+ALLOWED = {"jobs/ledger/transitions.py"}
 WRITING_CALLS = {"update", "create", "get_or_create", "update_or_create", "bulk_update"}
 
 

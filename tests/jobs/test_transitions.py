@@ -4,9 +4,9 @@ import itertools
 
 import pytest
 
+from jobs.ledger.transitions import Change, TransitionRefused, apply_transitions, transition
 from jobs.models import Job, JobEvent
 from jobs.states import ALLOWED_TRANSITIONS, JobStatus
-from jobs.transitions import Change, TransitionRefused, apply_transitions, transition
 
 ALL_PAIRS = list(itertools.product(JobStatus, JobStatus))
 ALLOWED = [(a, b) for a, b in ALL_PAIRS if b in ALLOWED_TRANSITIONS[a]]

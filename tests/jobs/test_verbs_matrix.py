@@ -11,7 +11,8 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from jobs import scheduler, services
+from jobs import kick
+from jobs.loops import scheduler
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import ALLOWED_TRANSITIONS, JobStatus
 from tests.jobs.factories import queued_job, with_attempt
@@ -43,7 +44,7 @@ def case_id(case) -> str:
 def kicks(monkeypatch) -> list[str]:
     """Record scheduler kicks instead of sending a Celery task to a broker."""
     sent: list[str] = []
-    monkeypatch.setattr(services, "kick_scheduler", lambda: sent.append("tick"))
+    monkeypatch.setattr(kick, "scheduler", lambda: sent.append("tick"))
     return sent
 
 
@@ -244,7 +245,6 @@ def test_resume_and_retry_kick_the_scheduler_after_commit(make_job, act, kicks, 
 def test_the_scheduler_then_starts_the_next_attempt_of_the_same_run(
     make_job, act, backend, monkeypatch, verb, status
 ):
-    monkeypatch.setattr(scheduler, "executor_for", backend)
     job = make_job(status)
     run_id = job.run_id
     act(job, verb)

@@ -9,8 +9,8 @@ from django.core.management import CommandError, call_command
 from django.db.models import F
 from django.utils import timezone
 
+from jobs.actions.control import delete_job
 from jobs.models import Attempt
-from jobs.services import delete_job
 from metering.models import UsageRecord
 from metering.records import meter_ended, usage_rows
 from tests.jobs.factories import queued_job, with_attempt

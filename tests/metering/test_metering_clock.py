@@ -11,13 +11,13 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from jobs import launcher, reconciler, scheduler, services
+from jobs.actions import control
 from jobs.executors import Observation
-from jobs.launcher import launch_attempts
-from jobs.lifecycle import requeue_due_retries
+from jobs.ledger.lifecycle import requeue_due_retries
+from jobs.loops.launcher import launch_attempts
+from jobs.loops.reconciler import reconcile_all
+from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job, JobEvent
-from jobs.reconciler import reconcile_all
-from jobs.scheduler import admit_queued_jobs
 from jobs.states import JobStatus
 from metering.models import UsageRecord
 from metering.records import meter_ended, team_gpu_us, usage_rows
@@ -48,7 +48,7 @@ class Clock:
 
 @pytest.fixture
 def clock(monkeypatch) -> Clock:
-    # The scheduler, launcher, reconciler, services, transitions, lifecycle and metering all
+    # The scheduler, launcher, reconciler, actions, transitions, lifecycle and metering all
     # call `timezone.now()` through the module, so one patch reaches every one of them.
     fake = Clock(T0)
     monkeypatch.setattr(timezone, "now", fake)
@@ -56,11 +56,10 @@ def clock(monkeypatch) -> Clock:
 
 
 @pytest.fixture
-def engine(monkeypatch) -> ScriptedExecutor:
+def engine(use_executor) -> ScriptedExecutor:
     """One scripted engine behind every executor lookup, the scheduler's capacity question too."""
     fake = ScriptedExecutor()
-    for module in (scheduler, launcher, reconciler, services):
-        monkeypatch.setattr(module, "executor_for", fake)
+    use_executor(fake)
     return fake
 
 
@@ -119,7 +118,7 @@ def test_queued_an_hour_pending_10_minutes_running_30_minutes_on_4_gpus_is_7200_
     job.refresh_from_db()
     assert job.status == S.QUEUED and job.status_reason.startswith("waiting for quota")
     clock.now = T0 + minutes(60)
-    services.stop_job(bob, blocker.pk)  # it never ran: nothing to bill for it either
+    control.stop_job(bob, blocker.pk)  # it never ran: nothing to bill for it either
 
     admitted_at, started, ended = T0 + minutes(60), T0 + minutes(70), T0 + minutes(100)
     assert len(tick(clock, admitted_at)) == 1
@@ -170,13 +169,13 @@ def test_pause_and_resume_bill_only_the_running_time_of_both_attempts(engine, cl
     observe(engine, clock, T0 + minutes(8), job, "RUN")
     paused_at = T0 + minutes(30)
     clock.now = paused_at
-    services.pause_job(alice, job.pk)
+    control.pause_job(alice, job.pk)
     # The engine takes a while to kill the process; the orphan sweep sees it still running.
     reconcile_all(now=paused_at + minutes(1))
     observe(engine, clock, paused_at + minutes(2), job, "BAD", exit_code=-15)
 
     clock.now = T0 + minutes(120)
-    services.resume_job(alice, job.pk)
+    control.resume_job(alice, job.pk)
     run_attempt(
         engine, clock, job, T0 + minutes(125), T0 + minutes(135), T0 + minutes(145), exit_code=0
     )
@@ -206,7 +205,7 @@ def test_a_failed_attempt_and_its_retry_bill_only_their_running_time(engine, clo
     meter_ended()
     if how == "by hand":
         clock.now = T0 + minutes(40)
-        services.retry_job(alice, job.pk)
+        control.retry_job(alice, job.pk)
     else:
         assert requeue_due_retries(failed_at + minutes(59)) == []  # the cooldown is an hour
     retry_at = failed_at + minutes(61)
@@ -253,7 +252,7 @@ def test_a_start_learned_after_the_pause_and_a_tick_is_billed_in_the_records(eng
     tick(clock, T0)
     observe(engine, clock, T0 + minutes(1), job, "QUEUED")
     clock.now = T0 + minutes(10)  # it started at T0+2 min, but no tick saw it run
-    services.pause_job(alice, job.pk)
+    control.pause_job(alice, job.pk)
     tick(clock, T0 + minutes(11))  # the tick meters the closed attempt
     observe(engine, clock, T0 + minutes(12), job, "RUN", start_time=T0 + minutes(2))
     assert attempt_times(job) == [(T0, T0 + minutes(2), T0 + minutes(10))]

@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.ledgercheck import violations
+from jobs.reads.ledgercheck import violations
 
 
 class Command(BaseCommand):

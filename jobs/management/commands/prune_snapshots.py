@@ -16,8 +16,8 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from jobs.models import Job, Snapshot, SnapshotOwner
-from jobs.snapshots import snapshot_path
 from jobs.states import JobStatus
+from jobs.stores.snapshots import snapshot_path
 
 DONE = [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED]
 

@@ -15,7 +15,7 @@ IMAGE = "registry.example/train:v2"
 
 
 def launch(**fields) -> LaunchSpec:
-    """A LaunchSpec as jobs.launcher.launch_spec builds one, for an offline runner."""
+    """A LaunchSpec as jobs.loops.launcher.launch_spec builds one, for an offline runner."""
     run_id = fields.pop("run_id", "0123456789abcdef")
     attempt = fields.pop("attempt", 1)
     entrypoint = fields.pop("entrypoint", ["python", "train.py"])

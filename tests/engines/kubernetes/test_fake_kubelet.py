@@ -7,11 +7,10 @@ import time
 import pytest
 from django.utils import timezone
 
-from jobs import reconciler
 from jobs.executors import Observation
 from jobs.executors.kubernetes import KubernetesExecutor
+from jobs.loops.reconciler import reconcile_all
 from jobs.models import Attempt, Cluster, Job
-from jobs.reconciler import reconcile_all
 from jobs.states import JobStatus
 from tests.engines.kubernetes.objects import launch
 from tests.jobs.factories import queued_job, with_attempt
@@ -144,10 +143,10 @@ def test_cancel_kills_the_running_process(executor, kubelet, apiserver):
 
 
 def test_the_reconciler_walks_a_kubernetes_job_to_succeeded(
-    db, team, alice, k8s_settings, kubelet, monkeypatch
+    use_executor, db, team, alice, k8s_settings, kubelet, monkeypatch
 ):
     cluster = Cluster.objects.create(name="gpu-k8s", kind="kubernetes", settings=k8s_settings)
-    monkeypatch.setattr(reconciler, "executor_for", KubernetesExecutor)
+    use_executor(KubernetesExecutor)
     job = queued_job(team, alice, cluster=cluster)
     executor = KubernetesExecutor(cluster)
     spec = launch(run_id=job.run_id, job_id=job.pk, entrypoint=script("import time; time.sleep(1)"))

@@ -9,10 +9,9 @@ must cover STATE_TABLE exactly, so a state added to one side only fails here.
 import pytest
 from django.utils import timezone
 
-from jobs import reconciler
 from jobs.executors.kubernetes import KubernetesExecutor
+from jobs.loops.reconciler import reconcile_all
 from jobs.models import Cluster, Job, JobEvent
-from jobs.reconciler import reconcile_all
 from jobs.states import JobStatus
 from tests.engines.kubernetes.objects import (
     condition,
@@ -216,10 +215,10 @@ def test_each_native_state_comes_from_its_situation_and_maps_as_expected(
 
 
 @pytest.fixture
-def k8s_job(db, team, alice, k8s_settings, monkeypatch):
+def k8s_job(use_executor, db, team, alice, k8s_settings, monkeypatch):
     """A ledger job on a Kubernetes cluster, RUNNING as its launched attempt's Job."""
     cluster = Cluster.objects.create(name="gpu-k8s", kind="kubernetes", settings=k8s_settings)
-    monkeypatch.setattr(reconciler, "executor_for", KubernetesExecutor)
+    use_executor(KubernetesExecutor)
     job = queued_job(team, alice, cluster=cluster)
     ref = KubernetesExecutor(cluster).submit(launch(run_id=job.run_id, job_id=job.pk))
     with_attempt(job, S.RUNNING, job_ref=ref, pending_at=timezone.now())

@@ -11,13 +11,15 @@ import uuid
 import pytest
 from django.db import connection
 
-from jobs import diagnostics, logstore, services
+from jobs.actions import control
 from jobs.executors.ray import RayExecutor
-from jobs.launcher import launch_attempts
+from jobs.loops.launcher import launch_attempts
+from jobs.loops.reconciler import reconcile_all
+from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Cluster, Job, Team
-from jobs.reconciler import reconcile_all
-from jobs.scheduler import admit_queued_jobs
+from jobs.reads import diagnostics
 from jobs.states import JobStatus
+from jobs.stores import logstore
 from tests.jobs.factories import queued_job, with_attempt
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db(transaction=True)]
@@ -94,7 +96,7 @@ def test_a_job_runs_on_ray_from_the_queue_to_success_with_its_logs(ray_team, use
 def test_a_stop_through_starforge_ends_the_ray_job_and_stays_a_stop(ray_team, user):
     job = ray_job(ray_team, user, gpus=1, entrypoint=["sleep", "60"])
     tick_until(job, {S.RUNNING})
-    services.stop_job(user, job.pk)  # cancels on Ray after commit
+    control.stop_job(user, job.pk)  # cancels on Ray after commit
     ref = Attempt.objects.get(job=job).job_ref
     executor = RayExecutor(ray_team.default_cluster)
     deadline = time.monotonic() + 40
@@ -119,4 +121,4 @@ def test_a_job_ray_cannot_place_shows_rays_reason_while_pending(ray_team, user):
     assert any(
         s.startswith("The backend says why it waits: Job has not started") for s in sentences
     )
-    services.stop_job(user, job.pk)
+    control.stop_job(user, job.pk)

@@ -12,8 +12,8 @@ import json
 import pytest
 
 from jobs.executors.ray import RayExecutor, observe
+from jobs.loops.reconciler import reconcile_all
 from jobs.models import Cluster, Job, JobEvent
-from jobs.reconciler import reconcile_all
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job, with_attempt
 

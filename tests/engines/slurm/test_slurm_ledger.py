@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from jobs import services
+from jobs.actions import control
 from jobs.executors import executor_for
-from jobs.launcher import launch_attempts
+from jobs.loops.launcher import launch_attempts
+from jobs.loops.reconciler import reconcile_all
 from jobs.models import Attempt, Cluster, Job, JobEvent
-from jobs.reconciler import reconcile_all
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job, with_attempt
 
@@ -72,7 +72,7 @@ def test_a_stop_cancels_the_slurm_job_and_the_job_stays_stopped(
     attempt = launched(slurm_team, bob, token, "import time; time.sleep(120)", gpus=2)
     job = reconcile_until(attempt.job_id, {S.RUNNING})
     with django_capture_on_commit_callbacks(execute=True):  # the cancel runs after commit
-        services.stop_job(bob, job.pk)
+        control.stop_job(bob, job.pk)
     executor = executor_for(slurm_team.default_cluster)
     deadline = time.monotonic() + 15
     while (obs := executor.poll([attempt.job_ref])[attempt.job_ref]).native_state != "CANCELLED":

@@ -13,10 +13,10 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from jobs import reconciler
 from jobs.executors import slurm as slurm_executor
 from jobs.executors.base import record_key, record_mac
 from jobs.executors.slurm import SlurmError, SlurmExecutor, gpu_count, parse_squeue
+from jobs.loops import reconciler
 from jobs.models import Cluster, Job, JobEvent
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job, with_attempt
@@ -322,12 +322,12 @@ def test_good_settings_pass_and_the_cluster_form_reports_bad_ones():
 
 @pytest.mark.django_db
 def test_an_unknown_slurm_state_leaves_the_job_alone_and_is_recorded(
-    fake, tmp_path, team, alice, monkeypatch
+    use_executor, fake, tmp_path, team, alice, monkeypatch
 ):
     cluster = Cluster.objects.create(name="hpc", kind="slurm", settings={"work_dir": str(tmp_path)})
     job = queued_job(team, alice, cluster=cluster)
     attempt = with_attempt(job, S.RUNNING, job_ref="77", pending_at=timezone.now())
-    monkeypatch.setattr(reconciler, "executor_for", lambda c: SlurmExecutor(c, run=fake))
+    use_executor(lambda c: SlurmExecutor(c, run=fake))
     fake.answer("squeue", squeue_line("77", "MIGRATING_TO_MARS", name=attempt.backend_name))
     reconciler.reconcile_all()
     reconciler.reconcile_all()
@@ -467,14 +467,14 @@ def test_a_runner_that_exited_within_the_grace_or_not_at_all_leaves_slurms_word(
 
 @pytest.mark.django_db
 def test_the_reconciler_keeps_a_stale_running_job_running_until_slurm_reports_its_end(
-    fake, tmp_path, team, alice, monkeypatch, settings
+    use_executor, fake, tmp_path, team, alice, monkeypatch, settings
 ):
     settings.SF_LOST_GRACE_S = 60
     cluster = Cluster.objects.create(name="hpc", kind="slurm", settings={"work_dir": str(tmp_path)})
     job = queued_job(team, alice, cluster=cluster, max_retries=1)
     attempt = with_attempt(job, S.RUNNING, job_ref="77", pending_at=timezone.now())
     write_exit(tmp_path, attempt.backend_name, 90)
-    monkeypatch.setattr(reconciler, "executor_for", lambda c: SlurmExecutor(c, run=fake))
+    use_executor(lambda c: SlurmExecutor(c, run=fake))
     fake.answer("squeue", squeue_line("77", "RUNNING", end="N/A", name=attempt.backend_name))
     reconciler.reconcile_all()
     attempt.refresh_from_db()
@@ -494,7 +494,7 @@ def test_the_reconciler_keeps_a_stale_running_job_running_until_slurm_reports_it
 
 @pytest.mark.django_db
 def test_the_reconciler_reaps_a_stale_running_job_after_its_poll(
-    fake, tmp_path, team, alice, monkeypatch, settings
+    use_executor, fake, tmp_path, team, alice, monkeypatch, settings
 ):
     """The reconciler calls `reap_stale` with each poll's answer (jobs/reconciler.py)."""
     settings.SF_LOST_GRACE_S = 60
@@ -502,7 +502,7 @@ def test_the_reconciler_reaps_a_stale_running_job_after_its_poll(
     job = queued_job(team, alice, cluster=cluster, max_retries=1)
     attempt = with_attempt(job, S.RUNNING, job_ref="77", pending_at=timezone.now())
     write_exit(tmp_path, attempt.backend_name, 90)
-    monkeypatch.setattr(reconciler, "executor_for", lambda c: SlurmExecutor(c, run=fake))
+    use_executor(lambda c: SlurmExecutor(c, run=fake))
     fake.answer("squeue", squeue_line("77", "RUNNING", end="N/A", name=attempt.backend_name))
     reconciler.reconcile_all()
     assert ["scancel", "77"] in fake.calls

@@ -59,7 +59,7 @@ def timelines(now: dt.datetime) -> Iterator[str]:
 def quotas_now(now: dt.datetime) -> Iterator[str]:
     """No team holds more GPUs, slots or member GPUs than its quotas allow, now."""
     teams = {t.pk: t for t in Team.objects.all()}
-    active = Job.objects.filter(status__in=S.holds_quota())
+    active = Job.objects.filter(status__in=S.active())
     for row in active.values("team_id").annotate(gpus=Sum("gpus"), jobs=Count("id")):
         team = teams[row["team_id"]]
         if row["gpus"] > team.gpu_quota:
@@ -84,7 +84,7 @@ def admissions(now: dt.datetime) -> Iterator[str]:
     team_gpus: dict[int, int] = defaultdict(int)
     team_jobs: dict[int, int] = defaultdict(int)
     member_gpus: dict[tuple[int, int], int] = defaultdict(int)
-    holding = S.holds_quota()
+    holding = S.active()
     events = JobEvent.objects.filter(kind=JobEvent.Kind.STATUS).order_by("id")
     rows = events.values_list("job_id", "from_status", "to_status", "data")
     for job_id, src, dst, data in rows.iterator(chunk_size=10_000):

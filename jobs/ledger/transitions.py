@@ -3,7 +3,7 @@
 `apply_transitions` locks the job rows, checks the allowed-transition table, updates the rows
 and writes one `JobEvent` per change, all in one transaction. `transition` is its single-job
 form that raises when the change is refused. Each change is also pushed, after commit, to the
-job's live group and the jobs list group (`jobs.live`).
+job's live group and the jobs list group (`jobs.broadcast`).
 """
 
 from collections import defaultdict
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import live
+from jobs import broadcast
 from jobs.models import Job, JobEvent
 from jobs.states import JobStatus, is_allowed
 
@@ -103,7 +103,7 @@ def _write(target: JobStatus, jobs: list[Job], by_id: dict[int, Change], actor: 
             )
         )
         pushed.append(
-            live.status_message(job.pk, job.team_id, job.status, target, change.reason, now)
+            broadcast.status_message(job.pk, job.team_id, job.status, target, change.reason, now)
         )
         job.status = target
         job.status_reason = change.reason
@@ -113,7 +113,7 @@ def _write(target: JobStatus, jobs: list[Job], by_id: dict[int, Change], actor: 
             status=target, status_reason=reason, status_changed_at=now
         )
     JobEvent.objects.bulk_create(events, batch_size=1000)
-    live.publish_statuses(pushed)
+    broadcast.publish_statuses(pushed)
 
 
 def _expected(expected: Collection[str]) -> str:

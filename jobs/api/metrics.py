@@ -6,10 +6,12 @@ from django.conf import settings
 from ninja import Query, Router, Schema
 from pydantic import Field
 
-from jobs import live, metrics, services
-from jobs.api import _ingesting_attempt, batch_body_doc, batch_items, ingest_body
+from jobs import broadcast
+from jobs.api.ingest import batch_body_doc, batch_items, ingest_body, ingesting_attempt
 from jobs.auth import ConsoleSession, JobToken, UserToken
+from jobs.reads.visible import get_visible_job
 from jobs.schemas import ErrorOut
+from jobs.stores import metrics
 
 router = Router(tags=["metrics"])
 
@@ -48,10 +50,10 @@ POINT_DOC = {
     openapi_extra=batch_body_doc("points", POINT_DOC),
 )
 def ingest_metrics(request):
-    attempt = _ingesting_attempt(request.auth)
+    attempt = ingesting_attempt(request.auth)
     points = _parse_batch(ingest_body(request), attempt.number)
     result = metrics.append(attempt.job_id, attempt.number, points)
-    live.publish_metrics(attempt.job_id, (p["kind"] for p in points), result.accepted)
+    broadcast.publish_metrics(attempt.job_id, (p["kind"] for p in points), result.accepted)
     # Points past the attempt's cap are answered 200 too, so the runner does not resend them.
     return {"accepted": result.accepted, "duplicates": result.duplicates, "dropped": result.dropped}
 
@@ -93,7 +95,7 @@ class MetricsOut(Schema):
     summary="The job's metrics of one kind, each series downsampled (LTTB) to max_points",
 )
 def job_metrics(request, job_id: int, q: Query[MetricsQuery]):
-    job = services.get_visible_job(request.auth, job_id)
+    job = get_visible_job(request.auth, job_id)
     return {
         "series": metrics.series(job.pk, q.kind, q.x, q.max_points),
         "latest": metrics.latest(job.pk, q.kind),

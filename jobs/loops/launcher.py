@@ -18,14 +18,15 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobs import clocks
 from jobs.executors import LaunchError, LaunchSpec, executor_for
 from jobs.executors.base import executor_class, record_key
 from jobs.job_tokens import bootstrap_token_for, job_token_for
-from jobs.lifecycle import after_failure
+from jobs.ledger import clocks
+from jobs.ledger.halt import cancel_attempt
+from jobs.ledger.lifecycle import after_failure
+from jobs.ledger.transitions import Change, TransitionRefused, apply_transitions, transition
 from jobs.models import Attempt, Job
 from jobs.states import JobStatus
-from jobs.transitions import Change, TransitionRefused, apply_transitions, transition
 
 log = logging.getLogger(__name__)
 RECORD_EVERY = 25
@@ -169,24 +170,6 @@ def _unwanted(launched: list[LaunchOutcome], refused_jobs: set[int]) -> list[int
         for a in attempts
         if a.job.current_attempt_id != a.pk or a.job.status not in JobStatus.active()
     ]
-
-
-def cancel_current(job_id: int) -> None:
-    """Ask the backend to stop the job's current attempt, if it has a backend object."""
-    current = Job.objects.filter(pk=job_id).values_list("current_attempt", flat=True).first()
-    if current is not None:
-        cancel_attempt(current)
-
-
-def cancel_attempt(attempt_id: int) -> None:
-    """Ask the backend to stop this attempt's backend object, if it has one (idempotent)."""
-    attempt = Attempt.objects.select_related("job__cluster").filter(pk=attempt_id).first()
-    if attempt is None:
-        return
-    executor = executor_for(attempt.job.cluster)
-    ref = attempt.job_ref or executor.find(attempt.backend_name)
-    if ref:
-        executor.cancel(ref)
 
 
 def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:

@@ -1,5 +1,5 @@
 """Websocket consumers for console pages. They only subscribe and forward (STYLE.md rule 7):
-payloads are built by `jobs.live` where the events are written.
+payloads are built by `jobs.broadcast` where the events are written.
 
 A stream lasts only as long as the right to read it. Both consumers are in their user's group,
 where `jobs.signals` says after commit that a membership, the user or a session changed, and
@@ -19,8 +19,9 @@ from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_K
 from django.contrib.auth.models import User
 from django.utils.crypto import constant_time_compare
 
-from jobs import live, services
+from jobs import broadcast
 from jobs.models import Membership
+from jobs.reads.visible import visible_jobs
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class _AuthorisedStream(AsyncJsonWebsocketConsumer):
 
     groups_joined: tuple[str, ...] = ()
     user_id: int | None = None
-    session: str = ""  # live.session_digest of the session that opened it
+    session: str = ""  # broadcast.session_digest of the session that opened it
     recheck_task: asyncio.Task | None = None
     closed: bool = False
 
@@ -50,8 +51,8 @@ class _AuthorisedStream(AsyncJsonWebsocketConsumer):
             await self.close(code=code)
         else:
             self.user_id = user.pk
-            self.session = live.session_digest(self.scope["session"].session_key)
-            self.groups_joined = (*self.streamed_groups(), live.user_group(user.pk))
+            self.session = broadcast.session_digest(self.scope["session"].session_key)
+            self.groups_joined = (*self.streamed_groups(), broadcast.user_group(user.pk))
             for group in self.groups_joined:
                 await self.channel_layer.group_add(group, self.channel_name)
             seconds = float(getattr(settings, "SF_WS_RECHECK_S", RECHECK_S))
@@ -115,11 +116,11 @@ class JobConsumer(_AuthorisedStream):
     """`ws/jobs/<id>/`: a job page's log batches and status changes; 4404 once not theirs."""
 
     def refusal(self, user: User) -> int | None:
-        visible = services.visible_jobs(user).filter(pk=self.job_id).exists()
+        visible = visible_jobs(user).filter(pk=self.job_id).exists()
         return None if visible else CLOSE_NOT_FOUND
 
     def streamed_groups(self) -> tuple[str, ...]:
-        return (live.job_group(self.job_id),)
+        return (broadcast.job_group(self.job_id),)
 
     @property
     def job_id(self) -> int:
@@ -149,7 +150,7 @@ class JobListConsumer(_AuthorisedStream):
         return None
 
     def streamed_groups(self) -> tuple[str, ...]:
-        return (live.JOBS_GROUP,)
+        return (broadcast.JOBS_GROUP,)
 
     async def job_statuses(self, message: dict) -> None:
         for status in message["statuses"]:

@@ -29,13 +29,13 @@ from django.db import connection, transaction
 from django.db.models import Count, F, OuterRef, Subquery, Sum
 from django.utils import timezone
 
-from jobs import clocks, lifecycle
 from jobs.executors import Capacity, executor_for
-from jobs.launcher import cancel_current
-from jobs.lifecycle import requeue_due_retries
+from jobs.ledger import clocks
+from jobs.ledger.halt import halt
+from jobs.ledger.lifecycle import requeue_due_retries
+from jobs.ledger.transitions import Change, apply_transitions
 from jobs.models import Attempt, Cluster, ClusterShare, Job, ScheduleWindow, Team
 from jobs.states import JobStatus
-from jobs.transitions import Change, apply_transitions
 from jobs.windows import Window, WindowSpecError, parse_window
 from metering.records import meter_ended, team_gpu_us
 
@@ -333,7 +333,9 @@ def _hard_stops(teams: dict[int, Team], month_us: dict[int, int], now: dt.dateti
             f"stopped: team {team.name} used its monthly budget of "
             f"{team.gpu_hours_per_month} GPU-hours (hard stop)"
         )
-        stopped += _halt(ids, S.STOPPED, reason, now)
+        stopped += halt(
+            ids, S.STOPPED, reason, actor="scheduler", now=now, expected=S.active()
+        ).halted
     return stopped
 
 
@@ -361,8 +363,13 @@ def _apply_window_policy(
             ].append(pk)
         elif closed is None and status == S.PAUSED and by_window:
             to_resume.append(pk)
-    paused = [pk for reason, ids in to_pause.items() for pk in _halt(ids, S.PAUSED, reason, now)]
-    Job.objects.filter(pk__in=paused).update(paused_by_window=True)
+    paused = [
+        pk
+        for reason, ids in to_pause.items()
+        for pk in halt(
+            ids, S.PAUSED, reason, actor="scheduler", now=now, expected=S.active(), by_window=True
+        ).halted
+    ]
     resumed = []
     if to_resume:
         changed, _ = apply_transitions(
@@ -374,31 +381,6 @@ def _apply_window_policy(
         resumed = [job.pk for job in changed]
         Job.objects.filter(pk__in=resumed).update(paused_by_window=False)
     return paused, resumed
-
-
-def _halt(ids: list[int], target: JobStatus, reason: str, now: dt.datetime) -> list[int]:
-    """Stop or pause active jobs as the scheduler: close their attempts, cancel after commit."""
-    if not ids:
-        return []
-    changed, _ = apply_transitions(
-        target, [Change(pk, reason) for pk in ids], actor="scheduler", expected=S.active()
-    )
-    halted = [job.pk for job in changed]
-    clocks.close_open(Job.objects.filter(pk__in=halted).values("current_attempt"), now, reason)
-    Job.objects.filter(pk__in=halted).update(next_attempt_at=None)
-    if target == S.STOPPED:
-        for job in Job.objects.filter(pk__in=halted).only("pk", "then"):
-            lifecycle.not_succeeded(job, S.STOPPED)  # notes follow-ons not created, if any
-    transaction.on_commit(lambda: _cancel(halted))
-    return halted
-
-
-def _cancel(job_ids: list[int]) -> None:
-    for job_id in job_ids:
-        try:
-            cancel_current(job_id)
-        except Exception:  # the reconciler's orphan sweep cancels it again on its next tick
-            log.exception("cancel of job %s failed; the reconciler will retry", job_id)
 
 
 def _submit(admit: list[tuple[int, int, dict]], now: dt.datetime) -> list[int]:
@@ -440,7 +422,7 @@ def _held() -> _Ledger:
     """What SUBMITTED+PENDING+RUNNING jobs hold now, in one grouped query."""
     ledger = _Ledger()
     rows = (
-        Job.objects.filter(status__in=S.holds_quota())
+        Job.objects.filter(status__in=S.active())
         .values("team_id", "user_id", "cluster_id")
         .annotate(gpus=Sum("gpus"), jobs=Count("id"))
     )
@@ -469,16 +451,21 @@ def _cluster_capacities() -> dict[int, tuple[Cluster, Capacity]]:
             log.exception("capacity of cluster %s failed", cluster.name)
             capacity = Capacity(reachable=False, message=f"{type(exc).__name__}: {exc}")
         capacities[cluster.pk] = (cluster, capacity)
-        _record_reachability(cluster, capacity)
+        _record_health(cluster, capacity)
     return capacities
 
 
-def _record_reachability(cluster: Cluster, capacity: Capacity) -> None:
+def _record_health(cluster: Cluster, capacity: Capacity) -> None:
+    """What job reads show of the cluster (reachability, virtual GPUs); only changes are
+    written."""
     if capacity.reachable:
+        seen: dict = {}
+        if cluster.gpus_virtual != capacity.virtual:
+            seen["gpus_virtual"] = capacity.virtual
         if cluster.unreachable_since:
-            Cluster.objects.filter(pk=cluster.pk).update(
-                unreachable_since=None, unreachable_reason=""
-            )
+            seen |= {"unreachable_since": None, "unreachable_reason": ""}
+        if seen:
+            Cluster.objects.filter(pk=cluster.pk).update(**seen)
         return
     reason = capacity.message or "no reason given"
     if cluster.unreachable_since is None or cluster.unreachable_reason != reason:

@@ -5,10 +5,10 @@ import datetime as dt
 from django.conf import settings
 from django.utils import timezone
 
-from jobs import logstore
 from jobs.models import Attempt, Job, JobEvent
-from jobs.services import current_attempt, retry_unavailable_reason
+from jobs.reads.visible import current_attempt, retry_unavailable_reason
 from jobs.states import JobStatus
+from jobs.stores import logstore
 from metering.usage import attempt_gpu_seconds
 
 S = JobStatus

@@ -1,76 +1,40 @@
-"""Actions on jobs: submit and the control verbs. API, console and CLI all come through here.
+"""Submitting a job: every check a submission must pass, then the QUEUED row and its first
+event in one transaction; the scheduler is kicked after commit.
 
-Each action validates, writes inside one transaction (status through `jobs.transitions`), and
-talks to executors and Celery only after commit.
+Checks that can be made at submit are made here (team, role, priority, cluster, "could never
+fit", environment names, the snapshot and its `starforge.toml` follow-ons), so a job in the
+queue is one the scheduler can admit once there is room.
 """
 
 import logging
 import re
 import secrets
 import shlex
-from functools import partial
 
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import F, QuerySet
-from django.utils import timezone
 
-from jobs import clocks, lifecycle, logstore, teams
-from jobs.errors import BadRequest, Conflict, Forbidden, NotFound
+from jobs import kick, teams
+from jobs.errors import BadRequest, Forbidden, NotFound
 from jobs.executors import Capacity, executor_for
 from jobs.executors.base import GPU_VISIBILITY_VARS
-from jobs.launcher import cancel_current
-from jobs.models import Attempt, Cluster, Job, JobEvent, Membership, ScheduleWindow, Snapshot, Team
+from jobs.models import Cluster, Job, JobEvent, Membership, ScheduleWindow, Snapshot, Team
 from jobs.schemas import JobIn
-from jobs.snapshots import (
-    SnapshotRefused,
-    owned_snapshot,
-    read_project_file,
-    release_claim,
-    snapshot_path,
-)
 from jobs.states import JobStatus
-from jobs.transitions import TransitionRefused, transition
-from metering.records import forget_deleted
+from jobs.stores.snapshots import SnapshotRefused, owned_snapshot, read_project_file, snapshot_path
 
 log = logging.getLogger(__name__)
 S = JobStatus
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def visible_jobs(user: User) -> QuerySet[Job]:
-    if user.is_staff:
-        return Job.objects.all()
-    # A subquery, not a join through team: every relation joined multiplies PostgreSQL's
-    # planning, which was most of a job read (8 ms of 9 with eight relations).
-    return Job.objects.filter(team_id__in=Membership.objects.filter(user=user).values("team_id"))
-
-
-def with_related(jobs: QuerySet[Job]) -> QuerySet[Job]:
-    """What `job_out` and the pages read: team, user and cluster joined; the window and the
-    attempts in one small query each, which plans far faster than joins."""
-    return jobs.select_related("team", "user", "cluster").prefetch_related("window", "attempts")
-
-
-def current_attempt(job: Job) -> Attempt | None:
-    """The job's current attempt, taken from its attempts (prefetched by `with_related`)."""
-    if job.current_attempt_id is None:
-        return None
-    return next((a for a in job.attempts.all() if a.pk == job.current_attempt_id), None)
-
-
-def get_visible_job(user: User, job_id: int) -> Job:
-    job = with_related(visible_jobs(user)).filter(pk=job_id).first()
-    if job is None:
-        raise NotFound(f"job {job_id} does not exist or belongs to a team you are not in")
-    return job
-
-
 def submit_job(user: User, data: JobIn) -> Job:
     membership = _resolve_membership(user, data.team)
     team = membership.team
     cluster = _resolve_cluster(team, data.cluster)
-    _check_fits(team, cluster, data.gpus)
+    # The one engine question of a submit, asked outside the transaction: what the cluster has.
+    capacity = executor_for(cluster).capacity()
+    _check_fits(team, cluster, capacity, data.gpus)
     _check_priority(user, membership, data.priority)
     _check_env(data.env)
     window = _resolve_window(data.window)
@@ -84,7 +48,7 @@ def submit_job(user: User, data: JobIn) -> Job:
     with transaction.atomic():
         # Locking the snapshot row keeps a concurrent job deletion from removing the blob.
         snapshot = _resolve_snapshot(data.snapshot, team)
-        follow_ons = _follow_on_specs(team, cluster, data.then, snapshot)
+        follow_ons = _follow_on_specs(team, cluster, capacity, data.then, snapshot)
         job = Job.objects.create(
             run_id=secrets.token_hex(8),
             name=data.name or " ".join(data.entrypoint)[:200],
@@ -112,140 +76,12 @@ def submit_job(user: User, data: JobIn) -> Job:
             reason="submitted",
             actor=user.username,
         )
-        transaction.on_commit(kick_scheduler)
+        transaction.on_commit(kick.scheduler)
     return job
 
 
 def _or(value: int | None, default: int) -> int:
     return default if value is None else value
-
-
-def stop_job(user: User, job_id: int) -> Job:
-    return _halt(user, job_id, S.STOPPED, f"stopped by {user.username}")
-
-
-def pause_job(user: User, job_id: int) -> Job:
-    return _halt(user, job_id, S.PAUSED, f"paused by {user.username}")
-
-
-def resume_job(user: User, job_id: int) -> Job:
-    job = _controllable(user, job_id)
-    with transaction.atomic():
-        transition(
-            job.pk,
-            S.QUEUED,
-            reason=f"resumed by {user.username}; waiting for the scheduler",
-            actor=user.username,
-            expected={S.PAUSED},
-        )
-        Job.objects.filter(pk=job.pk).update(paused_by_window=False)
-    transaction.on_commit(kick_scheduler)
-    return get_visible_job(user, job_id)
-
-
-def retry_job(user: User, job_id: int) -> Job:
-    job = _controllable(user, job_id)
-    why_not = retry_unavailable_reason(job)
-    if why_not and job.status in (S.FAILED, S.STOPPED):  # other states: the table refuses
-        raise Conflict(
-            f"job {job_id} is {job.status}: it cannot be retried: {why_not}", status=job.status
-        )
-    with transaction.atomic():
-        transition(
-            job.pk,
-            S.QUEUED,
-            reason=f"retried by {user.username}; waiting for the scheduler",
-            actor=user.username,
-            expected={S.FAILED, S.STOPPED},
-        )
-        Job.objects.filter(pk=job.pk).update(retry_count=F("retry_count") + 1, next_attempt_at=None)
-    transaction.on_commit(kick_scheduler)
-    return get_visible_job(user, job_id)
-
-
-def retry_unavailable_reason(job: Job) -> str:
-    """Why `retry` would be refused right now, or "" when it would be accepted."""
-    if job.status not in (S.FAILED, S.STOPPED):
-        return f"only FAILED or STOPPED jobs can be retried; this one is {job.status}"
-    snapshot = job.snapshot
-    if snapshot is None or snapshot_path(snapshot.sha256).exists():
-        return ""
-    how = snapshot.deleted_reason or "outside Starforge (the file is missing)"
-    return f"the working-directory snapshot was deleted {how}; submit again"
-
-
-def delete_job(user: User, job_id: int) -> None:
-    """Delete a finished job's row, timeline and logs; its snapshot goes with its last job."""
-    job = _controllable(user, job_id)
-    if job.status in S.active() or job.status == S.QUEUED:
-        raise Conflict(
-            f"job {job_id} is {job.status}: stop it before deleting it", status=job.status
-        )
-    with transaction.atomic():
-        snapshot = _lock_snapshot(job.snapshot_id)
-        forget_deleted(job.pk)  # its GPU time stays billed in the usage records
-        job.delete()
-        transaction.on_commit(partial(logstore.delete_logs, job_id))
-        if snapshot is not None:
-            # The team's claim goes with its last job using it; the blob with the last claim.
-            release_claim(job.team_id, snapshot)
-
-
-def _halt(user: User, job_id: int, target: JobStatus, reason: str) -> Job:
-    _controllable(user, job_id)
-    with transaction.atomic():
-        # Read the row under its lock: a scheduler tick may have admitted the job (a new open
-        # attempt) since the check above, and that attempt is the one to close.
-        job = Job.objects.select_for_update().get(pk=job_id)
-        changed = transition(
-            job.pk, target, reason=reason, actor=user.username, attempt=job.attempt_count or None
-        )
-        # A stop also cancels a pending automatic retry; a person's pause or stop is theirs,
-        # so a reopening window does not resume it.
-        Job.objects.filter(pk=job.pk).update(next_attempt_at=None, paused_by_window=False)
-        had_attempt = clocks.close_open(
-            Attempt.objects.filter(job_id=job.pk, number=job.attempt_count).values_list(
-                "pk", flat=True
-            ),
-            timezone.now(),
-            reason,
-        )
-        # A FAILED job already said its follow-ons were not created, unless it was waiting
-        # for an automatic retry (which could still have succeeded): then the stop decides.
-        if target == S.STOPPED and (job.status != S.FAILED or job.next_attempt_at is not None):
-            lifecycle.not_succeeded(job, S.STOPPED)
-    if had_attempt and changed.status == target:
-        _cancel_after_commit(job.pk)
-    return get_visible_job(user, job_id)
-
-
-def _cancel_after_commit(job_id: int) -> None:
-    def cancel() -> None:
-        try:
-            cancel_current(job_id)
-        except Exception:  # the reconciler's orphan sweep cancels it again on its next tick
-            log.exception("cancel of job %s failed; the reconciler will retry", job_id)
-
-    transaction.on_commit(cancel)
-
-
-def _controllable(user: User, job_id: int) -> Job:
-    job = get_visible_job(user, job_id)
-    if not teams.can_control_jobs(user, job.team_id):
-        raise Forbidden(
-            f"you can read job {job_id} but not control it (viewer role in team {job.team.name})"
-        )
-    return job
-
-
-def kick_scheduler() -> None:
-    """Run a scheduler tick soon, without waiting for beat; best effort."""
-    from jobs.tasks import schedule_tick
-
-    try:
-        schedule_tick.apply_async(retry=False)
-    except Exception as exc:
-        log.warning("could not kick the scheduler (%s); beat's next tick will admit the job", exc)
 
 
 def _resolve_membership(user: User, name: str | None) -> Membership:
@@ -289,7 +125,7 @@ def _resolve_cluster(team: Team, name: str | None) -> Cluster:
     return cluster
 
 
-def _check_fits(team: Team, cluster: Cluster, gpus: int) -> None:
+def _check_fits(team: Team, cluster: Cluster, capacity: Capacity, gpus: int) -> None:
     if gpus > team.gpu_quota:
         raise BadRequest(
             f"this job asks for {gpus} GPUs but team {team.name}'s quota is "
@@ -305,7 +141,6 @@ def _check_fits(team: Team, cluster: Cluster, gpus: int) -> None:
             f"this job asks for {gpus} GPUs but team {team.name} caps each member at "
             f"{team.user_gpu_cap} GPUs at once; it could never start"
         )
-    capacity = executor_for(cluster).capacity()
     if capacity.reachable and gpus > capacity.total_gpus:
         raise BadRequest(
             f"this job asks for {gpus} GPUs but cluster {cluster.name} has "
@@ -341,14 +176,8 @@ def _resolve_snapshot(sha: str | None, team: Team) -> Snapshot | None:
     return snapshot
 
 
-def _lock_snapshot(sha: str | None) -> Snapshot | None:
-    if sha is None:
-        return None
-    return Snapshot.objects.select_for_update().filter(pk=sha).first()
-
-
 def _follow_on_specs(
-    team: Team, cluster: Cluster, names: list[str], snapshot: Snapshot | None
+    team: Team, cluster: Cluster, capacity: Capacity, names: list[str], snapshot: Snapshot | None
 ) -> dict:
     if not names:
         return {}
@@ -358,7 +187,6 @@ def _follow_on_specs(
         project = read_project_file(snapshot_path(snapshot.sha256))
     except SnapshotRefused as exc:
         raise BadRequest(str(exc)) from exc
-    capacity = executor_for(cluster).capacity()
     specs = {}
     for name in names:
         spec = project.get("then", {}).get(name)
@@ -419,16 +247,3 @@ def _resolve_window(name: str | None) -> ScheduleWindow | None:
     if name is None:
         return None
     return teams.named(ScheduleWindow, name, "schedule window", "windows")
-
-
-__all__ = [
-    "TransitionRefused",
-    "delete_job",
-    "get_visible_job",
-    "pause_job",
-    "resume_job",
-    "retry_job",
-    "stop_job",
-    "submit_job",
-    "visible_jobs",
-]

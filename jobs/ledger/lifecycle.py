@@ -12,9 +12,10 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from jobs import kick
+from jobs.ledger.transitions import Change, apply_transitions
 from jobs.models import Job, JobEvent
 from jobs.states import JobStatus
-from jobs.transitions import Change, apply_transitions
 
 RETRYABLE = frozenset({"exit", "oom", "lost", "preempted"})
 
@@ -97,9 +98,7 @@ def after_success(job_id: int) -> list[Job]:
         _note(parent.pk, f"follow-on {name} created as job {child.pk}", job=child.pk)
         made.append(child)
     if made:
-        from jobs.services import kick_scheduler
-
-        transaction.on_commit(kick_scheduler)
+        transaction.on_commit(kick.scheduler)
     return made
 
 

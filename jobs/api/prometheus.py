@@ -1,7 +1,7 @@
 """`/metrics`: the ledger and the loops in Prometheus' text format, for staff and scrapers.
 
 Every figure is read on scrape with a fixed number of queries, however many jobs the ledger
-holds; the ticks' durations come from `jobs.tickstats` (Redis), written by the Celery worker.
+holds; the ticks' durations come from `jobs.loops.tickstats` (Redis), written by the Celery worker.
 The exposition is written by hand (format 0.0.4) so the server needs no client library.
 """
 
@@ -18,9 +18,9 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from jobs import tickstats
 from jobs.auth import UserToken
 from jobs.errors import ApiError
+from jobs.loops import tickstats
 from jobs.models import Attempt, Cluster, Job, Team
 from jobs.states import JobStatus
 from jobs.throttle import Throttled

@@ -13,7 +13,7 @@ their place (stderr, the first dropped line's seq) and one NOTE event; nothing s
 is touched. The check costs nothing below the cap: it reads the row the append locks anyway.
 
 Cursors are ``"<attempt>:<byte offset>"``. Each stored batch is also pushed, after commit, to
-the job's live group (`jobs.live`) with the cursor just after it.
+the job's live group (`jobs.broadcast`) with the cursor just after it.
 """
 
 import json
@@ -26,7 +26,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
-from jobs import live
+from jobs import broadcast
 from jobs.models import JobEvent, LogStream
 
 DEFAULT_ATTEMPT_MAX_LOG_BYTES = 1024 * 1024 * 1024
@@ -96,7 +96,7 @@ def append(job_id: int, attempt: int, lines: list[dict]) -> AppendResult:
             size=stream.size, next_seq=stream.next_seq, dropped_lines=stream.dropped_lines
         )
         if kept:
-            live.publish_lines(job_id, attempt, kept, f"{attempt}:{stream.size}")
+            broadcast.publish_lines(job_id, attempt, kept, f"{attempt}:{stream.size}")
     accepted = len(fresh) - dropped
     return AppendResult(accepted, len(lines) - len(fresh), stream.next_seq, dropped)
 

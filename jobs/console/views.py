@@ -15,11 +15,14 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from jobs import auth, diagnostics, services, teams
+from jobs import auth, teams
+from jobs.actions import control
 from jobs.errors import ApiError, BadRequest, Forbidden, NotFound
+from jobs.ledger.transitions import TransitionRefused
 from jobs.models import Cluster, Membership
+from jobs.reads import diagnostics
+from jobs.reads.visible import get_visible_job, retry_unavailable_reason, visible_jobs
 from jobs.states import ALLOWED_TRANSITIONS, JobStatus
-from jobs.transitions import TransitionRefused
 from metering.usage import attempt_gpu_seconds
 
 PAGE_SIZE = 50
@@ -30,10 +33,10 @@ VERBS = {
     "retry": JobStatus.QUEUED,
 }
 ACTIONS = {
-    "stop": services.stop_job,
-    "pause": services.pause_job,
-    "resume": services.resume_job,
-    "retry": services.retry_job,
+    "stop": control.stop_job,
+    "pause": control.pause_job,
+    "resume": control.resume_job,
+    "retry": control.retry_job,
 }
 
 
@@ -42,7 +45,7 @@ def job_list(request):
     filters = {
         k: request.GET.get(k, "").strip() for k in ("status", "team", "user", "backend", "q")
     }
-    jobs = services.visible_jobs(request.user).select_related("team", "user", "cluster")
+    jobs = visible_jobs(request.user).select_related("team", "user", "cluster")
     if filters["status"].upper() in JobStatus.values:
         jobs = jobs.filter(status=filters["status"].upper())
     if filters["team"]:
@@ -180,7 +183,7 @@ def states_help(request):
 
 def _visible(request, job_id: int):
     try:
-        return services.get_visible_job(request.user, job_id)
+        return get_visible_job(request.user, job_id)
     except NotFound as exc:
         raise Http404(exc.detail) from exc
 
@@ -196,7 +199,7 @@ def _actions(job, can_control: bool) -> list[dict]:
             continue
         if target not in allowed:
             continue
-        why_not = services.retry_unavailable_reason(job) if verb == "retry" else ""
+        why_not = retry_unavailable_reason(job) if verb == "retry" else ""
         if not can_control:
             why_not = f"your role in team {job.team.name} is viewer: you can read this job only"
         shown.append({"verb": verb, "disabled": bool(why_not), "why_not": why_not})

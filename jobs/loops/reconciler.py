@@ -17,12 +17,13 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs import clocks, lifecycle, logstore
 from jobs.executors import Executor, Observation, executor_for
-from jobs.launcher import launch_attempts
+from jobs.ledger import clocks, lifecycle
+from jobs.ledger.transitions import TransitionRefused, transition
+from jobs.loops.launcher import launch_attempts
 from jobs.models import Attempt, Cluster, JobEvent
 from jobs.states import JobStatus
-from jobs.transitions import TransitionRefused, transition
+from jobs.stores import logstore
 
 log = logging.getLogger(__name__)
 S = JobStatus

@@ -1,0 +1,239 @@
+"""The runner's ingest (`/api/v1/ingest`): log lines, the start signal, the bootstrap exchange
+and the snapshot download, each authenticated by the attempt's job token.
+
+What a runner sends is a job's input (docs/ARCHITECTURE.md, invariant 7): every body is parsed
+by hand against hard caps, and a token's ingest closes INGEST_GRACE_S after its attempt ends.
+`jobs.api.metrics` reads its batches with the helpers here.
+"""
+
+import json
+
+from django.conf import settings
+from django.http import FileResponse
+from django.utils import timezone
+from ninja import Router
+
+from jobs.auth import BootstrapToken, JobToken
+from jobs.errors import BadRequest, Conflict, Gone, NotFound
+from jobs.job_tokens import job_token_for
+from jobs.ledger import clocks
+from jobs.models import Attempt
+from jobs.schemas import ErrorOut, IngestResult, StartedOut, TokenExchangeOut
+from jobs.states import JobStatus
+from jobs.stores import logstore
+from jobs.stores.snapshots import snapshot_path
+
+router = Router(auth=JobToken(), tags=["runner ingest"])
+INGEST_GRACE_S = 120
+
+
+def batch_items(body: bytes, attempt: int, field: str, limit: int, *, finite: bool) -> list:
+    """The list under `field` of a runner's batch for `attempt`, or a 4xx saying what is wrong.
+
+    With `finite`, NaN and Infinity are refused while parsing; otherwise the caller checks them.
+    """
+    items = runner_body(body, attempt, finite=finite).get(field)
+    if not isinstance(items, list):
+        raise BadRequest(f'"{field}" must be a list')
+    if len(items) > limit:
+        raise PayloadTooLarge(f"a batch holds at most {limit} {field}; this one has {len(items)}")
+    return items
+
+
+def ingest_body(request) -> bytes:
+    """The runner's request body, refused with a 413 past SF_INGEST_MAX_BODY_BYTES.
+
+    Read here rather than through request.body, whose cap (DATA_UPLOAD_MAX_MEMORY_SIZE) ends
+    in a 500 and would refuse the long lines of a legitimate batch.
+    """
+    limit = settings.SF_INGEST_MAX_BODY_BYTES
+    length = request.headers.get("Content-Length", "")
+    declared_too_long = length.isdigit() and int(length) > limit
+    body = b"" if declared_too_long else request.read(limit + 1)
+    if declared_too_long or len(body) > limit:
+        raise PayloadTooLarge(
+            f"a batch is at most {limit} bytes; send fewer lines or points per request"
+        )
+    return body
+
+
+def runner_body(body: bytes, attempt: int, *, finite: bool = True) -> dict:
+    """A runner's JSON object naming this token's attempt, or a 400 saying what is wrong."""
+    try:
+        batch = json.loads(body, parse_constant=_refuse_constant if finite else None)
+    except ValueError as exc:
+        raise BadRequest(f"the body is not JSON ({exc})") from exc
+    except RecursionError:
+        raise BadRequest("the body is nested too deeply to be a batch") from None
+    sent = batch.get("attempt") if isinstance(batch, dict) else None
+    if type(sent) is not int or sent != attempt:
+        raise BadRequest(f'the body must be an object with "attempt": {attempt} (this token\'s)')
+    return batch
+
+
+def batch_body_doc(field: str, item: dict) -> dict:
+    """The OpenAPI request body of a runner's batch (parsed by hand, for speed)."""
+    schema = {
+        "type": "object",
+        "required": ["attempt", field],
+        "properties": {
+            "attempt": {"type": "integer", "description": "the attempt this job token names"},
+            field: {"type": "array", "items": item},
+        },
+    }
+    return {"requestBody": {"content": {"application/json": {"schema": schema}}}}
+
+
+def ingesting_attempt(principal) -> Attempt:
+    """The attempt a job token names, while its ingest is open: the attempt is its job's
+    current one and open, or closed less than INGEST_GRACE_S ago (the runner's last flush).
+    A request it authenticates is the runner's, so the attempt is seen alive now."""
+    attempt, now = principal.row, timezone.now()
+    job = attempt.job
+    ended = attempt.end_time or (
+        None if job.status in JobStatus.active() else job.status_changed_at
+    )
+    if job.current_attempt_id != attempt.pk or (
+        ended is not None and (now - ended).total_seconds() >= INGEST_GRACE_S
+    ):
+        raise Gone(f"attempt {attempt.number} of job {job.pk} is over; its ingest is closed")
+    if attempt.end_time is None and (
+        attempt.alive_at is None or now - attempt.alive_at >= clocks.ALIVE_RESOLUTION
+    ):
+        clocks.seen_alive([attempt.pk], now)
+    return attempt
+
+
+LINE_DOC = {
+    "type": "object",
+    "required": ["seq", "stream", "ts", "text"],
+    "properties": {
+        "seq": {"type": "integer", "minimum": 0, "description": "the attempt's line number"},
+        "stream": {"enum": ["stdout", "stderr"]},
+        "ts": {"type": "number", "description": "epoch seconds, by the runner's clock"},
+        "text": {"type": "string"},
+    },
+}
+
+
+@router.post(
+    "/logs",
+    response={200: IngestResult, (400, 401, 404, 409, 410, 413, 429): ErrorOut},
+    summary="Append a batch of log lines",
+    openapi_extra=batch_body_doc("lines", LINE_DOC),
+)
+def ingest_logs(request):
+    attempt = ingesting_attempt(request.auth)
+    lines = _parse_batch(ingest_body(request), attempt.number)
+    result = logstore.append(attempt.job_id, attempt.number, lines)
+    return {
+        "accepted": result.accepted,
+        "duplicates": result.duplicates,
+        "next_seq": result.next_seq,
+        "dropped": result.dropped,  # past the attempt's log cap: answered 200, not retried
+    }
+
+
+# The body of a runner's request that carries nothing but the attempt it is about.
+ATTEMPT_BODY_DOC = {
+    "requestBody": {
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["attempt"],
+                    "properties": {"attempt": {"type": "integer"}},
+                }
+            }
+        }
+    }
+}
+
+
+@router.post(
+    "/started",
+    response={200: StartedOut, (400, 401, 404, 410, 413, 429): ErrorOut},
+    summary="The runner spawned the entrypoint: the attempt's start time, by the server's clock",
+    openapi_extra=ATTEMPT_BODY_DOC,
+)
+def ingest_started(request):
+    """Set the attempt's start time when nothing set it yet (counted once, never moved).
+
+    The server's clock, not the runner's, so a node with a skewed clock cannot bill queued
+    time; an attempt already closed (stopped while starting) keeps what it has.
+    """
+    attempt = ingesting_attempt(request.auth)
+    runner_body(ingest_body(request), attempt.number)
+    now = timezone.now()
+    return {"start_time": clocks.mark_started(attempt, now, now)}
+
+
+@router.post(
+    "/token",
+    auth=BootstrapToken(),
+    response={200: TokenExchangeOut, (400, 401, 409, 410, 413, 429): ErrorOut},
+    summary="Exchange the runner's one-time bootstrap credential for its job token",
+    openapi_extra=ATTEMPT_BODY_DOC,
+)
+def exchange_bootstrap(request):
+    """Once per attempt: the engines whose job specs others can read (the Ray dashboard, a pod
+    spec) carry only this credential, spent by the runner at start."""
+    attempt = ingesting_attempt(request.auth)
+    runner_body(ingest_body(request), attempt.number)
+    spent = Attempt.objects.filter(pk=attempt.pk, bootstrap_used_at__isnull=True).update(
+        bootstrap_used_at=timezone.now()
+    )
+    if not spent:
+        raise Conflict(
+            f"the bootstrap credential of attempt {attempt.number} of job {attempt.job_id} "
+            "was exchanged already; it works once"
+        )
+    return {"token": job_token_for(attempt)}
+
+
+# Epoch seconds far past any clock; a larger number would read as Infinity in the browser.
+MAX_TS = 1e12
+
+
+def _parse_batch(body: bytes, attempt: int) -> list[dict]:
+    lines = batch_items(body, attempt, "lines", settings.SF_LOG_BATCH_MAX_LINES, finite=True)
+    for i, line in enumerate(lines):
+        if not (
+            isinstance(line, dict)
+            and type(line.get("seq")) is int
+            and line["seq"] >= 0
+            and line.get("stream") in ("stdout", "stderr")
+            and type(line.get("ts")) in (int, float)
+            and abs(line["ts"]) <= MAX_TS
+            and isinstance(line.get("text"), str)
+        ):
+            raise BadRequest(
+                f"line {i} must have seq (int >= 0), stream (stdout|stderr), "
+                f"ts (epoch seconds, a number of at most {MAX_TS:.0e}) and text (string)"
+            )
+    return lines
+
+
+def _refuse_constant(name: str) -> float:
+    # NaN and Infinity are not JSON: stored, they would break every reader of the log.
+    raise ValueError(f"{name} is not a JSON number")
+
+
+class PayloadTooLarge(BadRequest):
+    status = 413
+
+
+@router.get(
+    "/snapshot",
+    summary="The job's working-directory snapshot (.tar.gz)",
+    response={200: None, (401, 404, 410, 429): ErrorOut},
+)
+def ingest_snapshot(request):
+    attempt = ingesting_attempt(request.auth)
+    sha = attempt.job.snapshot_id
+    if not sha:
+        raise NotFound("this job was submitted without a snapshot")
+    path = snapshot_path(sha)
+    if not path.exists():
+        raise Gone("the job's working-directory snapshot was deleted")
+    return FileResponse(open(path, "rb"), content_type="application/gzip")

@@ -1,0 +1,345 @@
+"""The jobs API (`/api/v1`): submit, read, control, logs and snapshots, for the CLI (a user
+token) and the console (its session). The runner's side is `jobs.api.ingest`."""
+
+import asyncio
+import json
+import time
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpResponse, StreamingHttpResponse
+from django.utils import timezone
+from ninja import Query, Router, Schema, Status
+from pydantic import Field
+
+from jobs import teams
+from jobs.actions import control
+from jobs.actions.submit import submit_job
+from jobs.auth import ConsoleSession, UserToken
+from jobs.errors import BadRequest
+from jobs.models import Job, Membership
+from jobs.reads import diagnostics
+from jobs.reads.visible import (
+    current_attempt,
+    get_visible_job,
+    retry_unavailable_reason,
+    visible_jobs,
+    with_related,
+)
+from jobs.schemas import (
+    AttemptOut,
+    DiagnosticsOut,
+    ErrorOut,
+    EventOut,
+    JobIn,
+    JobOut,
+    JobPage,
+    MeOut,
+    SnapshotOut,
+    Text,
+)
+from jobs.states import JobStatus
+from jobs.stores import logstore
+from jobs.stores.snapshots import store_snapshot
+from metering.usage import attempt_gpu_seconds, job_gpu_seconds
+
+# The CLI sends a token; the console its session (CSRF-checked on POST and DELETE).
+router = Router(auth=[UserToken(), ConsoleSession()], tags=["jobs"])
+DOWNLOAD_PAGE_LINES = 10_000
+
+
+def job_out(job: Job) -> dict:
+    attempt = current_attempt(job)
+    why_not_retry = retry_unavailable_reason(job)
+    return {
+        "id": job.pk,
+        "run_id": job.run_id,
+        "name": job.name,
+        "team": job.team.name,
+        "user": job.user.username,
+        "cluster": job.cluster.name,
+        "backend": job.cluster.kind,
+        "status": job.status,
+        "status_reason": job.status_reason,
+        "terminal": job.status in JobStatus.terminal(),
+        "gpus": job.gpus,
+        "virtual_gpus": job.cluster.virtual_gpus,
+        "entrypoint": job.entrypoint,
+        "priority": job.priority,
+        "window": job.window.name if job.window else None,
+        "window_policy": job.window_policy,
+        "attempt": job.attempt_count,
+        "retry_count": job.retry_count,
+        "job_ref": attempt.job_ref if attempt else "",
+        "submitted_at": job.submitted_at,
+        "started_at": attempt.start_time if attempt else None,
+        "ended_at": attempt.end_time if attempt else None,
+        "exit_code": attempt.exit_code if attempt else None,
+        "gpu_seconds": round(job_gpu_seconds(job.attempts.all()), 3),
+        "output_dir": str(settings.SF_OUTPUT_ROOT / job.run_id),
+        "snapshot": job.snapshot_id,
+        "max_retries": job.max_retries,
+        "retries_left": max(0, job.max_retries - job.retry_count),
+        "retry_cooldown_s": job.retry_cooldown_s,
+        "next_attempt_at": job.next_attempt_at,
+        "retry_available": not why_not_retry,
+        "retry_unavailable_reason": why_not_retry,
+        "parent": job.parent_id,
+        "follow_on_name": job.follow_on_name,
+        "then": job.then,
+    }
+
+
+@router.get(
+    "/me",
+    response={200: MeOut, (401, 429): ErrorOut},
+    summary="Who the token belongs to, and their teams",
+)
+def me(request):
+    memberships = (
+        Membership.objects.filter(user=request.auth)
+        .select_related("team", "team__default_cluster")
+        .order_by("pk")
+    )
+    teams = [
+        {
+            "name": m.team.name,
+            "role": m.role,
+            "gpu_quota": m.team.gpu_quota,
+            "default_cluster": m.team.default_cluster.name if m.team.default_cluster else None,
+        }
+        for m in memberships
+    ]
+    return {
+        "username": request.auth.username,
+        "teams": teams,
+        "default_team": teams[0]["name"] if teams else None,
+    }
+
+
+@router.post(
+    "/snapshots",
+    response={201: SnapshotOut, (400, 401, 403, 409, 413, 415, 429): ErrorOut},
+    summary="Upload a working-directory .tar.gz for one of your teams",
+    openapi_extra={
+        "requestBody": {
+            "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}},
+            "required": True,
+        }
+    },
+)
+def upload_snapshot(request, team: Text | None = None):
+    """For `team` (default: your only team you can upload to); `created` says whether that
+    team did not have these bytes before, whatever other teams hold."""
+    owner = teams.uploading_team(request.auth, team)
+    length = request.headers.get("Content-Length")
+    declared = int(length) if length and length.isdigit() else None
+    snapshot, created = store_snapshot(
+        request, request.content_type or "", declared, team=owner, user=request.auth
+    )
+    return Status(201, {"sha256": snapshot.sha256, "size": snapshot.size, "created": created})
+
+
+@router.post(
+    "/jobs",
+    response={201: JobOut, (400, 401, 403, 404, 413, 422, 429): ErrorOut},
+    summary="Submit a job",
+)
+def submit(request, data: JobIn):
+    job = submit_job(request.auth, data)
+    return Status(201, job_out(get_visible_job(request.auth, job.pk)))
+
+
+class JobFilters(Schema):
+    status: Text | None = None
+    team: Text | None = None
+    user: Text | None = None
+    mine: bool = False
+    limit: int = Field(50, ge=1, le=500)
+    before: int | None = Field(None, ge=1, description="job id to page back from")
+
+
+@router.get(
+    "/jobs",
+    response={200: JobPage, (400, 401, 422, 429): ErrorOut},
+    summary="List jobs of your teams, newest first",
+)
+def list_jobs(request, filters: Query[JobFilters]):
+    jobs = visible_jobs(request.auth)
+    if filters.status:
+        if filters.status.upper() not in JobStatus.values:
+            raise BadRequest(
+                f"unknown status {filters.status!r}; one of {', '.join(JobStatus.values)}"
+            )
+        jobs = jobs.filter(status=filters.status.upper())
+    if filters.team:
+        jobs = jobs.filter(team__name=filters.team)
+    if filters.mine:
+        jobs = jobs.filter(user=request.auth)
+    elif filters.user:
+        jobs = jobs.filter(user__username=filters.user)
+    if filters.before:
+        jobs = jobs.filter(pk__lt=filters.before)
+    page = list(with_related(jobs).order_by("-pk")[: filters.limit + 1])
+    more = len(page) > filters.limit
+    page = page[: filters.limit]
+    return {
+        "items": [job_out(j) for j in page],
+        "next_before": page[-1].pk if more else None,
+    }
+
+
+@router.get(
+    "/jobs/{job_id}", response={200: JobOut, (401, 404, 422, 429): ErrorOut}, summary="One job"
+)
+def get_job(request, job_id: int):
+    return job_out(get_visible_job(request.auth, job_id))
+
+
+@router.delete(
+    "/jobs/{job_id}",
+    response={204: None, (401, 403, 404, 409, 422, 429): ErrorOut},
+    summary="Delete a finished job",
+)
+def delete_job(request, job_id: int):
+    control.delete_job(request.auth, job_id)
+    return Status(204, None)
+
+
+@router.get(
+    "/jobs/{job_id}/events",
+    response={200: list[EventOut], (401, 404, 422, 429): ErrorOut},
+    summary="The job's timeline",
+)
+def job_events(request, job_id: int):
+    job = get_visible_job(request.auth, job_id)
+    return list(job.events.order_by("pk"))
+
+
+@router.get(
+    "/jobs/{job_id}/diagnostics",
+    response={200: DiagnosticsOut, (401, 404, 422, 429): ErrorOut},
+    summary="Why the job is where it is, in sentences (the console's Diagnostics tab)",
+)
+def job_diagnostics(request, job_id: int):
+    job = get_visible_job(request.auth, job_id)
+    return {"status": job.status, "sentences": diagnostics.explain(job)}
+
+
+@router.get(
+    "/jobs/{job_id}/attempts",
+    response={200: list[AttemptOut], (401, 404, 422, 429): ErrorOut},
+    summary="The job's attempts",
+)
+def job_attempts(request, job_id: int):
+    job = get_visible_job(request.auth, job_id)
+    now = timezone.now()
+    return [
+        {
+            **{f: getattr(a, f) for f in AttemptOut.model_fields if f != "gpu_seconds"},
+            "gpu_seconds": attempt_gpu_seconds(a.start_time, a.end_time, a.gpus, now),
+        }
+        for a in job.attempts.order_by("number")
+    ]
+
+
+def _verb(name: str, action):
+    @router.post(
+        f"/jobs/{{job_id}}/{name}",
+        response={200: JobOut, (401, 403, 404, 409, 422, 429): ErrorOut},
+        summary=f"{name.title()} a job",
+        operation_id=f"{name}_job",
+    )
+    def view(request, job_id: int):
+        return job_out(action(request.auth, job_id))
+
+    return view
+
+
+stop = _verb("stop", control.stop_job)
+pause = _verb("pause", control.pause_job)
+resume = _verb("resume", control.resume_job)
+retry = _verb("retry", control.retry_job)
+
+
+class LogQuery(Schema):
+    cursor: str | None = Field(None, max_length=64, description="from a previous answer")
+    tail: int | None = Field(None, ge=0, le=1_000_000, description="the last N lines (0: all)")
+    follow: bool = False
+    wait: float = Field(20.0, ge=0, le=30, description="seconds to wait for new lines")
+    limit: int = Field(10_000, ge=1, le=settings.SF_LOG_PAGE_MAX_LINES)
+
+
+@router.get(
+    "/jobs/{job_id}/logs",
+    summary="Log lines after a cursor; waits for new ones with follow",
+    response={200: dict, (400, 401, 404, 422, 429): ErrorOut},
+)
+async def job_logs(request, job_id: int, q: Query[LogQuery]):
+    job = await sync_to_async(get_visible_job)(request.auth, job_id)
+    deadline = time.monotonic() + (q.wait if q.follow else 0)
+    cursor = q.cursor
+    while True:
+        status = await sync_to_async(_status)(job.pk)  # before reading: no line can be missed
+        page = await sync_to_async(_page)(job.pk, cursor, q.tail, q.limit)
+        done = status in JobStatus.terminal() and page.at_end
+        if page.raw_lines or done or time.monotonic() >= deadline:
+            break
+        cursor, q.tail = page.cursor, None
+        await asyncio.sleep(0.25)
+    body = (
+        b'{"lines":['
+        + b",".join(page.raw_lines)
+        + b'],"cursor":'
+        + json.dumps(page.cursor).encode()
+        + b',"status":"'
+        + status.encode()
+        + b'","done":'
+        + (b"true" if done else b"false")
+        + b"}"
+    )
+    return HttpResponse(body, content_type="application/json")
+
+
+def _status(job_id: int) -> str:
+    return Job.objects.filter(pk=job_id).values_list("status", flat=True).get()
+
+
+@router.get(
+    "/jobs/{job_id}/logs/download",
+    summary="The whole log of every attempt as plain text",
+    response={200: None, (401, 404, 422, 429): ErrorOut},
+)
+async def download_logs(request, job_id: int):
+    job = await sync_to_async(get_visible_job)(request.auth, job_id)
+    response = StreamingHttpResponse(_log_text(job.pk), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-{job.run_id}.log"'
+    return response
+
+
+async def _log_text(job_id: int):
+    """Every stored line, page by page, with an `==> attempt N <==` line before each attempt."""
+    cursor, attempt = None, None
+    while True:
+        page = await sync_to_async(logstore.read)(job_id, cursor, DOWNLOAD_PAGE_LINES)
+        chunk = []
+        for raw in page.raw_lines:
+            line = json.loads(raw)
+            if line["attempt"] != attempt:
+                attempt = line["attempt"]
+                chunk.append(f"==> attempt {attempt} <==\n")
+            chunk.append(line["text"] + "\n")
+        if chunk:
+            yield "".join(chunk).encode()
+        if page.at_end or not page.raw_lines:
+            return
+        cursor = page.cursor
+
+
+def _page(job_id: int, cursor: str | None, tail: int | None, limit: int) -> logstore.Page:
+    try:
+        if tail:
+            return logstore.tail(job_id, min(tail, limit))
+        return logstore.read(job_id, cursor, limit)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from exc

@@ -1,0 +1,52 @@
+"""Reading jobs as a user may: which jobs they see, one job with what its pages need, and the
+facts a read shows (the current attempt, why a retry would be refused). Nothing here writes.
+"""
+
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
+
+from jobs.errors import NotFound
+from jobs.models import Attempt, Job, Membership
+from jobs.states import JobStatus
+from jobs.stores.snapshots import snapshot_path
+
+S = JobStatus
+
+
+def visible_jobs(user: User) -> QuerySet[Job]:
+    if user.is_staff:
+        return Job.objects.all()
+    # A subquery, not a join through team: every relation joined multiplies PostgreSQL's
+    # planning, which was most of a job read (8 ms of 9 with eight relations).
+    return Job.objects.filter(team_id__in=Membership.objects.filter(user=user).values("team_id"))
+
+
+def with_related(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """What `job_out` and the pages read: team, user and cluster joined; the window and the
+    attempts in one small query each, which plans far faster than joins."""
+    return jobs.select_related("team", "user", "cluster").prefetch_related("window", "attempts")
+
+
+def current_attempt(job: Job) -> Attempt | None:
+    """The job's current attempt, taken from its attempts (prefetched by `with_related`)."""
+    if job.current_attempt_id is None:
+        return None
+    return next((a for a in job.attempts.all() if a.pk == job.current_attempt_id), None)
+
+
+def get_visible_job(user: User, job_id: int) -> Job:
+    job = with_related(visible_jobs(user)).filter(pk=job_id).first()
+    if job is None:
+        raise NotFound(f"job {job_id} does not exist or belongs to a team you are not in")
+    return job
+
+
+def retry_unavailable_reason(job: Job) -> str:
+    """Why `retry` would be refused right now, or "" when it would be accepted."""
+    if job.status not in (S.FAILED, S.STOPPED):
+        return f"only FAILED or STOPPED jobs can be retried; this one is {job.status}"
+    snapshot = job.snapshot
+    if snapshot is None or snapshot_path(snapshot.sha256).exists():
+        return ""
+    how = snapshot.deleted_reason or "outside Starforge (the file is missing)"
+    return f"the working-directory snapshot was deleted {how}; submit again"

@@ -1,0 +1,48 @@
+"""The OpenAPI operation ids are pinned: moving a router to another module must not rename them
+(generated clients and the CLI's error messages name operations by id)."""
+
+from starforge.api import api
+
+PINNED = {
+    ("DELETE", "/api/v1/jobs/{job_id}"): "jobs_api_delete_job",
+    ("DELETE", "/api/v1/teams/{name}/members/{username}"): "jobs_teams_api_remove_member",
+    ("DELETE", "/api/v1/tokens/{token_id}"): "jobs_tokens_api_revoke_token",
+    ("GET", "/api/v1/ingest/snapshot"): "jobs_api_ingest_snapshot",
+    ("GET", "/api/v1/jobs"): "jobs_api_list_jobs",
+    ("GET", "/api/v1/jobs/{job_id}"): "jobs_api_get_job",
+    ("GET", "/api/v1/jobs/{job_id}/attempts"): "jobs_api_job_attempts",
+    ("GET", "/api/v1/jobs/{job_id}/diagnostics"): "jobs_api_job_diagnostics",
+    ("GET", "/api/v1/jobs/{job_id}/events"): "jobs_api_job_events",
+    ("GET", "/api/v1/jobs/{job_id}/logs"): "jobs_api_job_logs",
+    ("GET", "/api/v1/jobs/{job_id}/logs/download"): "jobs_api_download_logs",
+    ("GET", "/api/v1/jobs/{job_id}/metrics"): "jobs_metrics_api_job_metrics",
+    ("GET", "/api/v1/me"): "jobs_api_me",
+    ("GET", "/api/v1/teams"): "jobs_teams_api_list_teams",
+    ("GET", "/api/v1/teams/{name}"): "jobs_teams_api_get_team",
+    ("GET", "/api/v1/tokens"): "jobs_tokens_api_list_tokens",
+    ("GET", "/api/v1/usage"): "metering_api_usage",
+    ("PATCH", "/api/v1/teams/{name}"): "jobs_teams_api_set_defaults",
+    ("PATCH", "/api/v1/teams/{name}/members/{username}"): "jobs_teams_api_change_role",
+    ("POST", "/api/v1/ingest/logs"): "jobs_api_ingest_logs",
+    ("POST", "/api/v1/ingest/metrics"): "jobs_metrics_api_ingest_metrics",
+    ("POST", "/api/v1/ingest/started"): "jobs_api_ingest_started",
+    ("POST", "/api/v1/ingest/token"): "jobs_api_exchange_bootstrap",
+    ("POST", "/api/v1/jobs"): "jobs_api_submit",
+    ("POST", "/api/v1/jobs/{job_id}/pause"): "pause_job",
+    ("POST", "/api/v1/jobs/{job_id}/resume"): "resume_job",
+    ("POST", "/api/v1/jobs/{job_id}/retry"): "retry_job",
+    ("POST", "/api/v1/jobs/{job_id}/stop"): "stop_job",
+    ("POST", "/api/v1/snapshots"): "jobs_api_upload_snapshot",
+    ("POST", "/api/v1/teams/{name}/members"): "jobs_teams_api_add_member",
+    ("POST", "/api/v1/tokens"): "jobs_tokens_api_create_token",
+}
+
+
+def test_every_operation_keeps_its_pinned_id():
+    schema = api.get_openapi_schema()
+    found = {
+        (method.upper(), path): operation["operationId"]
+        for path, methods in schema["paths"].items()
+        for method, operation in methods.items()
+    }
+    assert found == PINNED
