@@ -1,9 +1,10 @@
-"""Owns the runner's credentials: the job token and the one-time bootstrap credential.
+"""Owns the runner's credentials: the job token, the one-time bootstrap credential, and which
+of them (with the record-signing key) a launch hands its runner (`runner_credentials`).
 
 A job token lets one attempt's runner fetch its snapshot and ship its logs, metrics and start
 report; nothing else. It is `<job>.<attempt>.<nonce>` signed with the installation's secret
 key, and it is honoured only while the attempt's row still carries that nonce and the attempt
-is its job's current one, open or closed less than the ingest grace ago (`jobs.api`), so it
+is its job's current one, open or closed less than the ingest grace ago (`jobs.api.ingest`), so it
 expires with the attempt and names exactly one.
 
 Where others can read a job's specification (the Ray dashboard's job list, a pod spec), the
@@ -15,6 +16,7 @@ import hmac
 
 from django.core import signing
 
+from jobs.executors.base import executor_class, record_key
 from jobs.models import Attempt
 
 JOB_TOKEN_SALT = "starforge.job-token"
@@ -57,3 +59,18 @@ def attempt_of(token: str, salt: str = JOB_TOKEN_SALT) -> Attempt | None:
     if attempt is None or not hmac.compare_digest(attempt.token_nonce, nonce):
         return None
     return attempt
+
+
+def runner_credentials(kind: str, attempt: Attempt) -> dict[str, str]:
+    """What the runner authenticates with; the runner keeps it from the job's own code.
+
+    Engines whose job specs others can read (the Ray dashboard, pod specs) get a one-time
+    bootstrap credential, spent at start; the others get the job token and the key the runner
+    signs its start and exit records with (`jobs.executors.base.read_record`).
+    """
+    if getattr(executor_class(kind), "BOOTSTRAP_TOKEN", False):
+        return {"SF_BOOTSTRAP_TOKEN": bootstrap_token_for(attempt)}
+    return {
+        "SF_JOB_TOKEN": job_token_for(attempt),
+        "SF_RECORD_KEY": record_key(attempt.backend_name),
+    }

@@ -357,7 +357,8 @@ class Attempt(models.Model):
             models.UniqueConstraint(fields=["job", "number"], name="one_attempt_number"),
         ]
         indexes = [
-            # Running and not-yet-recorded attempts: the live part of every usage answer.
+            # Running and not-yet-recorded attempts: the part of every usage answer the usage
+            # records do not hold yet.
             models.Index(
                 fields=["job"], condition=models.Q(metered=False), name="attempt_unmetered"
             ),

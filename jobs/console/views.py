@@ -22,16 +22,10 @@ from jobs.ledger.transitions import TransitionRefused
 from jobs.models import Cluster, Membership
 from jobs.reads import diagnostics
 from jobs.reads.visible import get_visible_job, retry_unavailable_reason, visible_jobs
-from jobs.states import ALLOWED_TRANSITIONS, JobStatus
+from jobs.states import VERBS, JobStatus
 from metering.usage import attempt_gpu_seconds
 
 PAGE_SIZE = 50
-VERBS = {
-    "stop": JobStatus.STOPPED,
-    "pause": JobStatus.PAUSED,
-    "resume": JobStatus.QUEUED,
-    "retry": JobStatus.QUEUED,
-}
 ACTIONS = {
     "stop": control.stop_job,
     "pause": control.pause_job,
@@ -189,15 +183,10 @@ def _visible(request, job_id: int):
 
 
 def _actions(job, can_control: bool) -> list[dict]:
-    """The control buttons: shown where the table allows the verb, disabled with a reason."""
-    allowed = ALLOWED_TRANSITIONS[JobStatus(job.status)]
+    """The control buttons: shown where `VERBS` allows the verb, disabled with a reason."""
     shown = []
-    for verb, target in VERBS.items():
-        if verb == "resume" and job.status != JobStatus.PAUSED:
-            continue
-        if verb == "retry" and job.status not in (JobStatus.FAILED, JobStatus.STOPPED):
-            continue
-        if target not in allowed:
+    for verb in ACTIONS:
+        if job.status not in VERBS[verb].allowed_from:
             continue
         why_not = retry_unavailable_reason(job) if verb == "retry" else ""
         if not can_control:

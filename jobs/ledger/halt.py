@@ -63,7 +63,7 @@ def halt(
         ]
         changed, refused = apply_transitions(target, changes, actor=actor, expected=expected)
         halted = [job.pk for job in changed]
-        current = [before[pk].current_attempt_id for pk in halted if before[pk].current_attempt_id]
+        current = [a for pk in halted if (a := before[pk].current_attempt_id) is not None]
         running = set(
             Attempt.objects.filter(pk__in=current, end_time__isnull=True).values_list(
                 "job_id", flat=True

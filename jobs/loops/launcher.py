@@ -19,8 +19,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs.executors import LaunchError, LaunchSpec, executor_for
-from jobs.executors.base import executor_class, record_key
-from jobs.job_tokens import bootstrap_token_for, job_token_for
+from jobs.job_tokens import runner_credentials
 from jobs.ledger import clocks
 from jobs.ledger.halt import cancel_attempt
 from jobs.ledger.lifecycle import after_failure
@@ -209,18 +208,3 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
         team=job.team.name,
         team_id=job.team_id,
     )
-
-
-def runner_credentials(kind: str, attempt: Attempt) -> dict[str, str]:
-    """What the runner authenticates with; the runner keeps it from the job's own code.
-
-    Engines whose job specs others can read (the Ray dashboard, pod specs) get a one-time
-    bootstrap credential, spent at start; the others get the job token and the key the runner
-    signs its start and exit records with (`jobs.executors.base.read_record`).
-    """
-    if getattr(executor_class(kind), "BOOTSTRAP_TOKEN", False):
-        return {"SF_BOOTSTRAP_TOKEN": bootstrap_token_for(attempt)}
-    return {
-        "SF_JOB_TOKEN": job_token_for(attempt),
-        "SF_RECORD_KEY": record_key(attempt.backend_name),
-    }

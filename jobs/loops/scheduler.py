@@ -53,7 +53,6 @@ class TickResult:
     skipped: bool = False
     admitted: list[int] = field(default_factory=list)  # attempt ids to launch
     waiting: int = 0
-    queries: int = 0
     paused: list[int] = field(default_factory=list)  # paused because their window closed
     resumed: list[int] = field(default_factory=list)  # queued again as their window opened
     stopped: list[int] = field(default_factory=list)  # stopped by a budget hard stop
@@ -70,7 +69,7 @@ class _Held:
 
 
 @dataclass
-class _Ledger:
+class _Holdings:
     """What SUBMITTED+PENDING+RUNNING jobs hold: per team, member, cluster, team on cluster."""
 
     team: dict[int, _Held] = field(default_factory=lambda: defaultdict(_Held))
@@ -110,7 +109,7 @@ class _Context:
     capacities: dict[int, tuple[Cluster, Capacity]]
     shares: dict[tuple[int, int], int]  # (team, cluster) -> percent
     month_us: dict[int, int]  # GPU-µs used this month per team (only teams with a budget)
-    held: _Ledger
+    held: _Holdings
 
 
 def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
@@ -418,17 +417,19 @@ def backend_name(run_id: str, attempt: int) -> str:
     return f"sf-{run_id}-a{attempt}"
 
 
-def _held() -> _Ledger:
+def _held() -> _Holdings:
     """What SUBMITTED+PENDING+RUNNING jobs hold now, in one grouped query."""
-    ledger = _Ledger()
+    holdings = _Holdings()
     rows = (
         Job.objects.filter(status__in=S.active())
         .values("team_id", "user_id", "cluster_id")
         .annotate(gpus=Sum("gpus"), jobs=Count("id"))
     )
     for row in rows:
-        ledger.add(row["team_id"], row["user_id"], row["cluster_id"], row["gpus"] or 0, row["jobs"])
-    return ledger
+        holdings.add(
+            row["team_id"], row["user_id"], row["cluster_id"], row["gpus"] or 0, row["jobs"]
+        )
+    return holdings
 
 
 def _windows() -> dict[int, Window]:

@@ -520,8 +520,8 @@ def latest(job_id: int, kind: str) -> dict[str, dict]:
 def _names(job_id: int, kind: str) -> list[str]:
     """The metric names of one job and kind, by skipping through the series index.
 
-    A plain DISTINCT reads every index entry (150 ms at a million points); this recursive
-    query makes one index probe per name instead, on PostgreSQL and SQLite alike.
+    A plain DISTINCT reads every index entry, so it grows with the points stored; this
+    recursive query makes one index probe per name instead, on PostgreSQL and SQLite alike.
     """
     table = MetricPoint._meta.db_table
     where = "job_id = %s AND kind = %s"

@@ -41,7 +41,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-import jobs.api
+import jobs.api.jobs
 from jobs.auth import create_token
 from jobs.job_tokens import job_token
 from jobs.models import JobEvent
@@ -106,7 +106,7 @@ def _keep_the_test_connection():
 @pytest.fixture
 def world(make_team, make_user, monkeypatch, settings):
     """Alice's team with jobs in several states; returns the real values path parameters take."""
-    monkeypatch.setattr(jobs.api, "time", JumpingClock())
+    monkeypatch.setattr(jobs.api.jobs, "time", JumpingClock())
     # The generated bad tokens would otherwise lock this address out for the rest of the run
     # (429, documented on every operation); the throttle has its own tests.
     settings.SF_TOKEN_MAX_FAILURES = 1_000_000
