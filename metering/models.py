@@ -2,7 +2,7 @@
 
 An attempt is added exactly once, when it has ended, in the transaction that sets its
 `metered` flag (`metering.records.meter_ended`). Running and just-ended attempts are not in
-the records yet; every usage answer adds them live (`metering.records.usage_rows`).
+the records yet; every usage answer adds them as it reads (`metering.records.usage_rows`).
 Integers, so the records agree exactly with the attempts they came from.
 """
 

@@ -119,20 +119,21 @@ def usage_rows(
     teams: Iterable[int] | None = None,
     users: Iterable[int] | None = None,
 ) -> dict[Key, int]:
-    """GPU-µs per (day, team, user, cluster) for days in [since, until), records plus live."""
+    """GPU-µs per (day, team, user, cluster) for days in [since, until), records plus the attempts
+    not recorded yet."""
     now = now or timezone.now()
     team_ids = None if teams is None else list(teams)
     user_ids = None if users is None else list(users)
     records = UsageRecord.objects.filter(day__gte=since, day__lt=until)
-    live = _live(since)
+    unrecorded = _unrecorded(since)
     if team_ids is not None:
         records = records.filter(team_id__in=team_ids)
-        live = live.filter(job__team_id__in=team_ids)
+        unrecorded = unrecorded.filter(job__team_id__in=team_ids)
     if user_ids is not None:
         records = records.filter(user_id__in=user_ids)
-        live = live.filter(job__user_id__in=user_ids)
+        unrecorded = unrecorded.filter(job__user_id__in=user_ids)
     recorded, running = _read_consistently(
-        records.values_list("day", "team_id", "user_id", "cluster_id", "gpu_us"), live
+        records.values_list("day", "team_id", "user_id", "cluster_id", "gpu_us"), unrecorded
     )
     totals: dict[Key, int] = defaultdict(int)
     for day, team, user, cluster, gpu_us in recorded:
@@ -148,7 +149,7 @@ def team_gpu_us(since: dt.date, now: dt.datetime) -> dict[int, int]:
     """GPU-µs per team from `since` (a UTC day) to now: the scheduler's budget and fair share."""
     records = UsageRecord.objects.filter(day__gte=since).values("team_id")
     records = records.annotate(us=Sum("gpu_us"))
-    recorded, running = _read_consistently(records.values_list("team_id", "us"), _live(since))
+    recorded, running = _read_consistently(records.values_list("team_id", "us"), _unrecorded(since))
     totals: dict[int, int] = defaultdict(int)
     for team, gpu_us in recorded:
         totals[team] += gpu_us or 0
@@ -159,19 +160,19 @@ def team_gpu_us(since: dt.date, now: dt.datetime) -> dict[int, int]:
     return totals
 
 
-def _live(since: dt.date) -> QuerySet[Attempt]:
+def _unrecorded(since: dt.date) -> QuerySet[Attempt]:
     """Attempts not in the records that may have run on or after `since`."""
     return Attempt.objects.filter(metered=False, start_time__isnull=False).filter(
         Q(end_time__isnull=True) | Q(end_time__gte=_midnight(since))
     )
 
 
-def _read_consistently(records: QuerySet, live: QuerySet[Attempt]) -> tuple[list, list]:
-    """The live attempts, then the records, then a check that no live attempt was metered in
+def _read_consistently(records: QuerySet, unrecorded: QuerySet[Attempt]) -> tuple[list, list]:
+    """The unrecorded attempts, then the records, then a check that no such attempt was metered in
     between (it would be counted twice); read again in that rare case."""
     for _ in range(5):
         running = list(
-            live.values_list(
+            unrecorded.values_list(
                 "pk", "job__team_id", "job__user_id", "job__cluster_id",
                 "start_time", "end_time", "gpus",
             )

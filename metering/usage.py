@@ -4,8 +4,8 @@ GPU-seconds = (end − start_time) × GPUs per attempt, from the moment the proc
 Queued and pending time is never billed (ARCHITECTURE.md invariant 5): an attempt without a
 `start_time` contributes nothing, and a running attempt accrues up to `now`.
 
-Usage answers read only `metering.records.usage_rows` (records plus live attempts), restricted
-to the teams the caller may see, and name teams, users and clusters for display.
+Usage answers read only `metering.records.usage_rows` (records plus the attempts not recorded
+yet), restricted to the teams the caller may see, and name teams, users and clusters for display.
 """
 
 import datetime as dt

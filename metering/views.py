@@ -1,6 +1,6 @@
 """The usage page (`/usage/`): a month of GPU-hours by team, user, cluster and UTC day, a chart
 stacked by team, and the same month as CSV (`?format=csv`). Reads only the usage records plus
-live attempts (`metering.usage.usage_lines`)."""
+the attempts not recorded yet (`metering.usage.usage_lines`)."""
 
 import csv
 import datetime as dt

@@ -3,7 +3,7 @@
 `apply_transitions` locks the job rows, checks the allowed-transition table, updates the rows
 and writes one `JobEvent` per change, all in one transaction. `transition` is its single-job
 form that raises when the change is refused. Each change is also pushed, after commit, to the
-job's live group and the jobs list group (`jobs.broadcast`).
+job's page group and the jobs list group (`jobs.broadcast`).
 """
 
 from collections import defaultdict

@@ -13,7 +13,7 @@ their place (stderr, the first dropped line's seq) and one NOTE event; nothing s
 is touched. The check costs nothing below the cap: it reads the row the append locks anyway.
 
 Cursors are ``"<attempt>:<byte offset>"``. Each stored batch is also pushed, after commit, to
-the job's live group (`jobs.broadcast`) with the cursor just after it.
+the job's page group (`jobs.broadcast`) with the cursor just after it.
 """
 
 import json
