@@ -15,6 +15,7 @@ job token (`POST /api/v1/ingest/token`): read later from the spec, it is spent.
 import hmac
 
 from django.core import signing
+from sf.contract import BOOTSTRAP_TOKEN_VAR, JOB_TOKEN_VAR, RECORD_KEY_VAR
 
 from jobs.executors.base import executor_class, record_key
 from jobs.models import Attempt
@@ -69,8 +70,8 @@ def runner_credentials(kind: str, attempt: Attempt) -> dict[str, str]:
     signs its start and exit records with (`jobs.executors.base.read_record`).
     """
     if getattr(executor_class(kind), "BOOTSTRAP_TOKEN", False):
-        return {"SF_BOOTSTRAP_TOKEN": bootstrap_token_for(attempt)}
+        return {BOOTSTRAP_TOKEN_VAR: bootstrap_token_for(attempt)}
     return {
-        "SF_JOB_TOKEN": job_token_for(attempt),
-        "SF_RECORD_KEY": record_key(attempt.backend_name),
+        JOB_TOKEN_VAR: job_token_for(attempt),
+        RECORD_KEY_VAR: record_key(attempt.backend_name),
     }

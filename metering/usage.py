@@ -1,7 +1,7 @@
 """GPU-seconds of attempts, and usage answers for people: the console page, the API, the CLI.
 
 GPU-seconds = (end − start_time) × GPUs per attempt, from the moment the process is up.
-Queued and pending time is never billed (ARCHITECTURE.md invariant 5): an attempt without a
+Queued and pending time is never billed (docs/ARCHITECTURE.md, invariant 5): an attempt without a
 `start_time` contributes nothing, and a running attempt accrues up to `now`.
 
 Usage answers read only `metering.records.usage_rows` (records plus the attempts not recorded

@@ -1,7 +1,8 @@
 """Owns the job-side runner (`python -m sf.runner`): ingest, run, ship logs and metrics, exit.
 
-Executors start it with the SF_* environment contract. Standard library only: it runs inside
-arbitrary job images. Exit 86 means ingest failed and the user's code never ran.
+Executors start it with the SF_* environment; what both sides rely on (exit codes, file names,
+how records are signed) is `sf.contract`. Standard library only: it runs inside arbitrary job
+images. Exit `INGEST_EXIT` means ingest failed and the user's code never ran.
 
 The job's code is hostile. The runner keeps its credentials (job token, record key) out of the
 job's environment and makes itself non-dumpable, so a job of the same uid can neither read its
@@ -13,8 +14,6 @@ and runs the job as that uid, with its own directories and nothing else of the a
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import math
 import os
@@ -29,11 +28,29 @@ import threading
 import time
 from typing import IO, Any
 
+from sf.contract import (
+    BOOTSTRAP_TOKEN_VAR,
+    CONSOLE_LOG,
+    EXIT_FILE,
+    EXIT_FILE_VAR,
+    INGEST_EXIT,
+    INGEST_FAILED,
+    JOB_TOKEN_VAR,
+    METRICS_FILE,
+    PROC_FILE_VAR,
+    RECORD_KEY_VAR,
+    RUN_DIR,
+    RUN_DIR_VAR,
+    RUNNER_SECRETS,
+    STARTED_FILE,
+    STARTED_FILE_VAR,
+    exit_status,
+    record_mac,
+)
 from sf.http import ApiError, Client, ConnectError
 from sf.supervise import Supervisor, guard_runner
 from sf.system import SystemSampler, sample_interval
 
-INGEST_EXIT = 86
 # Lines per log request at most. The server spends ~9 ms per request beyond ~4 µs per line, so
 # a chatty job is held back by requests, not lines: 1,000-line batches cap a job near 77,000
 # lines/s, 5,000-line ones near 190,000 (bench/RESULTS.md). A quiet job sends every 0.2 s.
@@ -47,14 +64,12 @@ READ_CHUNK = 64 * 1024  # longer lines are split so one runaway line cannot exha
 FETCH_TRIES = 4
 RETRY_AFTER_CAP_S = 30.0  # a server's Retry-After is honoured up to this
 # Names only the runner may see: its credentials, its own files, how it runs the job.
-RUNNER_ONLY = frozenset(
+RUNNER_ONLY = RUNNER_SECRETS | frozenset(
     {
-        "SF_JOB_TOKEN",
-        "SF_BOOTSTRAP_TOKEN",
-        "SF_RECORD_KEY",
-        "SF_EXIT_FILE",
-        "SF_STARTED_FILE",
-        "SF_PROC_FILE",
+        BOOTSTRAP_TOKEN_VAR,
+        EXIT_FILE_VAR,
+        STARTED_FILE_VAR,
+        PROC_FILE_VAR,
         "SF_API_URL",
         "SF_USER_ENV",
         "SF_RUN_AS_UID",
@@ -94,14 +109,6 @@ def write_json_atomic(path: str, data: dict) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-
-
-def record_mac(key: str, record: dict) -> str:
-    """HMAC-SHA256 of the record without `mac`, in the canonical form the server checks
-    (jobs.executors.base.record_mac)."""
-    body = {k: v for k, v in record.items() if k != "mac"}
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return hmac.new(key.encode(), canonical, hashlib.sha256).hexdigest()
 
 
 def write_record(path: str, record: dict, key: str) -> None:
@@ -588,25 +595,25 @@ class RunnerEnv:
     def __init__(self, environ: dict[str, str]) -> None:
         self.environ = environ
         self.api_url = environ.get("SF_API_URL", "")
-        self.token = environ.get("SF_JOB_TOKEN", "")
-        self.bootstrap = environ.get("SF_BOOTSTRAP_TOKEN", "")
-        self.record_key = environ.get("SF_RECORD_KEY", "")
+        self.token = environ.get(JOB_TOKEN_VAR, "")
+        self.bootstrap = environ.get(BOOTSTRAP_TOKEN_VAR, "")
+        self.record_key = environ.get(RECORD_KEY_VAR, "")
         attempt = environ.get("SF_ATTEMPT", "")
         self.attempt = int(attempt) if attempt.isdigit() else 1
-        self.run_dir = os.path.abspath(environ.get("SF_RUN_DIR") or "work")
+        self.run_dir = os.path.abspath(environ.get(RUN_DIR_VAR) or RUN_DIR)
         self.output_dir = environ.get("SF_OUTPUT_DIR", "")
         self.checkpoint_dir = environ.get("SF_CHECKPOINT_DIR", "")
         self.entrypoint_raw = environ.get("SF_ENTRYPOINT", "")
         self.snapshot = environ.get("SF_SNAPSHOT", "")
-        self.exit_file = os.path.abspath(environ.get("SF_EXIT_FILE") or "exit.json")
-        self.started_file = os.path.abspath(environ.get("SF_STARTED_FILE") or "started.json")
+        self.exit_file = os.path.abspath(environ.get(EXIT_FILE_VAR) or EXIT_FILE)
+        self.started_file = os.path.abspath(environ.get(STARTED_FILE_VAR) or STARTED_FILE)
         self.attempt_dir = os.path.dirname(self.exit_file)
         # A job of another uid cannot write the attempt dir: its metrics go to a folder of its
         # own (SF_METRICS_FILE tells the SDK where, either way).
         metrics_dir = self.attempt_dir
         if environ.get("SF_RUN_AS_UID"):
             metrics_dir = os.path.join(self.attempt_dir, "metrics")
-        self.metrics_file = os.path.join(metrics_dir, "metrics.jsonl")
+        self.metrics_file = os.path.join(metrics_dir, METRICS_FILE)
         self.identity: JobIdentity | None = None
 
     def client(self) -> Client | None:
@@ -698,7 +705,7 @@ def run(env: RunnerEnv, argv: list[str], child: dict[str, str]) -> int:
     shipper = LogShipper(client, env.attempt)
     owner = env.identity.uid if env.identity else None
     metrics = MetricsTail(env.metrics_file, MetricsShipper(client, env.attempt), owner)
-    console_path = os.path.join(env.attempt_dir, "console.log")
+    console_path = os.path.join(env.attempt_dir, CONSOLE_LOG)
     with open(console_path, "a", encoding="utf-8") as console:
         try:
             proc = subprocess.Popen(
@@ -778,12 +785,13 @@ def _finish(env: RunnerEnv, code: int, started_at: float | None) -> int:
     reason = f"killed by signal {-code}" if code < 0 else ""
     record = {"exit_code": code, "reason": reason, "started_at": started_at}
     write_record(env.exit_file, {**record, "ended_at": time.time()}, env.record_key)
-    return 128 - code if code < 0 else code
+    return exit_status(code)
 
 
 def _ingest_failed(env: RunnerEnv, why: str) -> int:
-    _say(f"ingest failed: {why}")
-    record = {"exit_code": None, "reason": f"ingest failed: {why}", "started_at": None}
+    reason = f"{INGEST_FAILED}: {why}"
+    _say(reason)
+    record = {"exit_code": None, "reason": reason, "started_at": None}
     write_record(env.exit_file, {**record, "ended_at": time.time()}, env.record_key)
     return INGEST_EXIT
 
@@ -804,8 +812,8 @@ def main() -> int:
     guard_runner()
     if os.environ.get("SF_RUN_AS_UID"):
         os.umask(0o077)  # a root runner's files (console.log, records) are its own
-    if os.environ.get("SF_PROC_FILE"):
-        record_process(os.environ["SF_PROC_FILE"])
+    if os.environ.get(PROC_FILE_VAR):
+        record_process(os.environ[PROC_FILE_VAR])
     env = RunnerEnv(dict(os.environ))
     # Until the child exists there is nothing to forward to: a stop must still leave an exit file.
     signal.signal(signal.SIGTERM, _raise_terminated)

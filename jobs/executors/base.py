@@ -3,19 +3,24 @@
 Every executor declares `STATE_TABLE`, an explicit map from each native state it can report to
 the ledger state it means. A native state missing from the table never advances a job
 (ARCHITECTURE.md invariant 2): the reconciler records it and leaves the job where it is.
+
+Executors observe when asked to look and act only when the loops tell them to (see `Executor`).
+What they share with the job-side runner (exit codes, file names, how records are signed, how
+a file of the attempt dir is read) is `sf.contract`, not restated here.
 """
 
 import datetime as dt
 import fcntl
 import hashlib
 import hmac
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from sf.contract import RUNNER_SECRETS, read_json, record_mac
 
 from jobs.states import JobStatus
 
@@ -70,6 +75,19 @@ class LaunchError(Exception):
 
 
 class Executor(Protocol):
+    """One engine, as the loops and `check_ledger` see it.
+
+    Observing and acting are apart. `poll`, `find`, `starforge_objects` and `capacity` only
+    look: they cancel, kill, delete and write nothing, on the engine or in its files, so any
+    caller may ask any number of times (a second worker's tick, `check_ledger`) and asking
+    disturbs no job. The engine changes only when a loop says so: `submit` (the launcher),
+    `cancel` (a stop, a pending deadline, the reconciler's sweep of closed attempts) and
+    `reap_stale` (the reconciler, after each poll). Where a poll finds something that needs
+    acting on, it marks that observation's `details` and stops there; the reconciler hands
+    the poll's answer to `reap_stale` once it has acted on it, and `reap_stale` acts on what
+    is marked and nothing else.
+    """
+
     STATE_TABLE: ClassVar[dict[str, JobStatus]]
 
     @staticmethod
@@ -80,11 +98,20 @@ class Executor(Protocol):
 
     def find(self, name: str) -> str | None: ...
 
-    def poll(self, job_refs: list[str]) -> dict[str, Observation]: ...
+    def poll(self, job_refs: list[str]) -> dict[str, Observation]:
+        """What the engine says of each of these objects, by ref; an object it does not know
+        is left out. Looks only (see the class)."""
+        ...
+
+    def reap_stale(self, observations: dict[str, Observation]) -> list[str]:
+        """Act on what `poll` marked in these observations (of open attempts, by ref) as left
+        behind on the engine, and on nothing else; return the refs acted on. A failure to act
+        is tried again at the next poll, which marks the object again."""
+        ...
 
     def cancel(self, job_ref: str) -> None: ...
 
-    def live(self) -> dict[str, Observation]:
+    def starforge_objects(self) -> dict[str, Observation]:
         """Every Starforge object the engine holds pending or running, by ref, with its name
         where the engine reports one: `check_ledger` looks for those no attempt accounts for."""
         ...
@@ -127,15 +154,12 @@ GPU_VISIBILITY_VARS = frozenset(
 )
 
 
-# The runner's own credentials (jobs.loops.launcher.runner_credentials): engines whose job specs
-# others can read get a one-time bootstrap credential instead, and never carry these.
-RUNNER_SECRETS = frozenset({"SF_JOB_TOKEN", "SF_RECORD_KEY"})
-
-
 def passed_on(env: dict[str, str], *, spec_is_public: bool) -> dict[str, str]:
     """The launch's variables an engine puts into its job: never GPU visibility (the engine
     sets it from what it allocated), and where others can read the job's spec, never the
-    runner's secrets, whatever the launch held."""
+    runner's secrets (`sf.contract.RUNNER_SECRETS`, from jobs.loops.launcher's
+    runner_credentials), whatever the launch held: such engines get a one-time bootstrap
+    credential instead."""
     dropped = GPU_VISIBILITY_VARS | RUNNER_SECRETS if spec_is_public else GPU_VISIBILITY_VARS
     return {k: v for k, v in env.items() if k not in dropped}
 
@@ -165,21 +189,12 @@ def record_key(name: str) -> str:
     return hmac.new(secret, RECORD_KEY_SALT + name.encode(), hashlib.sha256).hexdigest()
 
 
-def record_mac(key: str, record: dict) -> str:
-    """The mac of a record (every field but `mac`), as the runner computes it."""
-    body = {k: v for k, v in record.items() if k != "mac"}
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return hmac.new(key.encode(), canonical, hashlib.sha256).hexdigest()
-
-
 def read_record(path: Path, name: str) -> dict:
-    """A runner record of backend object `name`, or {} when it is missing, unreadable or not
-    signed by that runner (job code wrote it, or it names another attempt)."""
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
-        return {}
-    if not isinstance(record, dict) or not isinstance(record.get("mac"), str):
+    """A runner record of backend object `name`, or {} when it is not one (`read_json`: missing,
+    unreadable, a link, oversized, not a JSON object) or not signed by that runner (job code
+    wrote it, or it names another attempt). The mac is the contract's `record_mac`."""
+    record = read_json(path)
+    if not isinstance(record.get("mac"), str):
         return {}
     if not hmac.compare_digest(record["mac"], record_mac(record_key(name), record)):
         return {}

@@ -15,8 +15,11 @@ stopped reporting) is left out of the table on purpose: mapping it to RUNNING co
 PENDING job, and to FAILED would end a job that may still be training. Kubernetes resolves it
 itself: after the node's eviction timeout the pod is deleted or failed, and that is mapped.
 
-Exit codes follow the runner's contract (client/sf/runner.py): 86 means ingest failed (the user's
-code never ran), 128+N that the entrypoint was killed by signal N (reported as -N).
+Exit codes follow the runner's contract (`sf.contract`): INGEST_EXIT means ingest failed (the
+user's code never ran), 128+N that the entrypoint was killed by signal N (reported as -N).
+
+A poll only lists; it deletes nothing. Finished Jobs go when their TTL says (`FINISHED_TTL_S`),
+and `cancel` is the only delete.
 
 Trust boundaries (ARCHITECTURE.md invariant 8). A pod's environment is the image's own plus
 exactly `base_env` (HOME is the pod's work dir; PATH stays the image's, which knows where its
@@ -45,6 +48,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.utils import parse_quantity
+from sf.contract import INGEST_EXIT, INGEST_FAILED, entrypoint_code, killed_by
 
 from jobs.executors.base import (
     Capacity,
@@ -70,8 +74,6 @@ WORK_DIR = "/sf"  # an emptyDir: writable whatever user the image runs as
 # reconciler saw its end would be failed as lost: a day outlasts any reasonable worker outage.
 FINISHED_TTL_S = 24 * 3600
 TIMEOUT = (5, 30)  # connect, read (seconds): an unreachable API fails a tick, never hangs it
-INGEST_EXIT = 86  # sf.runner.INGEST_EXIT: the server does not import the client package
-MAX_SIGNAL = 64
 DEFAULTS = {"namespace": "default", "gpu_resource": "nvidia.com/gpu", "python": "python"}
 SETTINGS = {
     "context",
@@ -117,7 +119,7 @@ class KubernetesExecutor:
         "Succeeded": S.SUCCEEDED,  # exit 0
         "Failed": S.FAILED,  # the entrypoint exited non-zero
         "Failed/Killed": S.FAILED,  # exit 128+N: the entrypoint was killed by signal N
-        "Failed/IngestFailed": S.FAILED,  # exit 86: snapshot fetch/unpack failed
+        "Failed/IngestFailed": S.FAILED,  # exit INGEST_EXIT: snapshot fetch/unpack failed
         "Failed/OOMKilled": S.FAILED,  # the container hit its memory limit
         "Failed/Evicted": S.FAILED,  # the kubelet evicted the pod (node pressure)
         "Failed/Preempted": S.FAILED,  # the scheduler preempted it for a higher priority pod
@@ -181,7 +183,11 @@ class KubernetesExecutor:
         observed = self._observe_all()
         return {ref: observed[ref] for ref in job_refs if ref in observed}
 
-    def live(self) -> dict[str, Observation]:
+    def reap_stale(self, observations: dict[str, Observation]) -> list[str]:
+        """Nothing to reap: a poll marks nothing, and Kubernetes ends its pods itself."""
+        return []
+
+    def starforge_objects(self) -> dict[str, Observation]:
         """Starforge's Jobs in the namespace (its label) that have not ended."""
         return {
             ref: Observation(obs.native_state, name=ref)
@@ -546,7 +552,7 @@ def _exited(terminated: dict, details: dict) -> Observation:
         message = _ingest_message(terminated.get("message", ""))
         return _end("Failed/IngestFailed", terminated, details, failure="ingest", message=message)
     return _end(
-        "Failed/Killed" if code and 128 < code <= 128 + MAX_SIGNAL else "Failed",
+        "Failed/Killed" if code and killed_by(code) else "Failed",
         terminated,
         details,
         exit_code=_through_contract(code),
@@ -576,16 +582,15 @@ def _deadline_exceeded(failed: dict, pods: list[dict]) -> Observation:
 
 def _through_contract(code: int | None) -> int | None:
     """The runner exits 128+N when the entrypoint died of signal N: report -N, as locally."""
-    if code is not None and 128 < code <= 128 + MAX_SIGNAL:
-        return -(code - 128)
-    return code
+    return None if code is None else entrypoint_code(code)
 
 
 def _ingest_message(tail: str) -> str:
+    said = f"{INGEST_FAILED}:"
     for line in reversed(tail.splitlines()):
-        if "ingest failed:" in line:
-            return line[line.index("ingest failed:") :].strip()
-    return "ingest failed: the runner could not fetch or unpack the snapshot (exit 86)"
+        if said in line:
+            return line[line.index(said) :].strip()
+    return f"{said} the runner could not fetch or unpack the snapshot (exit {INGEST_EXIT})"
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -2,10 +2,15 @@
 
 State lives on disk, not in memory, so it survives a worker restart: one directory per attempt
 (named deterministically from run_id + attempt) holds `slots.json` (its GPU slots),
-`proc.json` (the runner's pid) and `alive.lock`, which the runner holds locked for as long as it
-lives; the runner writes `started.json` and `exit.json` there, signed with the attempt's record
-key. While the runner holds its lock the attempt is alive whatever any file says; once it is
-gone only a record the runner signed decides the outcome (ARCHITECTURE.md invariant 7).
+`cancel.json` (when a stop was first sent) and the runner's files of `sf.contract`: `proc.json`
+(the runner's pid) and `alive.lock`, which the runner holds locked for as long as it lives; the
+runner writes `started.json` and `exit.json` there, signed with the attempt's record key. While
+the runner holds its lock the attempt is alive whatever any file says; once it is gone only a
+record the runner signed decides the outcome (ARCHITECTURE.md invariant 7).
+
+A poll only looks. A runner that died under its job leaves the job's processes unsupervised: the
+poll reports the attempt RUNNING, marked `orphaned_group`, and `reap_stale` (the reconciler,
+after the poll) kills them; the attempt ends at the next poll that finds them gone.
 
 A job's environment is an allow-list (invariant 8): the runner starts from `base_env`, the SF_*
 contract and its own files, never from the worker's environment, and applies the job's own
@@ -35,6 +40,18 @@ from typing import ClassVar
 
 import psutil
 from django.conf import settings
+from sf.contract import (
+    EXIT_FILE,
+    INGEST_FAILED,
+    JOB_TOKEN_VAR,
+    LIVENESS_LOCK,
+    PROC_FILE,
+    RECORD_KEY_VAR,
+    RUN_DIR,
+    STARTED_FILE,
+    file_env,
+    read_json,
+)
 
 from jobs.executors.base import (
     DEFAULT_PATH,
@@ -53,7 +70,12 @@ from jobs.executors.base import (
 from jobs.states import JobStatus
 
 KILL_AFTER_S = 15.0  # past the runner's own grace (10 s), so it normally ends its job itself
-LIVENESS_LOCK = "alive.lock"
+# The executor's own files in the attempt dir, beside the runner's (sf.contract).
+SLOTS_FILE = "slots.json"  # the GPU slots the attempt holds
+CANCEL_FILE = "cancel.json"  # when the first SIGTERM was sent: SIGKILL follows KILL_AFTER_S later
+RUNNER_LOG = "runner.log"  # the runner's own stdout and stderr
+# An observation's detail: the process group of a job whose runner died under it (reap_stale).
+ORPHANED_GROUP = "orphaned_group"
 DEFAULT_UID_BASE = 200_000
 MIN_UID_BASE = 1000
 NO_RUN_AS = ("", "none")
@@ -69,7 +91,7 @@ CONTRACT = frozenset(
         "SF_ENTRYPOINT",
         "SF_SNAPSHOT",
         "SF_API_URL",
-        "SF_JOB_TOKEN",
+        JOB_TOKEN_VAR,
         "SF_BOOTSTRAP_TOKEN",
     }
 )
@@ -138,9 +160,9 @@ class LocalExecutor:
             slots = self._free_slots(spec.gpus)
             attempt_dir.mkdir(parents=True)
             attempt_dir.chmod(0o711)  # the job may pass through to work/, not list or write
-            _write_json(attempt_dir / "slots.json", {"gpus": slots})
+            _write_json(attempt_dir / SLOTS_FILE, {"gpus": slots})
             proc = self._spawn(spec, attempt_dir, slots, identity)
-            _write_json(attempt_dir / "proc.json", {"pid": proc.pid, "gpus": slots})
+            _write_json(attempt_dir / PROC_FILE, {"pid": proc.pid, "gpus": slots})
         threading.Thread(target=proc.wait, daemon=True).start()  # reap; state is on disk
         return spec.name
 
@@ -155,7 +177,21 @@ class LocalExecutor:
                 found[ref] = self._observe(attempt_dir)
         return found
 
-    def live(self) -> dict[str, Observation]:
+    def reap_stale(self, observations: dict[str, Observation]) -> list[str]:
+        """SIGKILL the processes of each job a poll found orphaned (`orphaned_group`): its
+        runner died under it, so nothing supervises them, and the attempt closes only once they
+        are gone. The group is found again from the runner's signed start record, not taken
+        from the observation. Returns the refs whose processes were signalled."""
+        reaped = []
+        for ref, obs in observations.items():
+            if not obs.details.get(ORPHANED_GROUP):
+                continue
+            attempt_dir = self.root / ref
+            if not _runner_alive(attempt_dir) and self._kill_orphans(attempt_dir):
+                reaped.append(ref)
+        return reaped
+
+    def starforge_objects(self) -> dict[str, Observation]:
         """Attempt dirs whose runner still holds its liveness lock."""
         return {
             d.name: Observation(self._observe(d).native_state, name=d.name)
@@ -169,15 +205,15 @@ class LocalExecutor:
 
         Whatever exit.json says: job code may have written it while it keeps running."""
         attempt_dir = self.root / job_ref
-        proc = _read_json(attempt_dir / "proc.json")
+        proc = read_json(attempt_dir / PROC_FILE)
         if not proc:
             return
         if not _runner_alive(attempt_dir):
             self._kill_orphans(attempt_dir)
             return
-        first = _read_json(attempt_dir / "cancel.json")
+        first = read_json(attempt_dir / CANCEL_FILE)
         if not first:
-            _write_json(attempt_dir / "cancel.json", {"at": time.time()})
+            _write_json(attempt_dir / CANCEL_FILE, {"at": time.time()})
             _signal_group(proc["pid"], signal.SIGTERM)
         elif time.time() - first["at"] > KILL_AFTER_S:
             kill_tree(proc["pid"])
@@ -199,7 +235,7 @@ class LocalExecutor:
         held = set()
         for attempt_dir in self.root.iterdir():
             if attempt_dir.is_dir() and _runner_alive(attempt_dir):
-                held.update(_read_json(attempt_dir / "slots.json").get("gpus", []))
+                held.update(read_json(attempt_dir / SLOTS_FILE).get("gpus", []))
         free = [s for s in range(self.capacity().total_gpus) if s not in held]
         if len(free) < wanted:
             raise LaunchError(
@@ -240,7 +276,7 @@ class LocalExecutor:
         # held lock means "a runner is alive here", whatever happened to the worker.
         lock = os.open(attempt_dir / LIVENESS_LOCK, os.O_CREAT | os.O_RDWR, PRIVATE_MODE)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        log = os.open(attempt_dir / "runner.log", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+        log = os.open(attempt_dir / RUNNER_LOG, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
         try:
             # -I: no PYTHON* variable, user site or working directory decides what it imports.
             return subprocess.Popen(
@@ -260,19 +296,22 @@ class LocalExecutor:
             os.close(log)
 
     def _observe(self, attempt_dir: Path) -> Observation:
+        """The attempt as its files and processes show it; changes nothing (see `reap_stale`)."""
         name = attempt_dir.name
-        started = read_record(attempt_dir / "started.json", name)
+        started = read_record(attempt_dir / STARTED_FILE, name)
         start_time = epoch(started.get("started_at"))
         if _runner_alive(attempt_dir):
             # Whatever exit.json says: job code may have written one and kept running.
             return Observation("RUNNING" if started else "STARTING", start_time=start_time)
-        done = read_record(attempt_dir / "exit.json", name)
+        done = read_record(attempt_dir / EXIT_FILE, name)
         if done:
             return _exited(done, start_time)
-        if self._kill_orphans(attempt_dir, started):
-            # The runner died under its job: nothing supervises what is left, so end it, and
-            # close nothing until it is gone.
-            return Observation("RUNNING", start_time=start_time)
+        group = _orphaned_group(started)
+        if group is not None:
+            # The runner died under its job: nothing supervises what is left. The attempt stays
+            # open until it is gone; ending it is `reap_stale`'s, after the poll.
+            details = {ORPHANED_GROUP: group}
+            return Observation("RUNNING", start_time=start_time, details=details)
         return Observation(
             "DIED",
             failure="lost",
@@ -281,18 +320,24 @@ class LocalExecutor:
             message="the runner is gone and left no exit status it signed",
         )
 
-    def _kill_orphans(self, attempt_dir: Path, started: dict | None = None) -> bool:
+    def _kill_orphans(self, attempt_dir: Path) -> bool:
         """SIGKILL the process group of the job's entrypoint (from the runner's signed start
         record) once its runner is gone; True while any process of it was still there."""
-        if started is None:
-            started = read_record(attempt_dir / "started.json", attempt_dir.name)
-        pgid = started.get("pid")
-        if isinstance(pgid, bool) or not isinstance(pgid, int) or pgid <= 1:
-            return False
-        if not _group_alive(pgid):
+        started = read_record(attempt_dir / STARTED_FILE, attempt_dir.name)
+        pgid = _orphaned_group(started)
+        if pgid is None:
             return False
         _signal_group(pgid, signal.SIGKILL)
         return True
+
+
+def _orphaned_group(started: dict) -> int | None:
+    """The process group of the job's entrypoint (the runner's signed start record) while any
+    process of it is still there, else None; the caller knows the runner is gone."""
+    pgid = started.get("pid")
+    if isinstance(pgid, bool) or not isinstance(pgid, int) or pgid <= 1:
+        return None
+    return pgid if _group_alive(pgid) else None
 
 
 def job_identity(cluster_settings: dict, spec: LaunchSpec) -> JobIdentity | None:
@@ -336,7 +381,7 @@ def runner_env(
     """The runner's whole environment, from an allow-list: never the worker's own.
 
     The job's variables travel as SF_USER_ENV only; the runner applies them to the job."""
-    work = attempt_dir / "work"
+    work = attempt_dir / RUN_DIR
     if identity:
         home, user = str(work), identity.user
     else:
@@ -349,15 +394,8 @@ def runner_env(
     env.update({"USER": user, "LOGNAME": user})
     env.update({k: v for k, v in spec.env.items() if k in CONTRACT or k.startswith("SF_PARENT_")})
     env["SF_USER_ENV"] = json.dumps(user_env(spec.env))
-    env.update(
-        {
-            "SF_RECORD_KEY": record_key(spec.name),
-            "SF_EXIT_FILE": str(attempt_dir / "exit.json"),
-            "SF_STARTED_FILE": str(attempt_dir / "started.json"),
-            "SF_RUN_DIR": str(work),
-            "SF_PROC_FILE": str(attempt_dir / "proc.json"),
-        }
-    )
+    env[RECORD_KEY_VAR] = record_key(spec.name)
+    env.update(file_env(attempt_dir, proc_file=True))
     if identity:
         env.update(
             {
@@ -383,7 +421,7 @@ def user_env(env: dict[str, str]) -> dict[str, str]:
     return {
         k: v
         for k, v in env.items()
-        if k not in CONTRACT and not k.startswith("SF_PARENT_") and k != "SF_RECORD_KEY"
+        if k not in CONTRACT and not k.startswith("SF_PARENT_") and k != RECORD_KEY_VAR
     }
 
 
@@ -423,7 +461,7 @@ def _exited(done: dict, start_time: dt.datetime | None) -> Observation:
     code, reason = done.get("exit_code"), str(done.get("reason") or "")
     if isinstance(code, bool) or not isinstance(code, int):
         code = None  # only an int is an exit code
-    if reason.startswith("ingest failed"):
+    if reason.startswith(INGEST_FAILED):
         state, failure = "INGEST_FAILED", "ingest"
     elif code == 0:
         state, failure = "SUCCEEDED", ""
@@ -453,13 +491,16 @@ def nvml_gpu_count() -> int:
 
 
 def _runner_alive(attempt_dir: Path) -> bool:
-    """True while a runner holds the attempt's liveness lock (immune to pid reuse)."""
+    """True while a runner holds the attempt's liveness lock (immune to pid reuse).
+
+    The probe is a shared lock: it is refused only while the runner holds its exclusive one,
+    and two observers probing at once cannot take each other for a live runner."""
     try:
         handle = os.open(attempt_dir / LIVENESS_LOCK, os.O_RDWR)
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
     finally:
@@ -471,8 +512,8 @@ def _launched(attempt_dir: Path) -> bool:
     """A runner was started here: it lives, or it recorded itself, or it finished."""
     return attempt_dir.is_dir() and (
         _runner_alive(attempt_dir)
-        or (attempt_dir / "proc.json").exists()
-        or (attempt_dir / "exit.json").exists()
+        or (attempt_dir / PROC_FILE).exists()
+        or (attempt_dir / EXIT_FILE).exists()
     )
 
 
@@ -520,14 +561,6 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _write_json(path: Path, value: dict) -> None:

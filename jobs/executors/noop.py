@@ -26,10 +26,13 @@ class NoopExecutor:
     def poll(self, job_refs: list[str]) -> dict[str, Observation]:
         return {ref: Observation("ACCEPTED") for ref in job_refs}
 
+    def reap_stale(self, observations: dict[str, Observation]) -> list[str]:
+        return []  # a poll marks nothing
+
     def cancel(self, job_ref: str) -> None:
         return None
 
-    def live(self) -> dict[str, Observation]:
+    def starforge_objects(self) -> dict[str, Observation]:
         return {}  # it keeps nothing: every poll answers from the refs it is given
 
     def capacity(self) -> Capacity:

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
 
 from django.conf import settings
+from sf.contract import INGEST_EXIT, INGEST_FAILED, RUN_DIR, RUN_DIR_VAR, entrypoint_code
 
 from jobs.executors.base import (
     COMMON_SETTINGS,
@@ -50,8 +51,6 @@ from jobs.executors.base import (
 from jobs.states import JobStatus
 
 DEFAULT_TIMEOUT_S = 10.0
-INGEST_EXIT = 86  # the runner's "ingest failed": the user's code never ran (sf.runner)
-SIGNAL_EXIT_BASE = 128  # the runner exits 128+N when the entrypoint was killed by signal N
 METADATA_CLUSTER = "sf_cluster"  # metadata key marking the Ray jobs this cluster launched
 # Never in a Ray submission: Ray shows runtime_env to anyone who can reach the dashboard.
 # What Ray itself sets for the entrypoint and the job's code keeps: the GPUs Ray assigned it
@@ -207,7 +206,11 @@ class RayExecutor:
             if job.get("submission_id") in wanted
         }
 
-    def live(self) -> dict[str, Observation]:
+    def reap_stale(self, observations: dict[str, Observation]) -> list[str]:
+        """Nothing to reap: a poll marks nothing, and Ray ends its jobs itself."""
+        return []
+
+    def starforge_objects(self) -> dict[str, Observation]:
         """The submissions this cluster made (its metadata mark) that Ray has not finished."""
         found = {}
         for job in self._list_jobs():
@@ -298,13 +301,13 @@ class RayExecutor:
         `python train.py` means the runner's interpreter. GPU visibility is Ray's (from
         entrypoint_num_gpus), and the runner's secrets never travel in a Ray submission.
         """
-        run_dir = str(self.work_dir / spec.name / "work")
+        run_dir = str(self.work_dir / spec.name / RUN_DIR)
         python_dir = str(PurePosixPath(self.python).parent) if "/" in self.python else ""
         path = f"{python_dir}:{DEFAULT_PATH}" if python_dir else DEFAULT_PATH
         env = base_env(run_dir, path=path)
         env.update(passed_on(spec.env, spec_is_public=self.BOOTSTRAP_TOKEN))
         env.pop(KEEP_VAR, None)
-        env["SF_RUN_DIR"] = run_dir
+        env[RUN_DIR_VAR] = run_dir
         return env
 
     def _adopt_or_retry(self, name: str, why: str) -> str:
@@ -384,14 +387,11 @@ def _failure(job: dict, message: str) -> tuple[int | None, str, str]:
     code = job.get("driver_exit_code")
     if code == INGEST_EXIT:
         # The runner's own words are in the log tail that Ray puts in its message.
-        said = re.findall(r"ingest failed: .*", message)
-        return None, "ingest", said[-1] if said else f"ingest failed (exit {code}): {message}"
-    if isinstance(code, int) and code < 0:  # the runner itself was killed by a signal
-        return code, "exit", message
-    if isinstance(code, int) and SIGNAL_EXIT_BASE < code <= SIGNAL_EXIT_BASE + 64:
-        return SIGNAL_EXIT_BASE - code, "exit", message
+        said = re.findall(rf"{re.escape(INGEST_FAILED)}: .*", message)
+        return None, "ingest", said[-1] if said else f"{INGEST_FAILED} (exit {code}): {message}"
     if isinstance(code, int):
-        return code, "exit", message
+        # -N: the runner itself was killed by signal N; 128+N: its entrypoint was (contract).
+        return entrypoint_code(code), "exit", message
     error_type = str(job.get("error_type"))
     failure = RayExecutor.FAILURE_BY_ERROR_TYPE.get(error_type, "lost")
     if failure == "lost" and re.search(r"out.of.memory|low on memory", message, re.IGNORECASE):

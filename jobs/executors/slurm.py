@@ -24,6 +24,7 @@ submitted.
 Job code runs as the same unix user as the runner and can write to the attempt dir, so the
 runner's `exit.json` counts only when its mac verifies (`read_record`), and even then it never
 ends an attempt while Slurm still reports the job: see `_stale_runner_exit` and `reap_stale`.
+A poll only asks (squeue, sacct) and reads the runner's files; it cancels nothing.
 """
 
 import datetime as dt
@@ -40,6 +41,15 @@ from pathlib import Path
 from typing import ClassVar
 
 from django.conf import settings
+from sf.contract import (
+    BACKEND_PREFIX,
+    EXIT_FILE,
+    INGEST_EXIT,
+    INGEST_FAILED,
+    RUN_DIR_VAR,
+    entrypoint_code,
+    file_env,
+)
 
 from jobs.executors.base import (
     DEFAULT_PATH,
@@ -59,8 +69,6 @@ from jobs.states import JobStatus
 S = JobStatus
 COMMAND_TIMEOUT_S = 30
 CAPACITY_TTL_S = 1.0  # below the scheduler's 2 s tick: each tick asks Slurm afresh
-INGEST_EXIT = 86  # the runner's "snapshot could not be fetched; user code never ran"
-JOB_PREFIX = "sf-"  # every Starforge backend name starts with it (scheduler.backend_name)
 # squeue -O with a "|" suffix per field: no padding, no truncation; the name goes last.
 POLL_FIELDS = "JobID:|,State:|,Reason:|,StartTime:|,EndTime:|,exit_code:|,Name:|"
 # Node states (sinfo %T) in which a node takes new jobs; down, drained, draining, reserved and
@@ -126,7 +134,7 @@ class SlurmExecutor:
         "COMPLETED": S.SUCCEEDED,  # the runner exited 0
         "CANCELLED": S.STOPPED,  # scancel outside Starforge (a stop from the ledger closes the
         # attempt before it cancels, so the reconciler never sees its own stops here)
-        "FAILED": S.FAILED,  # non-zero exit of the runner: exit code, 86 ingest, 128+N signal
+        "FAILED": S.FAILED,  # non-zero exit of the runner: exit code, INGEST_EXIT, 128+N signal
         "TIMEOUT": S.FAILED,  # hit the time limit; retryable: a retry resumes from checkpoints
         "NODE_FAIL": S.FAILED,  # the node died under the job
         "PREEMPTED": S.FAILED,  # preempted by a higher-priority job
@@ -263,15 +271,16 @@ class SlurmExecutor:
             found.update({row.job_id: self._observe(row) for row in self._sacct(missing)})
         return found
 
-    def live(self) -> dict[str, Observation]:
-        """This user's Slurm jobs named `sf-…` that have not ended, in one squeue."""
+    def starforge_objects(self) -> dict[str, Observation]:
+        """This user's Slurm jobs named `sf-…` (BACKEND_PREFIX) that have not ended, in one
+        squeue."""
         states = f"PENDING,CONFIGURING,{ALLOCATED_STATES}"
         args = ["squeue", "-h", "-u", str(os.getuid()), "-t", states, "-O", POLL_FIELDS]
         rows = parse_squeue(self._slurm(args), dt.datetime.now(dt.UTC))
         return {
             row.job_id: Observation(row.state, name=row.name)
             for row in rows
-            if row.name.startswith(JOB_PREFIX)
+            if row.name.startswith(BACKEND_PREFIX)
         }
 
     def cancel(self, job_ref: str) -> None:
@@ -351,17 +360,12 @@ class SlurmExecutor:
         Nothing is read from this process's environment. GPU visibility is Slurm's (from the
         GRES it allocated): submit refuses such variables, and they are dropped here too.
         """
-        run_dir = attempt_dir / "work"
+        files = file_env(attempt_dir)
+        home = self.home or files[RUN_DIR_VAR]
         # `python train.py` in a job means the runner's interpreter, as on the local executor
-        env = base_env(self.home or str(run_dir), path=f"{Path(self.python).parent}:{self.path}")
+        env = base_env(home, path=f"{Path(self.python).parent}:{self.path}")
         env.update(passed_on(spec.env, spec_is_public=self.BOOTSTRAP_TOKEN))
-        env.update(
-            {
-                "SF_EXIT_FILE": str(attempt_dir / "exit.json"),
-                "SF_STARTED_FILE": str(attempt_dir / "started.json"),
-                "SF_RUN_DIR": str(run_dir),
-            }
-        )
+        env.update(files)
         return env
 
     # -- poll --------------------------------------------------------------------------------
@@ -391,11 +395,11 @@ class SlurmExecutor:
         code = exit_code_of(row.exit_status or 0)
         if code != INGEST_EXIT:
             return _ended(row, details, exit_code=code, failure="exit")
-        done = read_record(self.work_dir / row.name / "exit.json", row.name)
+        done = read_record(self.work_dir / row.name / EXIT_FILE, row.name)
         reason = str(done.get("reason", ""))
-        if not reason.startswith("ingest failed"):  # the server cannot see the runner's files
+        if not reason.startswith(INGEST_FAILED):  # the server cannot see the runner's files
             reason = (
-                f"ingest failed: the runner could not prepare the job (exit {INGEST_EXIT}); "
+                f"{INGEST_FAILED}: the runner could not prepare the job (exit {INGEST_EXIT}); "
                 f"see {self.work_dir / row.name / 'slurm.err'}"
             )
         return _ended(row, details, exit_code=code, failure="ingest", message=reason)
@@ -417,7 +421,7 @@ class SlurmExecutor:
         now = dt.datetime.now(dt.UTC)
         if row.start is not None and now - row.start < grace:
             return None
-        exit_file = self.work_dir / row.name / "exit.json"
+        exit_file = self.work_dir / row.name / EXIT_FILE
         if not exit_file.exists():
             return None
         done = read_record(exit_file, row.name)
@@ -464,7 +468,7 @@ class SlurmExecutor:
         exit code is the runner's signed one; the end is Slurm's (the allocation was held
         until then).
         """
-        done = read_record(self.work_dir / row.name / "exit.json", row.name)
+        done = read_record(self.work_dir / row.name / EXIT_FILE, row.name)
         ended = epoch(done.get("ended_at"))
         grace = dt.timedelta(seconds=settings.SF_LOST_GRACE_S)
         if ended is None or row.end is None or row.end - ended < grace:
@@ -536,7 +540,7 @@ class SlurmExecutor:
         total = 0
         for line in out.splitlines():
             tres, _, name = line.partition("|")
-            if name.startswith(JOB_PREFIX):
+            if name.startswith(BACKEND_PREFIX):
                 total += gpu_count(tres)
         return total
 
@@ -631,9 +635,7 @@ def exit_code_of(status: int) -> int:
     code, signal = status >> 8, status & 0x7F
     if signal:
         return -signal
-    if 128 < code < 128 + 65:
-        return -(code - 128)
-    return code
+    return entrypoint_code(code)
 
 
 def usable_node_state(state: str) -> bool:

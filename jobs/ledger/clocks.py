@@ -1,6 +1,6 @@
 """Owns the attempt clocks: opening an attempt, marking it started, seeing it alive, closing it.
 
-Metering bills (end − start) × GPUs per attempt (ARCHITECTURE.md invariant 5), so these two
+Metering bills (end − start) × GPUs per attempt (docs/ARCHITECTURE.md, invariant 5), so these two
 times are the bill, and nothing a job's code writes may set them on its own (invariant 7).
 Only this module writes `Attempt.start_time` and `Attempt.end_time` (a test reads the source of
 every other module to prove it); the loops (scheduler, launcher, reconciler), the control verbs

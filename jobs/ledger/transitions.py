@@ -1,4 +1,4 @@
-"""The one place that writes `Job.status` (ARCHITECTURE.md invariant 1).
+"""The one place that writes `Job.status` (docs/ARCHITECTURE.md, invariant 1).
 
 `apply_transitions` locks the job rows, checks the allowed-transition table, updates the rows
 and writes one `JobEvent` per change, all in one transaction. `transition` is its single-job

@@ -1,11 +1,15 @@
 """The reconciler tick: observe each backend once, compare with the ledger, act on the difference.
 
-Per cluster: one batched `poll` of every live attempt's backend object, each native state mapped
+Per cluster: one batched `poll` of every open attempt's backend object, each native state mapped
 through the executor's explicit `STATE_TABLE`. It sets `start_time` when the process is really
 up, closes attempts (exit code, end time) exactly once, fails jobs whose backend object vanished
 for longer than the grace period or that sat PENDING past their deadline, repairs attempts left
 in SUBMITTED by a crash mid-launch, and re-cancels backend objects of stopped attempts that are
 still alive. A native state missing from the table changes nothing but is recorded.
+
+The poll only looks; every change on an engine is one this tick asks for: `cancel` (a pending
+deadline, the sweep of closed attempts) and, last, `reap_stale` with the poll's answer, for what
+the poll marked as left behind (`jobs.executors.base.Executor`).
 """
 
 import datetime as dt
@@ -16,6 +20,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from sf.contract import INGEST_FAILED
 
 from jobs.executors import Executor, Observation, executor_for
 from jobs.ledger import clocks, lifecycle
@@ -63,7 +68,7 @@ def record_poll_health(cluster: Cluster, error: str, now: dt.datetime) -> None:
 def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
     now = now or timezone.now()
     executor = executor_for(cluster)
-    live = list(
+    open_attempts = list(
         Attempt.objects.filter(
             job__cluster=cluster,
             job__status__in=S.active(),
@@ -76,18 +81,19 @@ def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
         .exclude(job_ref="")
         .exclude(job__status__in=S.active(), job__current_attempt=F("pk"))
     )
-    refs = [a.job_ref for a in live + closed if a.job_ref]
+    refs = [a.job_ref for a in open_attempts + closed if a.job_ref]
     try:
         observations = executor.poll(refs) if refs else {}
     except Exception as exc:
         raise PollFailed(f"{type(exc).__name__}: {exc}") from exc
     record_poll_health(cluster, "", now)
-    mine = _observed(live + closed, observations)
-    seen = [a.pk for a in live if a.pk in mine]
+    mine = _observed(open_attempts + closed, observations)
+    seen = [a.pk for a in open_attempts if a.pk in mine]
     Attempt.objects.filter(pk__in=seen).update(last_seen_at=now)
-    clocks.seen_alive([a.pk for a in live if _maps_to(executor, mine.get(a.pk)) == S.RUNNING], now)
-    _record_native(executor, live, mine)
-    for attempt in live:
+    running = [a.pk for a in open_attempts if _maps_to(executor, mine.get(a.pk)) == S.RUNNING]
+    clocks.seen_alive(running, now)
+    _record_native(executor, open_attempts, mine)
+    for attempt in open_attempts:
         try:
             _reconcile_attempt(executor, attempt, mine.get(attempt.pk), now)
         except TransitionRefused as exc:  # the job moved on (a user stop) since we read it
@@ -96,11 +102,11 @@ def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
             log.exception("reconcile of %s failed; skipped this tick", attempt.backend_name)
     for attempt in closed:
         _sweep_orphan(executor, attempt, mine.get(attempt.pk), now)
-    # An engine that found objects to clean up while observing (Slurm: a job still RUNNING a
-    # grace after its runner's signed exit) acts on them now, after the poll: a poll only looks.
-    reap = getattr(executor, "reap_stale", None)
-    if reap is not None:  # only objects carrying their own attempt's name (see _observed)
-        reap({a.job_ref: mine[a.pk] for a in live if a.pk in mine})
+    # What the poll marked as left behind (Slurm: a job still RUNNING a grace after its runner's
+    # signed exit; local: the processes of a job whose runner died) is ended now, after the
+    # ledger has taken the poll's answer: a poll only looks. Only objects carrying their own
+    # attempt's name are handed on (see _observed).
+    executor.reap_stale({a.job_ref: mine[a.pk] for a in open_attempts if a.pk in mine})
 
 
 def _maps_to(executor: Executor, obs: Observation | None) -> JobStatus | None:
@@ -275,7 +281,7 @@ def _close_and_transition(
 
 
 def _failure_reason(attempt: Attempt, obs: Observation) -> str:
-    if obs.message.startswith("ingest failed"):
+    if obs.message.startswith(INGEST_FAILED):  # the runner's own sentence (sf.contract)
         return obs.message
     if obs.exit_code is not None and obs.exit_code < 0:
         head = f"killed by signal {-obs.exit_code}"
@@ -300,7 +306,7 @@ def _check_pending_deadline(executor: Executor, attempt: Attempt, now: dt.dateti
 
 
 def _record_native(
-    executor: Executor, live: list[Attempt], observations: dict[int, Observation]
+    executor: Executor, open_attempts: list[Attempt], observations: dict[int, Observation]
 ) -> None:
     """Keep each attempt's native state and the backend's words for a wait, as they change.
 
@@ -311,7 +317,7 @@ def _record_native(
     states: dict[str, list[int]] = defaultdict(list)
     messages: dict[str, list[int]] = defaultdict(list)
     unmapped = []
-    for attempt in live:
+    for attempt in open_attempts:
         obs = observations.get(attempt.pk)
         if obs is None:
             continue

@@ -28,6 +28,7 @@ from decimal import Decimal
 from django.db import connection, transaction
 from django.db.models import Count, F, OuterRef, Subquery, Sum
 from django.utils import timezone
+from sf.contract import backend_name
 
 from jobs.executors import Capacity, executor_for
 from jobs.ledger import clocks
@@ -410,11 +411,6 @@ def _submit(admit: list[tuple[int, int, dict]], now: dt.datetime) -> list[int]:
         attempt_count=F("attempt_count") + 1, current_attempt=Subquery(newest)
     )
     return [a.pk for a in attempts]
-
-
-def backend_name(run_id: str, attempt: int) -> str:
-    """The deterministic backend object name: the key of at-most-once launch (invariant 4)."""
-    return f"sf-{run_id}-a{attempt}"
 
 
 def _held() -> _Holdings:

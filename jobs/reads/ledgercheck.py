@@ -137,21 +137,22 @@ UNRECORDED_LOOKBACK = dt.timedelta(days=1)
 def orphans(now: dt.datetime) -> Iterator[str]:
     """No backend object pending or running that no open attempt accounts for.
 
-    Each engine lists what it holds for Starforge (`Executor.live`); each object must belong
-    to an attempt still open, or to one closed less than the grace period ago (the reconciler
-    cancels those again). An object behind an attempt closed longer ago, or recorded by no
-    attempt at all (a launch whose attempt row was lost), is an orphan.
+    Each engine lists what it holds for Starforge (`Executor.starforge_objects`, which only
+    looks); each object must belong to an attempt still open, or to one closed less than the
+    grace period ago (the reconciler cancels those again). An object behind an attempt closed
+    longer ago, or recorded by no attempt at all (a launch whose attempt row was lost), is an
+    orphan.
     """
     grace = dt.timedelta(seconds=settings.SF_LOST_GRACE_S)
     for cluster in Cluster.objects.filter(enabled=True).exclude(kind=Cluster.Kind.NOOP):
         try:
             executor = executor_for(cluster)
-            live = executor.live()
-            owners = _owners(executor, cluster, live, now)
+            held = executor.starforge_objects()
+            owners = _owners(executor, cluster, held, now)
         except Exception as exc:  # cannot verify: say so rather than pass
             yield f"cluster {cluster.name}: its backend objects could not be checked ({exc})"
             continue
-        for ref, obs in sorted(live.items()):
+        for ref, obs in sorted(held.items()):
             mine = [a for a in owners.get(ref, []) if obs.name in ("", a.backend_name)]
             if any(a.end_time is None or a.end_time >= now - grace for a in mine):
                 continue
@@ -170,21 +171,22 @@ def orphans(now: dt.datetime) -> Iterator[str]:
             )
 
 
-def _owners(executor, cluster: Cluster, live: dict, now: dt.datetime) -> dict[str, list[Attempt]]:
-    """{ref: the attempts that recorded it}, and for attempts of the last day that never
-    recorded their ref (closed or crashed mid-launch) the object the engine finds by name."""
+def _owners(executor, cluster: Cluster, held: dict, now: dt.datetime) -> dict[str, list[Attempt]]:
+    """{ref: the attempts that recorded it}, of the objects the engine `held`, and for attempts of
+    the last day that never recorded their ref (closed or crashed mid-launch) the object the
+    engine finds by name."""
     owners: dict[str, list[Attempt]] = defaultdict(list)
-    if not live:
+    if not held:
         return owners
-    for attempt in Attempt.objects.filter(job__cluster=cluster, job_ref__in=list(live)):
+    for attempt in Attempt.objects.filter(job__cluster=cluster, job_ref__in=list(held)):
         owners[attempt.job_ref].append(attempt)
-    if len(owners) < len(live):
+    if len(owners) < len(held):
         unrecorded = Attempt.objects.filter(job__cluster=cluster, job_ref="").filter(
             Q(end_time__isnull=True) | Q(end_time__gte=now - UNRECORDED_LOOKBACK)
         )
         for attempt in unrecorded:
             ref = executor.find(attempt.backend_name)
-            if ref in live:
+            if ref in held:
                 owners[ref].append(attempt)
     return owners
 

@@ -1,4 +1,4 @@
-"""A job's environment is an allow-list (issue 12, point 1; ARCHITECTURE.md invariant 8).
+"""A job's environment is an allow-list (issue 12, point 1; docs/ARCHITECTURE.md, invariant 8).
 
 A real job through the real local executor prints its environment and reads every
 /proc/*/environ it can: nothing of the server's environment (planted here in the test

@@ -43,10 +43,13 @@ class ScriptedExecutor:
             raise self.poll_error
         return {r: self.states[r] for r in refs if r in self.states}
 
+    def reap_stale(self, observations: dict[str, Observation]) -> list[str]:
+        return []  # its polls mark nothing
+
     def cancel(self, ref: str) -> None:
         self.cancelled.append(ref)
 
-    def live(self) -> dict[str, Observation]:
+    def starforge_objects(self) -> dict[str, Observation]:
         if self.poll_error:
             raise self.poll_error
         active = (S.PENDING, S.RUNNING)

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 from django.core.signals import request_finished, request_started
+from sf.contract import read_json
 
 from jobs.actions import control
-from jobs.executors.local import LocalExecutor, _read_json
+from jobs.executors.local import LocalExecutor
 from jobs.loops.launcher import launch_attempts, launch_spec
 from jobs.loops.reconciler import reconcile_all
 from jobs.loops.scheduler import admit_queued_jobs
@@ -83,8 +84,8 @@ def _api_for_runners(live_server, settings):
     # none posts to the live server between tests.
     for proc_file in Path(settings.SF_LOCAL_STATE_DIR).glob("*/*/proc.json"):
         pids = [
-            _read_json(proc_file).get("pid"),
-            _read_json(proc_file.with_name("started.json")).get("pid"),
+            read_json(proc_file).get("pid"),
+            read_json(proc_file.with_name("started.json")).get("pid"),
         ]
         for pid in filter(None, pids):
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -201,7 +202,7 @@ def test_stop_ends_the_process_on_the_backend(team, alice, local_cluster):
     job = python_job(team, alice, "import time; print('up', flush=True); time.sleep(60)")
     [attempt] = start(job)
     run_until(lambda: Job.objects.get(pk=job.pk).status == S.RUNNING)
-    proc = _read_json(LocalExecutor(local_cluster).root / attempt.job_ref / "proc.json")
+    proc = read_json(LocalExecutor(local_cluster).root / attempt.job_ref / "proc.json")
     control.stop_job(User.objects.get(username="alice"), job.pk)
     deadline = time.monotonic() + 15
     while process_alive(proc["pid"]) and time.monotonic() < deadline:
@@ -216,8 +217,8 @@ def test_runner_killed_without_exit_status_fails_the_job(team, alice, local_clus
     [attempt] = start(job)
     run_until(lambda: Job.objects.get(pk=job.pk).status == S.RUNNING)
     attempt_dir = LocalExecutor(local_cluster).root / attempt.job_ref
-    os.killpg(_read_json(attempt_dir / "proc.json")["pid"], signal.SIGKILL)
-    os.killpg(_read_json(attempt_dir / "started.json")["pid"], signal.SIGKILL)
+    os.killpg(read_json(attempt_dir / "proc.json")["pid"], signal.SIGKILL)
+    os.killpg(read_json(attempt_dir / "started.json")["pid"], signal.SIGKILL)
     run_until(lambda: finished(job))
     job.refresh_from_db()
     assert job.status == S.FAILED and "left no exit status" in job.status_reason

@@ -249,3 +249,22 @@ def test_a_backend_start_time_before_admission_is_read_as_admission(backend, pen
     reconcile_all()
     attempt.refresh_from_db()
     assert attempt.start_time == attempt.submitted_at  # queued time is never billed
+
+
+def test_reap_stale_gets_the_polls_answer_for_open_attempts_after_the_ledger_took_it(
+    backend, pending, team, alice, monkeypatch
+):
+    job, _ = pending
+    stopped = queued_job(team, alice)
+    with_attempt(stopped, S.STOPPED, job_ref="ref-closed", end_time=timezone.now())
+    ended = Observation("BAD", exit_code=3, start_time=timezone.now())
+    backend.states.update({"ref-1": ended, "ref-closed": Observation("RUN")})
+    handed = []
+    monkeypatch.setattr(
+        backend, "reap_stale", lambda found: handed.append((dict(found), status(job))) or []
+    )
+    reconcile_all()
+    # Once per tick, last: the job had already failed; the closed attempt's object is swept
+    # (cancelled) instead.
+    assert handed == [({"ref-1": ended}, S.FAILED)]
+    assert backend.cancelled == ["ref-closed"]

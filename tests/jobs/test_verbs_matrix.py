@@ -1,4 +1,4 @@
-"""Every control verb from every state, through the API, against the table in ARCHITECTURE.md.
+"""Every control verb from every state, through the API, against docs/ARCHITECTURE.md ("States").
 
 Each case starts from a job placed in a state with the attempt that state implies: an open
 attempt with a backend object for SUBMITTED/PENDING/RUNNING, a closed one for the finished

@@ -2,7 +2,7 @@
 
 Every `timezone.now()` in the code under test answers the test's clock, and each tick gets the
 same instant as `now=`, so every billed microsecond is known in advance. Only running time is
-billed (ARCHITECTURE.md invariant 5): from the attempt's start_time, which the reconciler sets
+billed (docs/ARCHITECTURE.md, invariant 5): from the attempt's start_time, which the reconciler sets
 when it first sees the entrypoint running, to its end; queued, pending and paused time never.
 """
 

@@ -390,9 +390,9 @@ def test_live_lists_the_starforge_jobs_that_have_not_ended(executor, apiserver):
     apiserver.add("pods", pod_for(apiserver.get("jobs", up), running()))
     apiserver.add("pods", pod_for(apiserver.get("jobs", done), terminated(0, "Completed")))
     apiserver.add("jobs", {"metadata": {"name": "not-ours"}, "spec": _bare_template()})
-    live = executor.live()
-    assert {ref: o.native_state for ref, o in live.items()} == {
+    held = executor.starforge_objects()
+    assert {ref: o.native_state for ref, o in held.items()} == {
         up: "Running",
         waiting_: "Pending",
     }
-    assert all(o.name == ref for ref, o in live.items())
+    assert all(o.name == ref for ref, o in held.items())

@@ -234,8 +234,8 @@ def test_live_lists_the_unfinished_jobs_this_cluster_launched(ray_jobs):
     busy = ray_jobs.submit(["sleep", "60"], gpus=0)
     ray_jobs.wait(busy.name, {"RUNNING"})
     try:
-        live = ray_jobs.executor.live()
-        assert (live[busy.name].native_state, live[busy.name].name) == ("RUNNING", busy.name)
-        assert done.name not in live
+        held = ray_jobs.executor.starforge_objects()
+        assert (held[busy.name].native_state, held[busy.name].name) == ("RUNNING", busy.name)
+        assert done.name not in held
     finally:
         ray_jobs.executor.cancel(busy.name)

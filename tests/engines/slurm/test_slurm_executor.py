@@ -253,10 +253,10 @@ def test_live_lists_this_users_unfinished_starforge_jobs_only(
     wait_for(executor, done, FINAL)
     wait_for(executor, running, {"RUNNING"})
     try:
-        live = executor.live()
-        assert live[running].name == f"sf-{token}live-a1"
-        assert live[running].native_state == "RUNNING"
-        assert done not in live and foreign not in live
+        held = executor.starforge_objects()
+        assert held[running].name == f"sf-{token}live-a1"
+        assert held[running].native_state == "RUNNING"
+        assert done not in held and foreign not in held
     finally:
         executor.cancel(running)
         slurm("scancel", foreign, conf=slurm_conf)

@@ -1,0 +1,168 @@
+"""Owns the runner contract: the rules the job-side runner and its counterparts both follow.
+
+The parties are the runner (`sf.runner`, inside the job's image or on the job's node), the
+executors that start it and read what it leaves (`jobs.executors.*`: local, Slurm, Ray,
+Kubernetes) and the scheduler, which names each attempt's backend object. Each rule has its one
+value here; a party imports it instead of writing the value down again, so the two sides cannot
+drift apart:
+
+- the runner's exit codes that counterparts interpret (INGEST_EXIT, 128+N for a signal), and
+  the words that open an ingest failure's reason;
+- the backend-name prefix and `backend_name`, the deterministic name of an attempt's object;
+- the files the runner keeps in its attempt directory, and the SF_* variables through which an
+  executor says where they go;
+- `record_mac`, how the runner signs its records, and `read_json`, the one way a counterpart
+  reads a file of an attempt directory, where job code may have written.
+
+Standard library only and no Django: the runner imports it inside arbitrary job images (Python
+3.10 and later, the client's floor), and the server imports it from the installed client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import stat
+from typing import Any
+
+# -- exit codes ------------------------------------------------------------------------------
+# The runner exits INGEST_EXIT when the job could not be prepared (snapshot fetch or unpack,
+# entrypoint, identity): the user's code never ran, so the attempt is billed nothing and the
+# failure is not the user's exit.
+INGEST_EXIT = 86
+# When the entrypoint is killed by signal N the runner exits 128+N, as a shell does; the
+# executors report that as exit code -N, the way the local executor sees it from the process.
+SIGNAL_EXIT_BASE = 128
+MAX_SIGNAL = 64  # Linux's highest signal number (SIGRTMAX)
+# Every reason the runner writes for an ingest failure starts with these words; executors find
+# the runner's sentence by them in exit records and log tails.
+INGEST_FAILED = "ingest failed"
+
+
+def exit_status(code: int) -> int:
+    """The runner's own exit status for its entrypoint's return code (-N: killed by signal N)."""
+    return SIGNAL_EXIT_BASE - code if code < 0 else code
+
+
+def killed_by(status: int) -> int | None:
+    """The signal that killed the entrypoint when the runner's exit status says so, else None."""
+    if SIGNAL_EXIT_BASE < status <= SIGNAL_EXIT_BASE + MAX_SIGNAL:
+        return status - SIGNAL_EXIT_BASE
+    return None
+
+
+def entrypoint_code(status: int) -> int:
+    """The entrypoint's return code from the runner's exit status: -N for 128+N, else itself."""
+    signal = killed_by(status)
+    return status if signal is None else -signal
+
+
+# -- backend names ---------------------------------------------------------------------------
+# Every backend object Starforge makes is named with this prefix: engines find their own among
+# other users' jobs by it (Slurm's job names), and it is the at-most-once key of a launch.
+BACKEND_PREFIX = "sf-"
+
+
+def backend_name(run_id: str, attempt: int) -> str:
+    """The deterministic name of attempt `attempt` of run `run_id` on every engine."""
+    return f"{BACKEND_PREFIX}{run_id}-a{attempt}"
+
+
+# -- the attempt directory -------------------------------------------------------------------
+EXIT_FILE = "exit.json"  # signed outcome: exit_code (None: ingest failed), reason, started_at...
+STARTED_FILE = "started.json"  # signed when the entrypoint is spawned: started_at, pid (its pgid)
+PROC_FILE = "proc.json"  # the runner's own pid, unsigned: where a stop is sent
+CONSOLE_LOG = "console.log"  # the job's stdout and stderr, line by line
+METRICS_FILE = "metrics.jsonl"  # the SDK's points, in the attempt dir or metrics/ below it
+RUN_DIR = "work"  # the run dir (the unpacked snapshot, the job's cwd) below the attempt dir
+# The local executor's liveness lock: the runner inherits it locked and holds it as long as it
+# lives (it never passes the descriptor on to the job), so a held lock means a live runner.
+LIVENESS_LOCK = "alive.lock"
+
+# The variables through which an executor tells the runner where its files go; each defaults
+# to the name above in the runner's working directory.
+EXIT_FILE_VAR = "SF_EXIT_FILE"
+STARTED_FILE_VAR = "SF_STARTED_FILE"
+PROC_FILE_VAR = "SF_PROC_FILE"
+RUN_DIR_VAR = "SF_RUN_DIR"
+# The runner's credentials: the attempt's job token and the key it signs its records with.
+# Only the runner may see them (never the job), and no engine whose job specs others can read
+# may carry them.
+JOB_TOKEN_VAR = "SF_JOB_TOKEN"
+RECORD_KEY_VAR = "SF_RECORD_KEY"
+RUNNER_SECRETS = frozenset({JOB_TOKEN_VAR, RECORD_KEY_VAR})
+# What those engines carry instead: a one-time credential the runner exchanges at start for its
+# job token (POST /api/v1/ingest/token), spent once read.
+BOOTSTRAP_TOKEN_VAR = "SF_BOOTSTRAP_TOKEN"
+
+
+def file_env(attempt_dir: str | os.PathLike[str], *, proc_file: bool = False) -> dict[str, str]:
+    """The variables that put the runner's records and run dir in `attempt_dir`; with
+    `proc_file`, its pid record too (an executor that signals the runner itself)."""
+    root = os.fspath(attempt_dir)
+    env = {
+        EXIT_FILE_VAR: os.path.join(root, EXIT_FILE),
+        STARTED_FILE_VAR: os.path.join(root, STARTED_FILE),
+        RUN_DIR_VAR: os.path.join(root, RUN_DIR),
+    }
+    if proc_file:
+        env[PROC_FILE_VAR] = os.path.join(root, PROC_FILE)
+    return env
+
+
+# -- records ---------------------------------------------------------------------------------
+# A record larger than this is no record: the runner's are a few hundred bytes, and a reader
+# must not take into memory whatever a job left in the attempt dir.
+MAX_RECORD_BYTES = 1 << 20
+
+
+def record_mac(key: str, record: dict) -> str:
+    """HMAC-SHA256 of a record without its `mac`, over the canonical JSON: the runner signs
+    with it, and the server checks with it (`jobs.executors.base.read_record`)."""
+    body = {k: v for k, v in record.items() if k != "mac"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key.encode(), canonical, hashlib.sha256).hexdigest()
+
+
+def read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON object in the file at `path`, or {} for anything else.
+
+    Job code can write where these files lie (its run dir is inside the attempt dir, and on
+    several engines it runs as the runner's uid), so nothing it leaves there may raise, block
+    or mislead the reader: a missing or unreadable file, a symlink (to a file the job could not
+    read itself), anything but a regular file (a FIFO would block the open), more than
+    MAX_RECORD_BYTES, invalid JSON (NaN and Infinity included, nesting too deep to parse) and
+    JSON that is not an object all read as {}.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (OSError, ValueError):  # ValueError: a NUL in the path
+        return {}
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_RECORD_BYTES:
+            chunk = os.read(fd, MAX_RECORD_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    if size > MAX_RECORD_BYTES:
+        return {}
+    try:
+        value = json.loads(b"".join(chunks), parse_constant=_not_json)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
