@@ -51,9 +51,9 @@ from sf.http import ApiError, Client, ConnectError
 from sf.supervise import Supervisor, guard_runner
 from sf.system import SystemSampler, sample_interval
 
-# Lines per log request at most. The server spends ~9 ms per request beyond ~4 µs per line, so
-# a chatty job is held back by requests, not lines: 1,000-line batches cap a job near 77,000
-# lines/s, 5,000-line ones near 190,000 (bench/RESULTS.md). A quiet job sends every 0.2 s.
+# Lines per log request at most. A request costs the server far more than a line in it, so a
+# chatty job is held back by requests, not lines: large batches let it log fast (`make bench`
+# measures it). A quiet job sends every 0.2 s.
 BATCH_LINES = 5000
 BATCH_POINTS = 2000
 METRICS_POLL_S = 0.25

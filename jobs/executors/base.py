@@ -2,7 +2,7 @@
 
 Every executor declares `STATE_TABLE`, an explicit map from each native state it can report to
 the ledger state it means. A native state missing from the table never advances a job
-(ARCHITECTURE.md invariant 2): the reconciler records it and leaves the job where it is.
+(docs/ARCHITECTURE.md, invariant 2): the reconciler records it and leaves the job where it is.
 
 Executors observe when asked to look and act only when the loops tell them to (see `Executor`).
 What they share with the job-side runner (exit codes, file names, how records are signed, how
@@ -132,7 +132,7 @@ def epoch(value: object) -> dt.datetime | None:
 
 
 # -- a job's environment -------------------------------------------------------------------------
-# A job's environment is an allow-list (ARCHITECTURE.md invariant 8): its own env, the SF_*
+# A job's environment is an allow-list (docs/ARCHITECTURE.md, invariant 8): its own env, the SF_*
 # contract and this minimal base. Nothing of the server's or worker's environment is copied.
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Variables that choose which accelerators a process sees: the platform sets them from what it

@@ -21,7 +21,7 @@ user's code never ran), 128+N that the entrypoint was killed by signal N (report
 A poll only lists; it deletes nothing. Finished Jobs go when their TTL says (`FINISHED_TTL_S`),
 and `cancel` is the only delete.
 
-Trust boundaries (ARCHITECTURE.md invariant 8). A pod's environment is the image's own plus
+Trust boundaries (docs/ARCHITECTURE.md, invariant 8). A pod's environment is the image's own plus
 exactly `base_env` (HOME is the pod's work dir; PATH stays the image's, which knows where its
 interpreter lives) and the launch spec's env: nothing of the server's. Pod specs are readable
 by whoever may read pods in the namespace, so the runner gets a one-time bootstrap token

@@ -6,7 +6,7 @@ State lives on disk, not in memory, so it survives a worker restart: one directo
 (the runner's pid) and `alive.lock`, which the runner holds locked for as long as it lives; the
 runner writes `started.json` and `exit.json` there, signed with the attempt's record key. While
 the runner holds its lock the attempt is alive whatever any file says; once it is gone only a
-record the runner signed decides the outcome (ARCHITECTURE.md invariant 7).
+record the runner signed decides the outcome (docs/ARCHITECTURE.md, invariant 7).
 
 A poll only looks. A runner that died under its job leaves the job's processes unsupervised: the
 poll reports the attempt RUNNING, marked `orphaned_group`, and `reap_stale` (the reconciler,

@@ -12,7 +12,7 @@ The job's entrypoint is the job-side runner, started in a per-attempt directory 
 with the attempt's GPUs reserved for it (`entrypoint_num_gpus`; Ray sets CUDA_VISIBLE_DEVICES).
 The runner's exit code comes back as the job's `driver_exit_code`.
 
-Trust boundaries (ARCHITECTURE.md invariant 8). The submission carries no secret: Ray shows
+Trust boundaries (docs/ARCHITECTURE.md, invariant 8). The submission carries no secret: Ray shows
 every job's runtime_env and entrypoint to anyone who can reach the dashboard, so the runner
 gets a one-time bootstrap token (`BOOTSTRAP_TOKEN`) that it exchanges for its job token on
 start; a job token or record key in the launch spec is dropped. The Jobs REST API passes

@@ -5,12 +5,12 @@ any Slurm the worker host is a client of. Each attempt gets a directory under `w
 (visible to the nodes) named deterministically from run_id + attempt: the runner's files
 (`exit.json`, `console.log`), Slurm's output files and `slurm_job_id`, the id sbatch returned.
 
-At most once per attempt (ARCHITECTURE.md invariant 4): `submit` runs under a lock file in
+At most once per attempt (docs/ARCHITECTURE.md, invariant 4): `submit` runs under a lock file in
 `work_dir` and adopts the job already known under the attempt's name (its recorded id, or a
 Slurm job of that name) instead of submitting a second one. Workers that launch on the same
 cluster must therefore share `work_dir` (as the nodes do).
 
-The job's environment is an allow-list (ARCHITECTURE.md invariant 8): `base_env` (HOME is the
+The job's environment is an allow-list (docs/ARCHITECTURE.md, invariant 8): `base_env` (HOME is the
 attempt's run dir unless `home` is set, PATH the `path` setting with the interpreter's dir
 first) plus the launch spec's env, less any GPU visibility variable (Slurm sets those from the
 GRES it allocated). It reaches Slurm through `--export-file` on an anonymous file, with no
@@ -292,8 +292,8 @@ class SlurmExecutor:
 
         The scheduler subtracts the GPUs of Starforge's own active jobs itself, so only
         foreign load is taken off here: node GPUs in use minus those of `sf-` jobs. Answers
-        are kept CAPACITY_TTL_S: every submit asks too, and on a busy host the two Slurm
-        commands cost ~100 ms, ten times the rest of a submit; a tick still gets a fresh one.
+        are kept CAPACITY_TTL_S: every submit asks too, and the two Slurm commands cost more
+        than the rest of a submit; the TTL is below the tick, so a tick gets a fresh one.
         """
         key = (self.cluster.name, self.partition, self.slurm_conf, self.bin_dir)
         kept = _capacities.get(key)

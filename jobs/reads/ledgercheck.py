@@ -1,4 +1,4 @@
-"""`check_ledger`: verify the ledger keeps ARCHITECTURE.md's invariants, one line per violation.
+"""`check_ledger`: verify the ledger keeps the invariants of docs/ARCHITECTURE.md, a line each.
 
 Reads the whole ledger in a few streaming queries; safe to run on a live system (it reports an
 attempt just launched or a job just moved only if the ledger is really inconsistent). For

@@ -1,6 +1,6 @@
 """Trust boundaries of the Ray executor against a real Ray head (issue 12).
 
-The job's environment is an allow-list (ARCHITECTURE.md invariant 8): neither the submitting
+The job's environment is an allow-list (docs/ARCHITECTURE.md, invariant 8): neither the submitting
 server's environment nor the raylet's reaches it; the submission (which Ray shows to anyone who
 can reach the dashboard) carries no job token or record key; a stop leaves no process behind.
 """

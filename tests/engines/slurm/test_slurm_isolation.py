@@ -1,6 +1,6 @@
 """Trust boundaries of the Slurm executor against a real slurmctld + slurmd (issue 12).
 
-A job's environment is an allow-list (ARCHITECTURE.md invariant 8): nothing of the worker's
+A job's environment is an allow-list (docs/ARCHITECTURE.md, invariant 8): nothing of the worker's
 process environment reaches it, through the sbatch process or Slurm's `--export` defaults.
 """
 
