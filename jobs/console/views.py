@@ -172,7 +172,15 @@ def token_revoke(request, token_id: int):
 
 
 def states_help(request):
-    return render(request, "jobs/states.html", {"states": JobStatus.values})
+    verbs = [
+        {
+            "name": verb.name,
+            "target": verb.target or "(the job is deleted)",
+            "allowed_from": [s for s in JobStatus.values if s in verb.allowed_from],
+        }
+        for verb in VERBS.values()
+    ]
+    return render(request, "jobs/states.html", {"states": JobStatus.values, "verbs": verbs})
 
 
 def _visible(request, job_id: int):

@@ -7,7 +7,7 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs.models import Job
-from jobs.states import JobStatus
+from jobs.states import VERBS, JobStatus
 from jobs.stores import logstore
 from tests.jobs.factories import queued_job, with_attempt
 
@@ -155,6 +155,16 @@ def test_states_page_explains_every_state_and_plotly_is_served_locally(alice):
     assert all(f'id="{s}"' in page for s in JobStatus.values)
     bundle = client.get("/static/vendor/plotly.min.js")
     assert bundle.status_code == 200
+
+
+def test_states_page_lists_each_verb_with_the_states_the_table_allows_it_from(alice):
+    page = signed_in(alice).get("/states/").content.decode()
+    assert '<tr id="verb-resume"><td>resume</td><td>QUEUED</td><td>PAUSED</td></tr>' in page
+    assert (
+        '<tr id="verb-stop"><td>stop</td><td>STOPPED</td>'
+        "<td>QUEUED, SUBMITTED, PENDING, RUNNING, FAILED, PAUSED</td></tr>"
+    ) in page
+    assert all(f'id="verb-{verb}"' in page for verb in VERBS)
 
 
 def test_buttons_answer_json_to_the_page_script(team, alice):
