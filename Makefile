@@ -42,7 +42,7 @@ test: venv engines ## Run the whole suite (starts PostgreSQL/Redis, Slurm and Ra
 # pytest exits 5 when it collected nothing: a suite that ran nothing is a failure.
 test-postgres:
 	@echo "== suite on PostgreSQL"; \
-	DATABASE_URL=$(PG_URL) $(PYTEST) -q; rc=$$?; \
+	DATABASE_URL=$(PG_URL) $(PYTEST) -q --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests ran"; exit 1; fi; exit $$rc
 
 test-sqlite:

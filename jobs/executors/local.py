@@ -41,6 +41,7 @@ from typing import ClassVar
 import psutil
 from django.conf import settings
 from sf.contract import (
+    BOOTSTRAP_TOKEN_VAR,
     EXIT_FILE,
     INGEST_FAILED,
     JOB_TOKEN_VAR,
@@ -92,7 +93,7 @@ CONTRACT = frozenset(
         "SF_SNAPSHOT",
         "SF_API_URL",
         JOB_TOKEN_VAR,
-        "SF_BOOTSTRAP_TOKEN",
+        BOOTSTRAP_TOKEN_VAR,
     }
 )
 # Files of the attempt dir only the server's side writes or reads: never the job's.
