@@ -116,8 +116,8 @@ def _fresh_throttle_counts(settings, request):
 
 @pytest.fixture
 def use_executor():
-    """`use_executor(fake)`: every executor lookup answers `fake` for the rest of the test
-    (`use_executor(fake, cluster)`: only that cluster's). A fake is an executor object or a
-    callable that makes one from the cluster; see `jobs.executors.override`."""
+    """`use_executor(make)`: every executor lookup `executor_for(c)` answers `make(c)` for the
+    rest of the test (`use_executor(make, cluster)`: only that cluster's); `make` is an executor
+    class or a callable such as `ScriptedExecutor`. See `jobs.executors.override`."""
     with ExitStack() as stack:
-        yield lambda executor, cluster=None: stack.enter_context(override(cluster, executor))
+        yield lambda make, cluster=None: stack.enter_context(override(cluster, make))

@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any
 
+from sf.system import proc_stats
+
 KILL_GRACE_S = 10.0
 REAP_POLL_S = 0.05
 PR_SET_DUMPABLE = 4
@@ -47,20 +49,10 @@ def _prctl(option: int, value: int) -> bool:
 def _proc_table() -> dict[int, tuple[int, str]]:
     """Every process as pid -> (parent pid, state), from /proc."""
     table = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return table
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+    for pid, fields in proc_stats():
         try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                raw = fh.read()
-            # The command name may hold spaces and parentheses: fields start after the last ')'.
-            fields = raw[raw.rfind(b")") + 2 :].split()
-            table[int(entry)] = (int(fields[1]), fields[0].decode())
-        except (OSError, IndexError, ValueError):
+            table[pid] = (int(fields[1]), fields[0].decode())
+        except (IndexError, ValueError):
             continue
     return table
 

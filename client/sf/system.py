@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 DEFAULT_INTERVAL_S = 5.0
@@ -53,6 +53,25 @@ def sample_interval(environ: dict[str, str] | os._Environ) -> float:
 # --- the process group, from /proc ------------------------------------------------------
 
 
+def proc_stats() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, the fields of /proc/<pid>/stat after the command name) of every process that can
+    still be read; the first field is the state (`man 5 proc` numbers them from 3)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            continue  # gone meanwhile, or unreadable
+        # The command name may hold spaces and parentheses: fields start after the last ')'.
+        yield int(entry), raw[raw.rfind(b")") + 2 :].split()
+
+
 def group_usage(pgid: int) -> tuple[dict[tuple[int, int], int], float | None]:
     """The group's processes as {(pid, start time): CPU ticks}, and its resident MiB.
 
@@ -60,24 +79,14 @@ def group_usage(pgid: int) -> tuple[dict[tuple[int, int], int], float | None]:
     """
     ticks: dict[tuple[int, int], int] = {}
     rss_kib, rss_seen = 0, False
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return ticks, None
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+    for pid, fields in proc_stats():
         try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                raw = fh.read()
-            # The command name may hold spaces and parentheses: fields start after the last ')'.
-            fields = raw[raw.rfind(b")") + 2 :].split()
             if int(fields[2]) != pgid:  # pgrp
                 continue
-            ticks[(int(entry), int(fields[19]))] = int(fields[11]) + int(fields[12])  # utime+stime
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile, or unreadable
-        rss = _vm_rss_kib(entry)
+            ticks[(pid, int(fields[19]))] = int(fields[11]) + int(fields[12])  # utime+stime
+        except (ValueError, IndexError):
+            continue
+        rss = _vm_rss_kib(str(pid))
         if rss is not None:
             rss_kib += rss
             rss_seen = True

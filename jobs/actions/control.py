@@ -47,16 +47,7 @@ def _halt(user: User, job_id: int, target: JobStatus, reason: str) -> Job:
 
 def resume_job(user: User, job_id: int) -> Job:
     job = _controllable(user, job_id)
-    with transaction.atomic():
-        transition(
-            job.pk,
-            S.QUEUED,
-            reason=f"resumed by {user.username}; waiting for the scheduler",
-            actor=user.username,
-            expected=VERBS["resume"].allowed_from,
-        )
-        Job.objects.filter(pk=job.pk).update(paused_by_window=False)
-    transaction.on_commit(kick.scheduler)
+    _requeue(user, job, "resume", "resumed", paused_by_window=False)
     return get_visible_job(user, job_id)
 
 
@@ -68,17 +59,22 @@ def retry_job(user: User, job_id: int) -> Job:
         raise Conflict(
             f"job {job_id} is {job.status}: it cannot be retried: {why_not}", status=job.status
         )
+    _requeue(user, job, "retry", "retried", retry_count=F("retry_count") + 1, next_attempt_at=None)
+    return get_visible_job(user, job_id)
+
+
+def _requeue(user: User, job: Job, verb: str, done: str, **fields) -> None:
+    """Back to QUEUED where `VERBS[verb]` allows it, with `fields` set; a tick after commit."""
     with transaction.atomic():
         transition(
             job.pk,
             S.QUEUED,
-            reason=f"retried by {user.username}; waiting for the scheduler",
+            reason=f"{done} by {user.username}; waiting for the scheduler",
             actor=user.username,
-            expected=retry.allowed_from,
+            expected=VERBS[verb].allowed_from,
         )
-        Job.objects.filter(pk=job.pk).update(retry_count=F("retry_count") + 1, next_attempt_at=None)
+        Job.objects.filter(pk=job.pk).update(**fields)
     transaction.on_commit(kick.scheduler)
-    return get_visible_job(user, job_id)
 
 
 def delete_job(user: User, job_id: int) -> None:

@@ -13,7 +13,7 @@ import datetime as dt
 import fcntl
 import hashlib
 import hmac
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import import_module
@@ -271,24 +271,24 @@ def validate_cluster_settings(kind: str, settings: object) -> dict:
 
 
 # The one test seam: what `override` put in place of the real engines, by cluster id (None: all).
-_overrides: dict[int | None, Any] = {}
+_overrides: dict[int | None, Callable[["Cluster"], Any]] = {}
 
 
 @contextmanager
-def override(cluster: "Cluster | None", executor: Any) -> Iterator[None]:
-    """Within the block, `executor_for` answers `executor` for this cluster (None: for every
-    cluster): an executor object, or a callable that makes one from the cluster (a class).
+def override(cluster: "Cluster | None", make: Callable[["Cluster"], Any]) -> Iterator[None]:
+    """Within the block, `executor_for(c)` answers `make(c)` for this cluster (None: for every
+    cluster); `make` is an executor class or any callable standing in for `executor_for`.
 
     Tests put fakes here rather than patching each caller, so a new caller of `executor_for`
     cannot reach a real engine unnoticed.
     """
     key = None if cluster is None else cluster.pk
-    had, previous = key in _overrides, _overrides.get(key)
-    _overrides[key] = executor
+    previous = _overrides.get(key)
+    _overrides[key] = make
     try:
         yield
     finally:
-        if had:
+        if previous is not None:
             _overrides[key] = previous
         else:
             del _overrides[key]
@@ -296,10 +296,9 @@ def override(cluster: "Cluster | None", executor: Any) -> Iterator[None]:
 
 def executor_for(cluster: "Cluster") -> Executor:
     if _overrides:
-        found = _overrides.get(cluster.pk, _overrides.get(None))
-        if found is not None:
-            made = found if hasattr(found, "poll") and not isinstance(found, type) else None
-            return made if made is not None else found(cluster)
+        make = _overrides.get(cluster.pk, _overrides.get(None))
+        if make is not None:
+            return make(cluster)
     try:
         cls = executor_class(cluster.kind)
     except LaunchError as exc:

@@ -64,11 +64,6 @@ def halt(
         changed, refused = apply_transitions(target, changes, actor=actor, expected=expected)
         halted = [job.pk for job in changed]
         current = [a for pk in halted if (a := before[pk].current_attempt_id) is not None]
-        running = set(
-            Attempt.objects.filter(pk__in=current, end_time__isnull=True).values_list(
-                "job_id", flat=True
-            )
-        )
         clocks.close_open(current, now, reason)
         Job.objects.filter(pk__in=halted).update(next_attempt_at=None, paused_by_window=by_window)
         if target == S.STOPPED:
@@ -78,7 +73,9 @@ def halt(
                 # waiting for an automatic retry (which could still have succeeded).
                 if job.status != S.FAILED or job.next_attempt_at is not None:
                     lifecycle.not_succeeded(job, S.STOPPED)
-        to_cancel = [pk for pk in halted if pk in running]
+        # Only an active job has something on its backend (its attempt is open from admission
+        # to its end); the orphan sweep catches anything else.
+        to_cancel = [pk for pk in halted if before[pk].status in S.active()]
         if to_cancel:
             transaction.on_commit(lambda: _cancel(to_cancel))
     return Halted(halted, refused)
