@@ -245,7 +245,16 @@ class Job(models.Model):
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT)
+    # GPUs the job holds in all: nodes x GPUs per node. Every quota, share, capacity sum and
+    # meter counts this; `gpus_per_node` is what each rank gets.
     gpus = models.PositiveIntegerField(default=1)
+    nodes = models.PositiveIntegerField(default=1, help_text="ranks, each on its own node")
+    gpu_type = models.CharField(
+        max_length=64, blank=True, help_text="GPU type every node must have; empty: any"
+    )
+    cpus = models.PositiveIntegerField(null=True, blank=True, help_text="CPUs per node")
+    memory_mb = models.PositiveIntegerField(null=True, blank=True, help_text="MiB per node")
+    image = models.CharField(max_length=300, blank=True, help_text="container image (Kubernetes)")
     entrypoint = models.JSONField()
     env = models.JSONField(default=dict, blank=True)
     snapshot = models.ForeignKey(Snapshot, null=True, on_delete=models.PROTECT)
@@ -313,6 +322,10 @@ class Job(models.Model):
     def is_terminal(self) -> bool:
         return self.status in JobStatus.terminal()
 
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // max(self.nodes, 1)
+
 
 def new_token_nonce() -> str:
     return secrets.token_hex(16)
@@ -323,7 +336,10 @@ class Attempt(models.Model):
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
     number = models.PositiveIntegerField()
-    gpus = models.PositiveIntegerField()
+    gpus = models.PositiveIntegerField()  # in all: nodes x GPUs per node
+    nodes = models.PositiveIntegerField(default=1)
+    # Each rank as the engine last reported it: {"rank", "node", "state", "exit_code"}.
+    ranks = models.JSONField(default=list, blank=True)
     backend_name = models.CharField(max_length=100, help_text="deterministic: run_id + attempt")
     job_ref = models.CharField(max_length=200, blank=True)
     submitted_at = models.DateTimeField(default=timezone.now)

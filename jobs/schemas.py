@@ -37,7 +37,24 @@ class JobIn(Schema):
         None, max_length=64, description="sha256 of an uploaded working-directory snapshot"
     )
     # Strict: a JSON boolean or string is a client bug, not a count.
-    gpus: int = Field(1, ge=0, le=1024, strict=True)
+    gpus: int = Field(1, ge=0, le=1024, strict=True, description="GPUs per node")
+    nodes: int = Field(
+        1, ge=1, le=256, strict=True, description="ranks, each on its own node, started at once"
+    )
+    gpu_type: Text | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="GPU type every node must have, e.g. a100 (default: any)",
+    )
+    cpus: int | None = Field(None, ge=1, le=4096, strict=True, description="CPUs per node")
+    memory: Text | None = Field(
+        None, max_length=20, description="memory per node, e.g. 64G, 512M, 1.5T (binary units)"
+    )
+    image: Text | None = Field(
+        None, min_length=1, max_length=300, description="container image (Kubernetes only)"
+    )
     cluster: Text | None = Field(None, max_length=50)
     team: Text | None = Field(None, max_length=50)
     name: Text | None = Field(None, max_length=200)
@@ -86,7 +103,14 @@ class JobOut(Schema):
     status: str
     status_reason: str
     terminal: bool
-    gpus: int
+    gpus: int = Field(description="GPUs in all: nodes x gpus_per_node")
+    nodes: int
+    gpus_per_node: int
+    gpu_type: str = Field(description="the GPU type asked for; empty: any")
+    cpus: int | None = Field(description="CPUs per node asked for")
+    memory_mb: int | None = Field(description="MiB per node asked for")
+    image: str
+    ranks: list["RankOut"] = Field(description="the current attempt's ranks, as last reported")
     virtual_gpus: bool
     entrypoint: list[str]
     priority: int
@@ -113,6 +137,13 @@ class JobOut(Schema):
     then: list[str]
 
 
+class RankOut(Schema):
+    rank: int
+    node: str = Field(description="the node the rank runs on, as the engine names it")
+    state: str = Field(description="pending, running, succeeded, failed or killed")
+    exit_code: int | None
+
+
 class JobPage(Schema):
     items: list[JobOut]
     next_before: int | None = Field(None, description="pass as `before` for the next page")
@@ -134,6 +165,8 @@ class AttemptOut(Schema):
     backend_name: str
     job_ref: str
     gpus: int
+    nodes: int
+    ranks: list[RankOut]
     submitted_at: dt.datetime
     pending_at: dt.datetime | None
     start_time: dt.datetime | None

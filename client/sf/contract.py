@@ -166,3 +166,71 @@ def read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+# -- ranks of a multi-node job ---------------------------------------------------------------
+# Every rank of a job gets these (README, "Multi-node jobs"): the SF_* names, and the names
+# torchrun and common launchers read, so `torchrun train.py` needs no arguments.
+NODE_RANK_VAR = "SF_NODE_RANK"
+NUM_NODES_VAR = "SF_NUM_NODES"
+GPUS_PER_NODE_VAR = "SF_GPUS_PER_NODE"
+MASTER_ADDR_VAR = "SF_MASTER_ADDR"
+MASTER_PORT_VAR = "SF_MASTER_PORT"
+NODE_ADDRS_VAR = "SF_NODE_ADDRS"
+LAUNCHER_RANK_VARS = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_RANK",
+    "WORLD_SIZE",
+    "PET_NNODES",
+    "PET_NODE_RANK",
+    "PET_NPROC_PER_NODE",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+)
+RANK_VARS = frozenset(
+    {
+        NODE_RANK_VAR,
+        NUM_NODES_VAR,
+        GPUS_PER_NODE_VAR,
+        MASTER_ADDR_VAR,
+        MASTER_PORT_VAR,
+        NODE_ADDRS_VAR,
+        *LAUNCHER_RANK_VARS,
+    }
+)
+# How the runner starts the ranks of one attempt (SF_RANK_LAUNCH): "local", process groups on
+# its own host, each with the GPUs of SF_RANK_GPUS (a JSON list, one CUDA_VISIBLE_DEVICES value
+# per rank); "srun", one `srun` step per rank inside the Slurm allocation the runner is in.
+# Unset: one rank, the job itself (every single-node job).
+RANK_LAUNCH_VAR = "SF_RANK_LAUNCH"
+RANK_GPUS_VAR = "SF_RANK_GPUS"
+RANK_LAUNCHES = ("local", "srun")
+# The states a rank reports (started.json and exit.json carry `ranks`: one object per rank
+# with rank, node, state, exit_code).
+RANK_STATES = ("running", "succeeded", "failed", "killed")
+
+
+def rank_env(rank: int, nodes: int, gpus_per_node: int, addrs: list[str], port: int) -> dict:
+    """The variables rank `rank` of a job on `nodes` nodes gets; `addrs` are the nodes'
+    addresses in rank order (rank 0's first: every rank reaches it at `port`)."""
+    master = addrs[0]
+    values = {
+        NODE_RANK_VAR: rank,
+        NUM_NODES_VAR: nodes,
+        GPUS_PER_NODE_VAR: gpus_per_node,
+        MASTER_ADDR_VAR: master,
+        MASTER_PORT_VAR: port,
+        NODE_ADDRS_VAR: ",".join(addrs),
+        "MASTER_ADDR": master,
+        "MASTER_PORT": port,
+        "NODE_RANK": rank,
+        "WORLD_SIZE": nodes,
+        "PET_NNODES": nodes,
+        "PET_NODE_RANK": rank,
+        # torchrun starts one process per GPU; a CPU-only rank runs one process.
+        "PET_NPROC_PER_NODE": max(gpus_per_node, 1),
+        "PET_MASTER_ADDR": master,
+        "PET_MASTER_PORT": port,
+    }
+    return {k: str(v) for k, v in values.items()}

@@ -38,6 +38,8 @@ from sf.contract import (
     JOB_TOKEN_VAR,
     METRICS_FILE,
     PROC_FILE_VAR,
+    RANK_GPUS_VAR,
+    RANK_LAUNCH_VAR,
     RECORD_KEY_VAR,
     RUN_DIR,
     RUN_DIR_VAR,
@@ -48,6 +50,7 @@ from sf.contract import (
     record_mac,
 )
 from sf.http import ApiError, Client, ConnectError
+from sf.ranks import RankPlan, RankPlanError, plan_ranks, rank_states
 from sf.supervise import Supervisor, guard_runner
 from sf.system import SystemSampler, sample_interval
 
@@ -75,6 +78,8 @@ RUNNER_ONLY = RUNNER_SECRETS | frozenset(
         "SF_RUN_AS_UID",
         "SF_RUN_AS_GID",
         "SF_RUN_AS_USER",
+        RANK_LAUNCH_VAR,
+        RANK_GPUS_VAR,
     }
 )
 # What a job sees of the contract when its own variables come apart (SF_USER_ENV).
@@ -521,30 +526,41 @@ def parse_point(raw: bytes) -> dict | None:
 
 
 class LineSink:
-    """Numbers lines across both streams and fans them out to echo, console.log and shipper."""
+    """Numbers lines across both streams (and every rank) and fans them out to echo,
+    console.log and shipper. With `ranked`, each line carries its rank, and console.log and
+    the echo mark it `[rank N]`."""
 
-    def __init__(self, console: IO[str], shipper: BatchShipper) -> None:
-        self.console, self.shipper = console, shipper
+    def __init__(self, console: IO[str], shipper: BatchShipper, ranked: bool = False) -> None:
+        self.console, self.shipper, self.ranked = console, shipper, ranked
         self.seq = 0
         self.lock = threading.Lock()
 
-    def emit(self, stream: str, text: str) -> None:
+    def emit(self, stream: str, text: str, rank: int | None = None) -> None:
         with self.lock:
-            line = {"seq": self.seq, "stream": stream, "ts": time.time(), "text": text}
+            line: dict[str, Any] = {
+                "seq": self.seq,
+                "stream": stream,
+                "ts": time.time(),
+                "text": text,
+            }
+            shown = text
+            if self.ranked and rank is not None:
+                line["rank"] = rank
+                shown = f"[rank {rank}] {text}"
             self.seq += 1
             echo = sys.stdout if stream == "stdout" else sys.stderr
-            echo.write(text + "\n")
+            echo.write(shown + "\n")
             echo.flush()
-            self.console.write(text + "\n")
+            self.console.write(shown + "\n")
             self.console.flush()
             self.shipper.add(line)
 
 
-def _pump(pipe: IO[bytes], stream: str, sink: LineSink) -> None:
+def _pump(pipe: IO[bytes], stream: str, sink: LineSink, rank: int | None = None) -> None:
     with pipe:
         while raw := pipe.readline(READ_CHUNK):
             text = raw.decode("utf-8", errors="replace")
-            sink.emit(stream, text.removesuffix("\n"))
+            sink.emit(stream, text.removesuffix("\n"), rank)
 
 
 # --- the job's identity and environment ------------------------------------------------
@@ -699,52 +715,79 @@ def _user_env(raw: str) -> dict[str, str]:
     return {k: v for k, v in value.items() if k not in RUNNER_ONLY}
 
 
-def run(env: RunnerEnv, argv: list[str], child: dict[str, str]) -> int:
-    """Spawn the entrypoint, stream its output and metrics, and write the exit file."""
+def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
+    """Start every rank, stream their output and metrics, end all when one fails, and write
+    the exit file. A single-node job is one rank: the job itself, as it always ran."""
     client = env.client()
     shipper = LogShipper(client, env.attempt)
     owner = env.identity.uid if env.identity else None
     metrics = MetricsTail(env.metrics_file, MetricsShipper(client, env.attempt), owner)
     console_path = os.path.join(env.attempt_dir, CONSOLE_LOG)
+    multi = len(plans) > 1
     with open(console_path, "a", encoding="utf-8") as console:
-        try:
-            proc = subprocess.Popen(
-                argv,
-                cwd=env.run_dir,
-                env=child,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                **(env.identity.popen_args() if env.identity else {}),
-            )
-        except OSError as exc:
-            return _ingest_failed(env, f"cannot start entrypoint {argv[0]!r}: {exc}")
-        supervisor = Supervisor(proc)
+        procs: list[subprocess.Popen] = []
+        for plan in plans:
+            try:
+                procs.append(
+                    subprocess.Popen(
+                        plan.argv,
+                        cwd=env.run_dir,
+                        env=plan.env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        start_new_session=True,
+                        **(env.identity.popen_args() if env.identity else {}),
+                    )
+                )
+            except OSError as exc:
+                Supervisor(procs).end_all()
+                for proc in procs:
+                    proc.wait()
+                return _ingest_failed(env, f"cannot start entrypoint {plan.argv[0]!r}: {exc}")
+        supervisor = Supervisor(procs)
         supervisor.install()
         started_at = time.time()
-        write_record(env.started_file, {"started_at": started_at, "pid": proc.pid}, env.record_key)
+        started: dict[str, Any] = {"started_at": started_at, "pid": procs[0].pid}
+        if multi:
+            started["pids"] = [proc.pid for proc in procs]
+            started["ranks"] = [
+                {"rank": p.index, "node": p.node, "state": "running", "exit_code": None}
+                for p in plans
+            ]
+        write_record(env.started_file, started, env.record_key)
         report_started(client, env.attempt)
         shipper.start()
         metrics.shipper.start()
         metrics.start()
-        # start_new_session=True: the child's pid is its process group's id.
-        sampler = SystemSampler(
-            proc.pid,
-            metrics.add,
-            sample_interval(child),
-            env.environ.get("CUDA_VISIBLE_DEVICES"),
-        )
-        sampler.start()
-        sink = LineSink(console, shipper)
-        readers = [
-            threading.Thread(target=_pump, args=(proc.stdout, "stdout", sink), daemon=True),
-            threading.Thread(target=_pump, args=(proc.stderr, "stderr", sink), daemon=True),
+        # start_new_session=True: each rank's pid is its process group's id. An srun step's
+        # processes run under slurmstepd, not here: nothing of theirs to sample on this host.
+        samplers = [
+            SystemSampler(
+                proc.pid,
+                metrics.add,
+                sample_interval(plan.env),
+                plan.env.get("CUDA_VISIBLE_DEVICES"),
+                prefix=f"rank{plan.index}/" if multi else "",
+            )
+            for plan, proc in zip(plans, procs, strict=True)
+            if plan.argv[:1] != ["srun"]
         ]
-        for reader in readers:
-            reader.start()
-        code = proc.wait()
-        sampler.stop()  # no samples of a finished job; before the final flush and the exit file
+        for sampler in samplers:
+            sampler.start()
+        sink = LineSink(console, shipper, ranked=multi)
+        readers = []
+        for plan, proc in zip(plans, procs, strict=True):
+            rank = plan.index if multi else None
+            for pipe, stream in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
+                reader = threading.Thread(
+                    target=_pump, args=(pipe, stream, sink, rank), daemon=True
+                )
+                reader.start()
+                readers.append(reader)
+        codes, failed = wait_ranks(procs, supervisor)
+        for sampler in samplers:
+            sampler.stop()  # no samples of a finished job; before the final flush and exit file
         supervisor.end_leftovers(readers)
     metrics.stop()
     # Both channels flush at once: a down server costs the give-up time once, not twice.
@@ -752,7 +795,68 @@ def run(env: RunnerEnv, argv: list[str], child: dict[str, str]) -> int:
         channel.begin_close()
     for channel in (shipper, metrics.shipper):
         channel.join()
-    return _finish(env, code, started_at)
+    if not multi:
+        return _finish(env, codes[0], started_at)
+    return _finish_ranks(env, plans, codes, failed, supervisor.signalled, started_at, sink)
+
+
+RANK_POLL_S = 0.05
+
+
+def wait_ranks(
+    procs: list[subprocess.Popen], supervisor: Supervisor
+) -> tuple[list[int], int | None]:
+    """Wait for every rank; the first to exit non-zero fails the attempt and every other rank
+    is ended at once (SIGTERM, SIGKILL after the grace). Returns the exit codes and the index
+    of the rank that failed first (None: none failed)."""
+    codes: list[int | None] = [None] * len(procs)
+    failed = None
+    while any(code is None for code in codes):
+        for index, proc in enumerate(procs):
+            if codes[index] is None:
+                code = proc.poll()
+                if code is None:
+                    continue
+                codes[index] = code
+                if code != 0 and failed is None:
+                    failed = index
+                    if len(procs) > 1:
+                        supervisor.end_all()
+        time.sleep(RANK_POLL_S if len(procs) > 1 else 0.01)
+    return [c if c is not None else 0 for c in codes], failed
+
+
+def _finish_ranks(
+    env: RunnerEnv,
+    plans: list[RankPlan],
+    codes: list[int],
+    failed: int | None,
+    stopped: bool,
+    started_at: float,
+    sink: LineSink,
+) -> int:
+    states = rank_states(list(codes), failed, stopped)
+    ranks = [
+        {"rank": p.index, "node": p.node, "state": state, "exit_code": code}
+        for p, code, state in zip(plans, codes, states, strict=True)
+    ]
+    code, reason = 0, ""
+    if failed is not None:
+        code = codes[failed]
+        plan = plans[failed]
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        reason = f"rank {plan.index} on {plan.node} {how}"
+        if not stopped:
+            reason += "; every other rank was ended"
+    record = {
+        "exit_code": code,
+        "reason": reason,
+        "started_at": started_at,
+        "ranks": ranks,
+        "failed_rank": None if stopped else failed,
+    }
+    write_record(env.exit_file, {**record, "ended_at": time.time()}, env.record_key)
+    return exit_status(code)
 
 
 def report_started(client: Client | None, attempt: int) -> None:
@@ -820,12 +924,13 @@ def main() -> int:
     signal.signal(signal.SIGINT, _raise_terminated)
     try:
         argv, child = prepare(env)
-    except IngestError as exc:
+        plans = plan_ranks(env.environ, argv, child, env.run_dir)
+    except (IngestError, RankPlanError) as exc:
         return _ingest_failed(env, str(exc))
     except Terminated as exc:
         _say(f"stopped by signal {exc.signum} before the entrypoint started")
         return _finish(env, -exc.signum, None)
-    return run(env, argv, child)
+    return run(env, plans)
 
 
 if __name__ == "__main__":

@@ -89,8 +89,9 @@ class Supervisor:
     the runner gets SIGTERM, then SIGKILL after KILL_GRACE_S; the runner waits until none is
     left, so an exit file it writes means no process of the job remains."""
 
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.proc = proc
+    def __init__(self, procs: list[subprocess.Popen]) -> None:
+        self.procs = procs  # one process group per rank
+        self.signalled = False  # a stop (SIGTERM/SIGINT) reached the runner
         self.killer: threading.Timer | None = None
         self.kill_at: float | None = None  # monotonic time of the SIGKILL
 
@@ -99,7 +100,14 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._forward)
 
     def _forward(self, signum: int, _frame: Any) -> None:
+        self.signalled = True
         self._signal_all(signum)
+        self._arm()
+
+    def end_all(self) -> None:
+        """SIGTERM every process of the job now, SIGKILL after KILL_GRACE_S (a stop, or one
+        rank failed and the others must not go on without it)."""
+        self._signal_all(signal.SIGTERM)
         self._arm()
 
     def _arm(self) -> None:
@@ -110,10 +118,11 @@ class Supervisor:
             self.killer.start()
 
     def _signal_all(self, signum: int) -> None:
-        try:
-            os.killpg(self.proc.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass  # group already gone
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass  # group already gone
         for pid in descendants(os.getpid()):
             try:
                 os.kill(pid, signum)

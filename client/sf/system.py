@@ -227,7 +227,8 @@ class SystemSampler:
     """Samples the process group `pgid` into `record` (one point dict at a time) until stopped.
 
     Step 0 is the `nvml_available` point; samples are steps 1, 2, ... The first CPU figure
-    covers the time from the sampler's start to the first sample.
+    covers the time from the sampler's start to the first sample. A rank of a multi-node job
+    names its series with a prefix (`rank1/cpu_percent`), so the System tab shows each node.
     """
 
     def __init__(
@@ -236,8 +237,10 @@ class SystemSampler:
         record: Callable[[Point], None],
         interval: float,
         visible_gpus: str | None,
+        prefix: str = "",
     ) -> None:
         self.pgid, self.sink, self.interval = pgid, record, interval
+        self.prefix = prefix
         self.visible_gpus = visible_gpus
         self.done = threading.Event()
         self.lock = threading.Lock()
@@ -260,6 +263,7 @@ class SystemSampler:
             if self.closed:
                 return
             for name, value in readings:
+                name = self.prefix + name
                 self.sink({"kind": "system", "name": name, "step": step, "value": value, "ts": ts})
 
     def _loop(self) -> None:

@@ -16,8 +16,8 @@ from django.db import transaction
 
 from jobs import kick, teams
 from jobs.errors import BadRequest, Forbidden, NotFound
-from jobs.executors import Capacity, executor_for
-from jobs.executors.base import GPU_VISIBILITY_VARS
+from jobs.executors import Capacity, executor_for, gpu_type_matches
+from jobs.executors.base import GPU_VISIBILITY_VARS, check_request
 from jobs.models import Cluster, Job, JobEvent, Membership, ScheduleWindow, Snapshot, Team
 from jobs.schemas import JobIn
 from jobs.states import JobStatus
@@ -26,6 +26,24 @@ from jobs.stores.snapshots import SnapshotRefused, owned_snapshot, read_project_
 log = logging.getLogger(__name__)
 S = JobStatus
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
+MIB_PER_UNIT = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
+MAX_MEMORY_MB = 64 * 1024 * 1024  # 64 TiB per node: past any machine
+
+
+def parse_memory(text: str) -> int:
+    """MiB in a memory size as Slurm and Kubernetes users write it: 64G, 512M, 1.5T, 64GiB
+    (binary units; a bare number is MiB, as Slurm's --mem reads it)."""
+    match = MEMORY.fullmatch(text.strip())
+    if match is None:
+        raise BadRequest(
+            f"--memory {text!r} is not a memory size; write a number with a unit, e.g. 64G, "
+            "512M or 1.5T"
+        )
+    mib = float(match[1]) * MIB_PER_UNIT[match[2].upper()]
+    if not 1 <= mib <= MAX_MEMORY_MB:
+        raise BadRequest(f"--memory {text!r} must be from 1M to 64T per node")
+    return int(mib)
 
 
 def submit_job(user: User, data: JobIn) -> Job:
@@ -34,7 +52,13 @@ def submit_job(user: User, data: JobIn) -> Job:
     cluster = _resolve_cluster(team, data.cluster)
     # The one engine question of a submit, asked outside the transaction: what the cluster has.
     capacity = executor_for(cluster).capacity()
-    _check_fits(team, cluster, capacity, data.gpus)
+    try:
+        check_request(cluster, nodes=data.nodes, image=data.image or "")
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from exc
+    _check_fits(team, cluster, capacity, data.gpus * data.nodes)
+    _check_gang(cluster, capacity, data.nodes, data.gpus, data.gpu_type or "")
+    memory_mb = parse_memory(data.memory) if data.memory is not None else None
     _check_priority(user, membership, data.priority)
     _check_env(data.env)
     window = _resolve_window(data.window)
@@ -55,7 +79,12 @@ def submit_job(user: User, data: JobIn) -> Job:
             team=team,
             user=user,
             cluster=cluster,
-            gpus=data.gpus,
+            gpus=data.gpus * data.nodes,
+            nodes=data.nodes,
+            gpu_type=data.gpu_type or "",
+            cpus=data.cpus,
+            memory_mb=memory_mb,
+            image=data.image or "",
             entrypoint=data.entrypoint,
             env=data.env,
             snapshot=snapshot,
@@ -145,6 +174,30 @@ def _check_fits(team: Team, cluster: Cluster, capacity: Capacity, gpus: int) -> 
         raise BadRequest(
             f"this job asks for {gpus} GPUs but cluster {cluster.name} has "
             f"{capacity.total_gpus}; it could never start"
+        )
+
+
+def _check_gang(
+    cluster: Cluster, capacity: Capacity, nodes: int, gpus_per_node: int, gpu_type: str
+) -> None:
+    """A job whose nodes the cluster could never hold at once is refused now, not queued."""
+    if gpu_type and not gpus_per_node:
+        raise BadRequest(f"--gpu-type {gpu_type} needs GPUs: pass --gpus 1 or more")
+    if not capacity.reachable:
+        return  # asked again by every scheduler tick; the waiting reason says why
+    types = capacity.gpu_types
+    if gpu_type and not any(gpu_type_matches(gpu_type, t) for t in types):
+        have = ", ".join(types) if types else "no GPU types (it names none)"
+        raise BadRequest(f"cluster {cluster.name} has no {gpu_type} GPUs; it has {have}")
+    if not gpus_per_node and nodes == 1:
+        return
+    largest = capacity.largest_gang(gpus_per_node, gpu_type)
+    if nodes > largest:
+        what = f"{gpus_per_node} {gpu_type + ' ' if gpu_type else ''}GPUs"
+        raise BadRequest(
+            f"this job asks for {nodes} nodes with {what} each but cluster {cluster.name} "
+            f"could hold at most {largest} such node{'s' if largest != 1 else ''} at once; "
+            "it could never start"
         )
 
 

@@ -109,6 +109,11 @@ LINE_DOC = {
     "required": ["seq", "stream", "ts", "text"],
     "properties": {
         "seq": {"type": "integer", "minimum": 0, "description": "the attempt's line number"},
+        "rank": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "the rank that wrote it (multi-node jobs; below the attempt's nodes)",
+        },
         "stream": {"enum": ["stdout", "stderr"]},
         "ts": {"type": "number", "description": "epoch seconds, by the runner's clock"},
         "text": {"type": "string"},
@@ -124,7 +129,7 @@ LINE_DOC = {
 )
 def ingest_logs(request):
     attempt = ingesting_attempt(request.auth)
-    lines = _parse_batch(ingest_body(request), attempt.number)
+    lines = _parse_batch(ingest_body(request), attempt.number, attempt.nodes)
     result = logstore.append(attempt.job_id, attempt.number, lines)
     return {
         "accepted": result.accepted,
@@ -195,7 +200,7 @@ def exchange_bootstrap(request):
 MAX_TS = 1e12
 
 
-def _parse_batch(body: bytes, attempt: int) -> list[dict]:
+def _parse_batch(body: bytes, attempt: int, nodes: int = 1) -> list[dict]:
     lines = batch_items(body, attempt, "lines", settings.SF_LOG_BATCH_MAX_LINES, finite=True)
     for i, line in enumerate(lines):
         if not (
@@ -210,6 +215,11 @@ def _parse_batch(body: bytes, attempt: int) -> list[dict]:
             raise BadRequest(
                 f"line {i} must have seq (int >= 0), stream (stdout|stderr), "
                 f"ts (epoch seconds, a number of at most {MAX_TS:.0e}) and text (string)"
+            )
+        rank = line.get("rank", 0)
+        if type(rank) is not int or not 0 <= rank < nodes:
+            raise BadRequest(
+                f"line {i} has rank {rank!r}; this attempt has ranks 0 to {nodes - 1}"
             )
     return lines
 

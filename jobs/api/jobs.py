@@ -46,6 +46,14 @@ from metering.usage import attempt_gpu_seconds, job_gpu_seconds
 # The CLI sends a token; the console its session (CSRF-checked on POST and DELETE).
 router = Router(auth=[UserToken(), ConsoleSession()], tags=["jobs"])
 DOWNLOAD_PAGE_LINES = 10_000
+COMPUTED = ("gpu_seconds", "ranks")  # attempt fields not read straight off the row
+
+
+def rank_rows(ranks: object) -> list[dict]:
+    """An attempt's stored ranks as RankOut rows (the reconciler stored only checked rows)."""
+    if not isinstance(ranks, list):
+        return []
+    return [r for r in ranks if isinstance(r, dict) and isinstance(r.get("rank"), int)]
 
 
 def job_out(job: Job) -> dict:
@@ -63,6 +71,13 @@ def job_out(job: Job) -> dict:
         "status_reason": job.status_reason,
         "terminal": job.status in JobStatus.terminal(),
         "gpus": job.gpus,
+        "nodes": job.nodes,
+        "gpus_per_node": job.gpus_per_node,
+        "gpu_type": job.gpu_type,
+        "cpus": job.cpus,
+        "memory_mb": job.memory_mb,
+        "image": job.image,
+        "ranks": rank_rows(attempt.ranks) if attempt else [],
         "virtual_gpus": job.cluster.virtual_gpus,
         "entrypoint": job.entrypoint,
         "priority": job.priority,
@@ -236,7 +251,8 @@ def job_attempts(request, job_id: int):
     now = timezone.now()
     return [
         {
-            **{f: getattr(a, f) for f in AttemptOut.model_fields if f != "gpu_seconds"},
+            **{f: getattr(a, f) for f in AttemptOut.model_fields if f not in COMPUTED},
+            "ranks": rank_rows(a.ranks),
             "gpu_seconds": attempt_gpu_seconds(a.start_time, a.end_time, a.gpus, now),
         }
         for a in job.attempts.order_by("number")

@@ -5,8 +5,10 @@ from jobs.executors.base import (
     Executor,
     LaunchError,
     LaunchSpec,
+    NodeCapacity,
     Observation,
     executor_for,
+    gpu_type_matches,
     override,
 )
 
@@ -15,7 +17,9 @@ __all__ = [
     "Executor",
     "LaunchError",
     "LaunchSpec",
+    "NodeCapacity",
     "Observation",
     "executor_for",
+    "gpu_type_matches",
     "override",
 ]

@@ -13,6 +13,7 @@ import datetime as dt
 import fcntl
 import hashlib
 import hmac
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,6 +40,16 @@ class LaunchSpec:
     env: dict[str, str]  # user env plus the SF_* contract with the runner
     team: str = ""
     team_id: int = 0  # the local executor runs each team's jobs under its own uid (run_as "team")
+    # What each of the `nodes` ranks needs: `gpus` is the sum over the ranks.
+    nodes: int = 1
+    gpu_type: str = ""  # empty: any type
+    cpus: int | None = None  # per node; None: the engine's default
+    memory_mb: int | None = None  # per node; None: the engine's default
+    image: str = ""  # Kubernetes: empty for the cluster's image
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // max(self.nodes, 1)
 
 
 @dataclass(frozen=True)
@@ -58,12 +69,56 @@ class Observation:
 
 
 @dataclass(frozen=True)
+class NodeCapacity:
+    """One node as capacity counts it: the GPUs Starforge may use there (those jobs outside
+    Starforge hold are not counted) and their type ("" where the engine names none)."""
+
+    name: str
+    gpus: int
+    gpu_type: str = ""
+
+
+@dataclass(frozen=True)
 class Capacity:
     reachable: bool
     total_gpus: int = 0
     max_jobs: int | None = None  # None: the executor puts no cap on concurrent jobs
     virtual: bool = False  # GPU slots are counted, not real devices
     message: str = ""
+    # Per node, where the engine says (the scheduler then places each rank of a job on a node
+    # of its own that has room); empty: one pool of `total_gpus`, any type.
+    nodes: tuple[NodeCapacity, ...] = ()
+    # Whether several ranks of one job may share a node (local: ranks are process groups on
+    # one host); Slurm's --nodes N means N distinct nodes.
+    ranks_share_nodes: bool = False
+
+    @property
+    def gpu_types(self) -> list[str]:
+        """The GPU types the cluster has, sorted; empty when it names none."""
+        return sorted({n.gpu_type for n in self.nodes if n.gpu_type})
+
+    def largest_gang(self, gpus_per_node: int, gpu_type: str = "") -> int:
+        """How many ranks of `gpus_per_node` GPUs the whole cluster could ever hold at once."""
+        if not self.nodes:
+            return self.total_gpus // gpus_per_node if gpus_per_node else 1 << 30
+        fits = [n for n in self.nodes if gpu_type_matches(gpu_type, n.gpu_type)]
+        if not gpus_per_node:
+            return len(fits) if not self.ranks_share_nodes else 1 << 30
+        if self.ranks_share_nodes:
+            return sum(n.gpus // gpus_per_node for n in fits)
+        return sum(1 for n in fits if n.gpus >= gpus_per_node)
+
+
+def gpu_type_matches(wanted: str, have: str) -> bool:
+    """Whether a node whose GPUs are `have` serves a job asking for `wanted` ("" for any).
+
+    Case does not matter, and a short type matches a product name it is a word of: "a100"
+    matches Slurm's "a100", NVML's "NVIDIA A100-SXM4-80GB" and Kubernetes' label value
+    "NVIDIA-A100-SXM4-80GB"."""
+    if not wanted:
+        return True
+    wanted, have = wanted.lower(), have.lower()
+    return wanted == have or wanted in re.split(r"[\s_-]+", have)
 
 
 class LaunchError(Exception):
@@ -250,6 +305,21 @@ def executor_class(kind: str) -> Any:
         raise LaunchError(f"unknown cluster kind {kind!r}", permanent=True)
     module, _, name = KINDS[kind].rpartition(".")
     return getattr(import_module(module), name)
+
+
+def check_request(cluster: "Cluster", *, nodes: int, image: str) -> None:
+    """Raise ValueError with a sentence when the cluster's kind cannot run what a submit asks
+    for: several nodes, or its own image. A kind says so by a static `check_request(settings,
+    nodes=, image=)`; one without it runs any number of nodes and no images."""
+    cls = executor_class(cluster.kind)
+    own = getattr(cls, "check_request", None)
+    if own is not None:
+        own(cluster.settings, nodes=nodes, image=image)
+    elif image:
+        raise ValueError(
+            f"cluster {cluster.name} is a {cluster.kind} cluster, which runs no container "
+            "images; leave out --image"
+        )
 
 
 def validate_cluster_settings(kind: str, settings: object) -> dict:

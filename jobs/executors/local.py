@@ -29,6 +29,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -43,10 +44,14 @@ from django.conf import settings
 from sf.contract import (
     BOOTSTRAP_TOKEN_VAR,
     EXIT_FILE,
+    GPUS_PER_NODE_VAR,
     INGEST_FAILED,
     JOB_TOKEN_VAR,
     LIVENESS_LOCK,
+    NUM_NODES_VAR,
     PROC_FILE,
+    RANK_GPUS_VAR,
+    RANK_LAUNCH_VAR,
     RECORD_KEY_VAR,
     RUN_DIR,
     STARTED_FILE,
@@ -59,6 +64,7 @@ from jobs.executors.base import (
     Capacity,
     LaunchError,
     LaunchSpec,
+    NodeCapacity,
     Observation,
     base_env,
     check_int,
@@ -122,7 +128,10 @@ class LocalExecutor:
 
     @staticmethod
     def validate_settings(settings: dict) -> None:
-        check_known(settings, {"gpu_slots", "max_jobs", "run_as", "uid_base"})
+        check_known(settings, {"gpu_slots", "gpu_type", "max_jobs", "run_as", "uid_base"})
+        gpu_type = settings.get("gpu_type")
+        if gpu_type is not None and (not isinstance(gpu_type, str) or not gpu_type.strip()):
+            raise ValueError("gpu_type must be a non-empty string (the type of the GPU slots)")
         check_int(settings, "gpu_slots", minimum=0)
         check_int(settings, "max_jobs", minimum=1)
         check_int(settings, "uid_base", minimum=MIN_UID_BASE)
@@ -220,11 +229,21 @@ class LocalExecutor:
             kill_tree(proc["pid"])
 
     def capacity(self) -> Capacity:
+        """The host as one node: its NVIDIA GPUs (typed by NVML's device name), else the
+        virtual slots of `gpu_slots` (typed by the `gpu_type` setting, if any). The ranks of a
+        multi-node job share it, each with slots of its own."""
+        max_jobs = self.cluster.settings.get("max_jobs")
         count = nvml_gpu_count()
-        if count:
-            return Capacity(True, count, self.cluster.settings.get("max_jobs"))
-        slots = int(self.cluster.settings.get("gpu_slots", settings.SF_LOCAL_GPU_SLOTS))
-        return Capacity(True, slots, self.cluster.settings.get("max_jobs"), virtual=True)
+        virtual = not count
+        if virtual:
+            count = int(self.cluster.settings.get("gpu_slots", settings.SF_LOCAL_GPU_SLOTS))
+            kind = str(self.cluster.settings.get("gpu_type", ""))
+        else:
+            kind = nvml_gpu_type()
+        node = NodeCapacity(socket.gethostname(), count, kind)
+        return Capacity(
+            True, count, max_jobs, virtual=virtual, nodes=(node,), ranks_share_nodes=True
+        )
 
     # -- helpers -----------------------------------------------------------------------------
     def _lock(self):
@@ -273,6 +292,15 @@ class LocalExecutor:
         python = runner_python()
         env = runner_env(spec, attempt_dir, identity, python)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, slots))
+        if spec.nodes > 1:
+            # The runner starts the ranks as process groups here, each with its own slots.
+            per = spec.gpus_per_node
+            env[RANK_LAUNCH_VAR] = "local"
+            env[NUM_NODES_VAR] = str(spec.nodes)
+            env[GPUS_PER_NODE_VAR] = str(per)
+            env[RANK_GPUS_VAR] = json.dumps(
+                [",".join(map(str, slots[r * per : (r + 1) * per])) for r in range(spec.nodes)]
+            )
         # The runner inherits a locked descriptor and holds the lock as long as it lives: a
         # held lock means "a runner is alive here", whatever happened to the worker.
         lock = os.open(attempt_dir / LIVENESS_LOCK, os.O_CREAT | os.O_RDWR, PRIVATE_MODE)
@@ -303,7 +331,10 @@ class LocalExecutor:
         start_time = epoch(started.get("started_at"))
         if _runner_alive(attempt_dir):
             # Whatever exit.json says: job code may have written one and kept running.
-            return Observation("RUNNING" if started else "STARTING", start_time=start_time)
+            details = {"ranks": started["ranks"]} if "ranks" in started else {}
+            return Observation(
+                "RUNNING" if started else "STARTING", start_time=start_time, details=details
+            )
         done = read_record(attempt_dir / EXIT_FILE, name)
         if done:
             return _exited(done, start_time)
@@ -322,23 +353,29 @@ class LocalExecutor:
         )
 
     def _kill_orphans(self, attempt_dir: Path) -> bool:
-        """SIGKILL the process group of the job's entrypoint (from the runner's signed start
-        record) once its runner is gone; True while any process of it was still there."""
+        """SIGKILL the process groups of the job's entrypoint (one per rank, from the runner's
+        signed start record) once its runner is gone; True while any process of them was
+        still there."""
         started = read_record(attempt_dir / STARTED_FILE, attempt_dir.name)
-        pgid = _orphaned_group(started)
-        if pgid is None:
-            return False
-        _signal_group(pgid, signal.SIGKILL)
-        return True
+        alive = [pgid for pgid in _job_groups(started) if _group_alive(pgid)]
+        for pgid in alive:
+            _signal_group(pgid, signal.SIGKILL)
+        return bool(alive)
+
+
+def _job_groups(started: dict) -> list[int]:
+    """The process groups of the job's ranks in the runner's signed start record."""
+    groups = started.get("pids")
+    if not isinstance(groups, list):
+        groups = [started.get("pid")]
+    return [g for g in groups if isinstance(g, int) and not isinstance(g, bool) and g > 1]
 
 
 def _orphaned_group(started: dict) -> int | None:
-    """The process group of the job's entrypoint (the runner's signed start record) while any
-    process of it is still there, else None; the caller knows the runner is gone."""
-    pgid = started.get("pid")
-    if isinstance(pgid, bool) or not isinstance(pgid, int) or pgid <= 1:
-        return None
-    return pgid if _group_alive(pgid) else None
+    """A process group of the job's entrypoint (one per rank, from the runner's signed start
+    record) while any process of it is still there, else None; the caller knows the runner
+    is gone."""
+    return next((pgid for pgid in _job_groups(started) if _group_alive(pgid)), None)
 
 
 def job_identity(cluster_settings: dict, spec: LaunchSpec) -> JobIdentity | None:
@@ -477,7 +514,33 @@ def _exited(done: dict, start_time: dt.datetime | None) -> Observation:
         message=reason,
         start_time=start_time or epoch(done.get("started_at")),
         end_time=epoch(done.get("ended_at")),
+        details=rank_details(done),
     )
+
+
+def rank_details(record: dict) -> dict:
+    """A multi-node attempt's ranks and the rank that failed first, from a signed record
+    (the reconciler checks the rows before it keeps them)."""
+    details = {}
+    if isinstance(record.get("ranks"), list):
+        details["ranks"] = record["ranks"]
+    failed = record.get("failed_rank")
+    if isinstance(failed, int) and not isinstance(failed, bool):
+        details["failed_rank"] = failed
+    return details
+
+
+@cache
+def nvml_gpu_type() -> str:
+    """NVML's name of the host's first GPU (e.g. "NVIDIA A100-SXM4-80GB"); "" without one."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # no driver, no library: untyped virtual slots
+        return ""
 
 
 @cache

@@ -2,7 +2,14 @@
 
 from typing import ClassVar
 
-from jobs.executors.base import Capacity, LaunchSpec, Observation, check_int, check_known
+from jobs.executors.base import (
+    Capacity,
+    LaunchSpec,
+    NodeCapacity,
+    Observation,
+    check_int,
+    check_known,
+)
 from jobs.states import JobStatus
 
 
@@ -11,11 +18,20 @@ class NoopExecutor:
 
     @staticmethod
     def validate_settings(settings: dict) -> None:
-        check_known(settings, {"gpus"})
+        check_known(settings, {"gpus", "nodes", "gpu_type"})
         check_int(settings, "gpus", minimum=0)
+        check_int(settings, "nodes", minimum=1)
+        if not isinstance(settings.get("gpu_type", ""), str):
+            raise ValueError("gpu_type must be a string")
 
     def __init__(self, cluster) -> None:
         self.total_gpus = int(cluster.settings.get("gpus", 1_000_000))
+        # With `nodes`, the GPUs are that many nodes of gpus / nodes each (the gang benchmark).
+        count = int(cluster.settings.get("nodes", 0))
+        kind = str(cluster.settings.get("gpu_type", ""))
+        self.nodes = tuple(
+            NodeCapacity(f"noop-{i}", self.total_gpus // count, kind) for i in range(count)
+        )
 
     def submit(self, spec: LaunchSpec) -> str:
         return f"noop:{spec.name}"
@@ -36,4 +52,4 @@ class NoopExecutor:
         return {}  # it keeps nothing: every poll answers from the refs it is given
 
     def capacity(self) -> Capacity:
-        return Capacity(reachable=True, total_gpus=self.total_gpus, virtual=True)
+        return Capacity(reachable=True, total_gpus=self.total_gpus, virtual=True, nodes=self.nodes)

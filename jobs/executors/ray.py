@@ -119,6 +119,17 @@ class RayExecutor:
     }
 
     @staticmethod
+    def check_request(settings: dict, *, nodes: int, image: str) -> None:
+        """Ray places distributed work itself: a Starforge job on Ray is one entrypoint."""
+        if nodes > 1:
+            raise ValueError(
+                "a Ray cluster runs one entrypoint per job and places distributed work itself: "
+                "submit with --nodes 1 and use Ray Train (or Ray's own placement) inside the job"
+            )
+        if image:
+            raise ValueError("a Ray cluster runs no container images per job; leave out --image")
+
+    @staticmethod
     def validate_settings(settings: dict) -> None:
         check_known(settings, {"address", "python", "work_dir", "timeout_s", "node_env"})
         address = settings.get("address")

@@ -207,4 +207,9 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
         env=env,
         team=job.team.name,
         team_id=job.team_id,
+        nodes=attempt.nodes,
+        gpu_type=job.gpu_type,
+        cpus=job.cpus,
+        memory_mb=job.memory_mb,
+        image=job.image,
     )

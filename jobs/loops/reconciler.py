@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
-from sf.contract import INGEST_FAILED
+from sf.contract import INGEST_FAILED, RANK_STATES
 
 from jobs.executors import Executor, Observation, executor_for
 from jobs.ledger import clocks, lifecycle
@@ -93,6 +93,7 @@ def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
     running = [a.pk for a in open_attempts if _maps_to(executor, mine.get(a.pk)) == S.RUNNING]
     clocks.seen_alive(running, now)
     _record_native(executor, open_attempts, mine)
+    _record_ranks(open_attempts, mine)
     for attempt in open_attempts:
         try:
             _reconcile_attempt(executor, attempt, mine.get(attempt.pk), now)
@@ -291,8 +292,22 @@ def _failure_reason(attempt: Attempt, obs: Observation) -> str:
         head = obs.message or f"backend reported {obs.native_state}"
     if obs.failure in FAILURE_WORDS:  # the backend's diagnosis comes first
         head = f"{FAILURE_WORDS[obs.failure]} ({head})"
+    rank = _failed_rank(attempt, obs)
+    if rank is not None:  # a multi-node job: which rank failed first, and its own last lines
+        head = f"rank {rank['rank']} on {rank['node']} {head}; every other rank was ended"
+        tail = logstore.tail_text(attempt.job_id, attempt.number, 5, rank=rank["rank"])
+        return f"{head}; its last lines:\n{tail}" if tail else head
     tail = logstore.tail_text(attempt.job_id, attempt.number, 5)
     return f"{head}; last lines:\n{tail}" if tail else head
+
+
+def _failed_rank(attempt: Attempt, obs: Observation) -> dict | None:
+    """The checked row of the rank the engine says failed first, if it says so."""
+    failed = obs.details.get("failed_rank")
+    if attempt.nodes < 2 or type(failed) is not int:
+        return None
+    ranks = checked_ranks(obs.details.get("ranks"), attempt.nodes)
+    return ranks[failed] if 0 <= failed < len(ranks) else None
 
 
 def _check_pending_deadline(executor: Executor, attempt: Attempt, now: dt.datetime) -> None:
@@ -344,6 +359,40 @@ def _record_native(
     for message, ids in messages.items():
         Attempt.objects.filter(pk__in=ids).update(native_message=message)
     JobEvent.objects.bulk_create(unmapped)
+
+
+def _record_ranks(open_attempts: list[Attempt], observations: dict[int, Observation]) -> None:
+    """Keep each multi-node attempt's ranks as the engine last reported them (node, state,
+    exit code), checked: an engine's rows may come from a record job code could reach."""
+    for attempt in open_attempts:
+        obs = observations.get(attempt.pk)
+        if obs is None or "ranks" not in obs.details:
+            continue
+        ranks = checked_ranks(obs.details["ranks"], attempt.nodes)
+        if ranks and ranks != attempt.ranks:
+            Attempt.objects.filter(pk=attempt.pk).update(ranks=ranks)
+            attempt.ranks = ranks
+
+
+def checked_ranks(rows: object, nodes: int) -> list[dict]:
+    """Rank rows as the ledger keeps them: one per rank 0..nodes-1, in rank order, with a
+    short node name, a known state and an int exit code or None; [] when they are not that."""
+    if not isinstance(rows, list) or len(rows) != nodes:
+        return []
+    if not all(isinstance(row, dict) for row in rows):
+        return []
+    out = []
+    in_order = sorted(rows, key=lambda r: r["rank"] if type(r.get("rank")) is int else -1)
+    for index, row in enumerate(in_order):
+        if row.get("rank") != index:
+            return []
+        node, state, code = row.get("node"), row.get("state"), row.get("exit_code")
+        if not isinstance(node, str) or state not in RANK_STATES + ("pending",):
+            return []
+        if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
+            return []
+        out.append({"rank": index, "node": node[:100], "state": state, "exit_code": code})
+    return out
 
 
 def _sweep_orphan(

@@ -30,7 +30,7 @@ from django.db.models import Count, F, OuterRef, Subquery, Sum
 from django.utils import timezone
 from sf.contract import backend_name
 
-from jobs.executors import Capacity, executor_for
+from jobs.executors import Capacity, executor_for, gpu_type_matches
 from jobs.ledger import clocks
 from jobs.ledger.halt import halt
 from jobs.ledger.lifecycle import requeue_due_retries
@@ -99,6 +99,55 @@ class _Queued:
     gpus: int
     window: int | None
     old_reason: str
+    nodes: int = 1
+    gpu_type: str = ""
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // max(self.nodes, 1)
+
+
+class _Nodes:
+    """A cluster's nodes as one tick sees them: the GPUs free on each, less what Starforge's
+    active jobs hold there (on the nodes the engine reported for their ranks, else where they
+    would be placed), less what this tick admitted."""
+
+    def __init__(self, capacity: Capacity) -> None:
+        self.free = {n.name: n.gpus for n in capacity.nodes}
+        self.types = {n.name: n.gpu_type for n in capacity.nodes}
+        self.share = capacity.ranks_share_nodes
+
+    def place(self, ranks: int, gpus: int, gpu_type: str) -> list[str] | None:
+        """The nodes (one per rank) a gang of `ranks` x `gpus` would take now, or None.
+        Best fit: the fullest nodes that still have room go first."""
+        fits = sorted(
+            (free, name)
+            for name, free in self.free.items()
+            if free >= gpus and gpu_type_matches(gpu_type, self.types[name])
+        )
+        chosen: list[str] = []
+        for free, name in fits:
+            room = (free // gpus if gpus else ranks) if self.share else 1
+            chosen += [name] * min(room, ranks - len(chosen))
+            if len(chosen) == ranks:
+                return chosen
+        return None
+
+    def fitting(self, gpus: int, gpu_type: str) -> int:
+        """How many ranks of `gpus` GPUs of that type have room now."""
+        fits = [
+            free
+            for name, free in self.free.items()
+            if free >= gpus and gpu_type_matches(gpu_type, self.types[name])
+        ]
+        if self.share and gpus:
+            return sum(free // gpus for free in fits)
+        return len(fits)
+
+    def take(self, names: list[str], gpus: int) -> None:
+        for name in names:
+            if name in self.free:
+                self.free[name] -= gpus
 
 
 @dataclass
@@ -111,6 +160,12 @@ class _Context:
     shares: dict[tuple[int, int], int]  # (team, cluster) -> percent
     month_us: dict[int, int]  # GPU-µs used this month per team (only teams with a budget)
     held: _Holdings
+    nodes: dict[int, _Nodes] = field(default_factory=dict)  # per cluster reporting its nodes
+
+    def nodes_of(self, cluster: Cluster, capacity: Capacity) -> _Nodes:
+        if cluster.pk not in self.nodes:
+            self.nodes[cluster.pk] = _held_nodes(cluster, capacity)
+        return self.nodes[cluster.pk]
 
 
 def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
@@ -155,7 +210,7 @@ def _admit(
         .order_by("-priority", "submitted_at", "id")
         .values_list(
             "id", "team_id", "user_id", "user__username", "cluster_id", "gpus", "window_id",
-            "status_reason",
+            "status_reason", "nodes", "gpu_type",
         )
     )  # fmt: skip
     for row in rows:
@@ -166,10 +221,12 @@ def _admit(
     while turn:
         score, team_id = heapq.heappop(turn)
         job = queue[team_id].popleft()
-        reason = _gate(ctx, job)
+        reason, placed = _gate(ctx, job)
         if reason is None:
             if len(admit) >= MAX_ADMIT_PER_TICK:
                 break
+            if placed is not None:
+                ctx.nodes[job.cluster].take(placed, job.gpus_per_node)
             ctx.held.add(job.team, job.user, job.cluster, job.gpus)
             admit.append((job.id, job.gpus, _admission_record(ctx, job)))
             score += job.gpus / max(ctx.teams[team_id].gpu_quota, 1)
@@ -216,8 +273,21 @@ def _fair_share_order(ctx: _Context, team_ids: list[int]) -> list[tuple[float, i
     return heap
 
 
-def _gate(ctx: _Context, job: _Queued) -> str | None:
-    """Why this job cannot be admitted now, in words and numbers a user understands."""
+def _gate(ctx: _Context, job: _Queued) -> tuple[str | None, list[str] | None]:
+    """Why this job cannot be admitted now (None: it can), and the nodes its ranks would take
+    where the cluster reports its nodes."""
+    reason = _quota_gate(ctx, job)
+    if reason is not None:
+        return reason, None
+    reason = _cluster_gate(ctx, ctx.teams[job.team], job)
+    if reason is not None:
+        return reason, None
+    return _node_gate(ctx, job)
+
+
+def _quota_gate(ctx: _Context, job: _Queued) -> str | None:
+    """Why the window, the budget or a quota holds this job back, in words and numbers a user
+    understands."""
     team = ctx.teams[job.team]
     closed = _closed_window(ctx, job.window or team.window_id, ctx.cluster_windows.get(job.cluster))
     if closed is not None:
@@ -249,7 +319,7 @@ def _gate(ctx: _Context, job: _Queued) -> str | None:
             f"{team.user_gpu_cap} GPUs team {team.name} allows one member; "
             f"this job needs {job.gpus}"
         )
-    return _cluster_gate(ctx, team, job)
+    return None
 
 
 def _cluster_gate(ctx: _Context, team: Team, job: _Queued) -> str | None:
@@ -284,6 +354,52 @@ def _cluster_gate(ctx: _Context, team: Team, job: _Queued) -> str | None:
                 f"this job needs {job.gpus}"
             )
     return None
+
+
+def _node_gate(ctx: _Context, job: _Queued) -> tuple[str | None, list[str] | None]:
+    """Gang admission: every rank of the job on a node with room for it, all at once; never
+    a cluster sum (2 x 4 GPUs does not start on 3 + 3 + 2 free)."""
+    cluster, capacity = ctx.capacities[job.cluster]
+    if not capacity.nodes:
+        return None, None  # one pool: the sum was the whole check
+    nodes = ctx.nodes_of(cluster, capacity)
+    g, kind = job.gpus_per_node, job.gpu_type
+    placed = nodes.place(job.nodes, g, kind)
+    if placed is not None:
+        return None, placed
+    have = nodes.fitting(g, kind)
+    what = f"{g} free {kind + ' ' if kind else ''}GPU{'s' if g != 1 else ''}"
+    if nodes.share:
+        return (
+            f"waiting for capacity: {job.nodes} rank{'s' if job.nodes != 1 else ''} with {what} "
+            f"each on cluster {cluster.name}: room for {have} now"
+        ), None
+    return (
+        f"waiting for {job.nodes} node{'s' if job.nodes != 1 else ''} with {what}"
+        f"{' each' if job.nodes != 1 else ''}: {have} such node{'s' if have != 1 else ''} free "
+        f"on cluster {cluster.name}"
+    ), None
+
+
+def _held_nodes(cluster: Cluster, capacity: Capacity) -> _Nodes:
+    """The cluster's nodes less what its active jobs hold: on the nodes the engine reported for
+    their ranks where it did, else where the scheduler would place them now."""
+    nodes = _Nodes(capacity)
+    active = (
+        Job.objects.filter(cluster=cluster, status__in=S.active(), gpus__gt=0)
+        .order_by("pk")
+        .values_list("gpus", "nodes", "gpu_type", "current_attempt__ranks")
+    )
+    for gpus, count, kind, ranks in active:
+        per_node = gpus // max(count, 1)
+        seen = [r.get("node") for r in ranks or [] if isinstance(r, dict)]
+        if len(seen) == count and all(name in nodes.free for name in seen):
+            nodes.take(seen, per_node)
+            continue
+        placed = nodes.place(count, per_node, kind)
+        if placed is not None:
+            nodes.take(placed, per_node)
+    return nodes
 
 
 def _closed_window(ctx: _Context, *window_ids: int | None) -> Window | None:
@@ -393,14 +509,14 @@ def _submit(admit: list[tuple[int, int, dict]], now: dt.datetime) -> list[int]:
         actor="scheduler",
         expected={S.QUEUED},
     )
-    jobs = list(
-        Job.objects.filter(pk__in=[j.pk for j in changed]).only("id", "run_id", "attempt_count")
-    )
+    fields = ("id", "run_id", "attempt_count", "nodes")
+    jobs = list(Job.objects.filter(pk__in=[j.pk for j in changed]).only(*fields))
     attempts = [
         Attempt(
             job_id=job.pk,
             number=job.attempt_count + 1,
             gpus=gpus_by_job[job.pk],
+            nodes=job.nodes,
             backend_name=backend_name(job.run_id, job.attempt_count + 1),
         )
         for job in jobs

@@ -163,10 +163,13 @@ def _encode(attempt: int, lines: list[dict]) -> bytes:
     # time without its per-call cost: seq is an int, stream one of two words, ts a finite int
     # or float (ingest checks all three; json writes numbers as their repr), and the text goes
     # through json's own string encoder.
+    # A line of a multi-node job's rank carries it right after seq (ingest checked it is an
+    # int below the attempt's nodes).
     text = json.encoder.encode_basestring  # type: ignore[attr-defined]
     return "".join(
-        f'{{"attempt":{attempt},"seq":{ln["seq"]!r},"stream":"{ln["stream"]}",'
-        f'"ts":{ln["ts"]!r},"text":{text(ln["text"])}}}\n'
+        f'{{"attempt":{attempt},"seq":{ln["seq"]!r},'
+        + (f'"rank":{ln["rank"]!r},' if "rank" in ln else "")
+        + f'"stream":"{ln["stream"]}","ts":{ln["ts"]!r},"text":{text(ln["text"])}}}\n'
         for ln in lines
     ).encode(errors="replace")  # a lone surrogate in a line's text becomes "?"
 
@@ -258,13 +261,20 @@ def tail(job_id: int, n: int) -> Page:
     return Page(list(kept), f"{last_attempt}:{last_size}", True)
 
 
-def tail_text(job_id: int, attempt: int, n: int) -> str:
-    """The last `n` lines of one attempt as plain text, for failure reasons."""
+RANK_TAIL_SCAN = 2000  # lines read back to find one rank's last ones
+
+
+def tail_text(job_id: int, attempt: int, n: int, rank: int | None = None) -> str:
+    """The last `n` lines of one attempt (of one rank of it) as plain text, for failure
+    reasons."""
     stream = LogStream.objects.filter(job_id=job_id, attempt=attempt).first()
     if stream is None:
         return ""
-    raw = _last_lines(log_path(job_id, attempt), stream.size, n)
-    return "\n".join(json.loads(line)["text"] for line in raw)
+    scan = n if rank is None else max(n, RANK_TAIL_SCAN)
+    lines = [json.loads(raw) for raw in _last_lines(log_path(job_id, attempt), stream.size, scan)]
+    if rank is not None:
+        lines = [line for line in lines if line.get("rank") == rank]
+    return "\n".join(line["text"] for line in lines[-n:])
 
 
 def _last_lines(path: Path, size: int, n: int) -> list[bytes]:

@@ -1,0 +1,137 @@
+"""Multi-node jobs on the local executor, for real: the runner starts every rank as a process
+group on this host with its own GPU slots and the rank contract, numbers their lines into one
+log (each marked with its rank), ends every rank as soon as one fails, and writes one record."""
+
+import json
+import sys
+import time
+
+import pytest
+
+from jobs.models import Job
+from jobs.states import JobStatus
+from jobs.stores import logstore
+from metering.usage import job_gpu_seconds
+from tests.jobs.factories import queued_job
+from tests.jobs.test_local_executor import (  # noqa: F401 - autouse fixtures of that module
+    _api_for_runners,
+    finished,
+    job_dirs,
+    process_alive,
+    run_until,
+    start,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+S = JobStatus
+
+CONTRACT = (
+    "SF_NODE_RANK SF_NUM_NODES SF_GPUS_PER_NODE SF_MASTER_ADDR SF_MASTER_PORT SF_NODE_ADDRS "
+    "MASTER_ADDR MASTER_PORT NODE_RANK WORLD_SIZE PET_NNODES PET_NODE_RANK PET_NPROC_PER_NODE "
+    "PET_MASTER_ADDR PET_MASTER_PORT CUDA_VISIBLE_DEVICES"
+).split()
+
+
+def gang_job(team, user, code: str, nodes: int = 2, gpus_per_node: int = 2) -> Job:
+    return queued_job(
+        team,
+        user,
+        gpus=nodes * gpus_per_node,
+        nodes=nodes,
+        entrypoint=[sys.executable, "-c", code],
+    )
+
+
+def lines(job: Job) -> list[dict]:
+    return [json.loads(raw) for raw in logstore.read(job.pk, None, 10_000).raw_lines]
+
+
+def test_every_rank_gets_the_contract_and_its_own_slots(team, alice):
+    code = (
+        "import json, os\n"
+        f"print(json.dumps({{k: os.environ.get(k) for k in {CONTRACT!r}}}))\n"
+        "print('secret seen:', 'SF_JOB_TOKEN' in os.environ or 'SF_RANK_GPUS' in os.environ)"
+    )
+    job = gang_job(team, alice, code)
+    start(job)
+    run_until(lambda: finished(job))
+    job.refresh_from_db()
+    assert job.status == S.SUCCEEDED, job.status_reason
+    got = lines(job)
+    envs = {ln["rank"]: json.loads(ln["text"]) for ln in got if ln["text"].startswith("{")}
+    assert sorted(envs) == [0, 1]
+    for rank, env in envs.items():
+        assert env["SF_NODE_RANK"] == env["NODE_RANK"] == env["PET_NODE_RANK"] == str(rank)
+        assert env["SF_NUM_NODES"] == env["WORLD_SIZE"] == env["PET_NNODES"] == "2"
+        assert env["SF_GPUS_PER_NODE"] == env["PET_NPROC_PER_NODE"] == "2"
+        assert env["MASTER_ADDR"] == env["SF_MASTER_ADDR"] == "127.0.0.1"
+        assert env["SF_NODE_ADDRS"] == "127.0.0.1,127.0.0.1"
+        assert env["MASTER_PORT"] == envs[0]["MASTER_PORT"] == env["PET_MASTER_PORT"]
+    assert sorted(env["CUDA_VISIBLE_DEVICES"] for env in envs.values()) == ["0,1", "2,3"]
+    assert [ln["text"] for ln in got if ln["text"].startswith("secret")] == [
+        "secret seen: False"
+    ] * 2
+    ranks = job.current_attempt.ranks
+    assert [(r["rank"], r["state"], r["exit_code"]) for r in ranks] == [
+        (0, "succeeded", 0),
+        (1, "succeeded", 0),
+    ]
+
+
+def test_ranks_really_talk_over_tcp_to_rank_0(team, alice):
+    # Rank 0 listens on MASTER_PORT; rank 1 connects, sends its number, reads the sum back.
+    code = (
+        "import os, socket, time\n"
+        "rank, port = int(os.environ['NODE_RANK']), int(os.environ['MASTER_PORT'])\n"
+        "if rank == 0:\n"
+        "    s = socket.create_server((os.environ['MASTER_ADDR'], port)); c, _ = s.accept()\n"
+        "    v = int(c.recv(64)); c.sendall(str(v + 10).encode()); print('sum', v + 10)\n"
+        "else:\n"
+        "    for _ in range(100):\n"
+        "        try: c = socket.create_connection((os.environ['MASTER_ADDR'], port)); break\n"
+        "        except OSError: time.sleep(0.1)\n"
+        "    c.sendall(b'5'); print('got', c.recv(64).decode())\n"
+    )
+    job = gang_job(team, alice, code, gpus_per_node=0)
+    start(job)
+    run_until(lambda: finished(job))
+    job.refresh_from_db()
+    assert job.status == S.SUCCEEDED, job.status_reason
+    assert sorted((ln["rank"], ln["text"]) for ln in lines(job)) == [(0, "sum 15"), (1, "got 15")]
+
+
+def test_one_rank_failing_ends_every_rank_fast_with_its_code_and_lines(team, alice, job_dirs):
+    code = (
+        "import os, sys, time\n"
+        "if os.environ['NODE_RANK'] == '1':\n"
+        "    print('rank one loading'); print('bad shard', flush=True); time.sleep(0.5)\n"
+        "    sys.exit(7)\n"
+        "print('rank zero training', os.getpid(), flush=True); time.sleep(120)\n"
+    )
+    job = gang_job(team, alice, code)
+    start(job)
+    began = time.monotonic()
+    run_until(lambda: finished(job), timeout=40)
+    took = time.monotonic() - began
+    job.refresh_from_db()
+    attempt = job.current_attempt
+    assert job.status == S.FAILED and attempt.exit_code == 7
+    assert job.status_reason.startswith("rank 1 on ")
+    assert "exited with code 7; every other rank was ended" in job.status_reason
+    assert job.status_reason.endswith("its last lines:\nrank one loading\nbad shard")
+    states = [(r["rank"], r["state"], r["exit_code"]) for r in attempt.ranks]
+    assert states[1] == (1, "failed", 7) and states[0][1] == "killed"
+    pid = next(int(ln["text"].split()[-1]) for ln in lines(job) if "zero" in ln["text"])
+    assert not process_alive(pid)
+    assert took < 20
+
+
+def test_gpu_seconds_count_every_node(team, alice):
+    job = gang_job(team, alice, "import time; time.sleep(1)", nodes=2, gpus_per_node=2)
+    start(job)
+    run_until(lambda: finished(job))
+    job.refresh_from_db()
+    attempt = job.current_attempt
+    ran = (attempt.end_time - attempt.start_time).total_seconds()
+    assert attempt.gpus == 4 and attempt.nodes == 2
+    assert job_gpu_seconds(job.attempts.all()) == pytest.approx(ran * 4, abs=1e-3)
