@@ -2,15 +2,29 @@
 group on this host with its own GPU slots and the rank contract, numbers their lines into one
 log (each marked with its rank), ends every rank as soon as one fails, and writes one record."""
 
+import contextlib
+import datetime as dt
+import io
 import json
+import os
+import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from sf.contract import read_json
 
+from jobs.actions import control
+from jobs.executors.local import LocalExecutor
+from jobs.loops.reconciler import reconcile_all
 from jobs.models import Job
 from jobs.states import JobStatus
 from jobs.stores import logstore
+from metering.models import UsageRecord
+from metering.records import meter_ended
 from metering.usage import job_gpu_seconds
 from tests.jobs.factories import queued_job
 from tests.jobs.test_local_executor import (  # noqa: F401 - autouse fixtures of that module
@@ -100,7 +114,7 @@ def test_ranks_really_talk_over_tcp_to_rank_0(team, alice):
     assert sorted((ln["rank"], ln["text"]) for ln in lines(job)) == [(0, "sum 15"), (1, "got 15")]
 
 
-def test_one_rank_failing_ends_every_rank_fast_with_its_code_and_lines(team, alice, job_dirs):
+def test_one_rank_failing_ends_every_rank_fast_with_its_code_and_lines(team, alice):
     code = (
         "import os, sys, time\n"
         "if os.environ['NODE_RANK'] == '1':\n"
@@ -135,3 +149,102 @@ def test_gpu_seconds_count_every_node(team, alice):
     ran = (attempt.end_time - attempt.start_time).total_seconds()
     assert attempt.gpus == 4 and attempt.nodes == 2
     assert job_gpu_seconds(job.attempts.all()) == pytest.approx(ran * 4, abs=1e-3)
+
+
+@pytest.fixture(autouse=True)
+def _end_every_rank(settings):
+    """The module's cleanup ends rank 0's group; end every rank's before the next test."""
+    yield
+    for started in Path(settings.SF_LOCAL_STATE_DIR).glob("*/*/started.json"):
+        for pgid in read_json(started).get("pids") or []:
+            with contextlib.suppress(ProcessLookupError, PermissionError, TypeError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
+def rank_pids(job: Job) -> dict[int, int]:
+    """{rank: pid} from lines the ranks print as `pid <rank> <pid>`."""
+    found = {}
+    for line in lines(job):
+        if line["text"].startswith("pid "):
+            _, rank, pid = line["text"].split()
+            found[int(rank)] = int(pid)
+    return found
+
+
+SLEEPER = (
+    "import os, time\n"
+    "print('pid', os.environ['NODE_RANK'], os.getpid(), flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_stop_ends_every_rank(team, alice):
+    job = gang_job(team, alice, SLEEPER)
+    start(job)
+    run_until(lambda: Job.objects.get(pk=job.pk).status == S.RUNNING and len(rank_pids(job)) == 2)
+    pids = rank_pids(job)
+    control.stop_job(User.objects.get(username="alice"), job.pk)
+    deadline = time.monotonic() + 20
+    while any(process_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        reconcile_all()
+        time.sleep(0.2)
+    assert not any(process_alive(p) for p in pids.values())
+    assert Job.objects.get(pk=job.pk).status == S.STOPPED
+
+
+def test_pause_and_resume_restart_every_rank_from_the_shared_checkpoint(team, alice):
+    # Attempt 1: rank 0 writes the checkpoint, then both ranks wait. Attempt 2: every rank
+    # reads it from the one checkpoint directory of the run.
+    code = (
+        "import os, time\n"
+        "ckpt = os.path.join(os.environ['SF_CHECKPOINT_DIR'], 'step')\n"
+        "rank, attempt = os.environ['NODE_RANK'], os.environ['SF_ATTEMPT']\n"
+        "if attempt != '1':\n"
+        "    print('resumed', rank, attempt, open(ckpt).read(), flush=True); raise SystemExit\n"
+        "if rank == '0':\n"
+        "    os.makedirs(os.path.dirname(ckpt), exist_ok=True); open(ckpt, 'w').write('41')\n"
+        "print('pid', rank, os.getpid(), flush=True); time.sleep(120)\n"
+    )
+    job = gang_job(team, alice, code)
+    start(job)
+    run_until(lambda: len(rank_pids(job)) == 2)
+    alice_user = User.objects.get(username="alice")
+    control.pause_job(alice_user, job.pk)
+    run_until(lambda: Job.objects.get(pk=job.pk).status == S.PAUSED)
+    assert not any(process_alive(p) for p in rank_pids(job).values())
+    control.resume_job(alice_user, job.pk)
+    # Each tick schedules again: the paused runner keeps its slots until it has flushed.
+    run_until(lambda: start(job) and finished(job))
+    job.refresh_from_db()
+    assert job.status == S.SUCCEEDED, job.status_reason
+    # A launch may have found the paused runner still holding its slots: an attempt between.
+    last = job.attempt_count
+    assert last >= 2 and job.current_attempt.nodes == 2
+    resumed = sorted(ln["text"] for ln in lines(job) if ln["text"].startswith("resumed"))
+    assert resumed == [f"resumed 0 {last} 41", f"resumed 1 {last} 41"]
+
+
+def test_a_runner_killed_under_its_ranks_leaves_none_of_them(team, alice, local_cluster):
+    job = gang_job(team, alice, SLEEPER)
+    [attempt] = start(job)
+    run_until(lambda: len(rank_pids(job)) == 2)
+    attempt_dir = LocalExecutor(local_cluster).root / attempt.job_ref
+    os.kill(read_json(attempt_dir / "proc.json")["pid"], signal.SIGKILL)
+    pids = rank_pids(job)
+    run_until(lambda: finished(job), timeout=40)
+    job.refresh_from_db()
+    assert job.status == S.FAILED
+    assert not any(process_alive(p) for p in pids.values())
+
+
+def test_check_usage_agrees_with_a_gang_jobs_gpu_seconds(team, alice):
+    job = gang_job(team, alice, "print('done')", nodes=3, gpus_per_node=1)
+    start(job)
+    run_until(lambda: finished(job))
+    meter_ended()
+    out = io.StringIO()
+    call_command("check_usage", stdout=out)
+    assert out.getvalue() == "usage records agree with 1 metered attempts\n"
+    attempt = Job.objects.get(pk=job.pk).current_attempt
+    ran_us = (attempt.end_time - attempt.start_time) // dt.timedelta(microseconds=1)
+    assert UsageRecord.objects.get().gpu_us == ran_us * 3
