@@ -76,10 +76,12 @@ def make_user(username: str = "bench"):
     return User.objects.create(username=username, is_active=True)
 
 
-def make_cluster(gpus: int, name: str = "bench-noop"):
+def make_cluster(gpus: int, name: str = "bench-noop", nodes: int = 0):
+    """A noop cluster of `gpus` GPUs; with `nodes`, that many nodes sharing them equally."""
     from jobs.models import Cluster
 
-    return Cluster.objects.create(name=name, kind="noop", settings={"gpus": gpus})
+    settings = {"gpus": gpus, **({"nodes": nodes} if nodes else {})}
+    return Cluster.objects.create(name=name, kind="noop", settings=settings)
 
 
 def make_teams(n: int, quota: int, cluster, user=None) -> list:

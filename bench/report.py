@@ -11,13 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 AREAS = [
-    ("Scheduler", ["sched-fit", "sched-quota", "tick-10k", "tick-100k"]),
+    ("Scheduler", ["sched-fit", "sched-quota", "sched-gang", "tick-10k", "tick-100k"]),
     ("Log ingest, replay and the CLI", ["api"]),
     ("API under 50 concurrent clients", ["api-concurrency"]),
     ("Console", ["console", "live"]),
     ("Metrics", ["metrics"]),
     ("Usage", ["usage"]),
     ("Slurm", ["slurm-vs-sbatch", "slurm-reconcile-1000"]),
+    ("Multi-node jobs", ["gang-local-failure"]),
 ]
 
 
@@ -84,13 +85,15 @@ def rows(results: dict) -> list[Row]:
 
 def _sched_rows(results: dict) -> list[Row]:
     out = []
-    for name in ("sched-fit", "sched-quota"):
+    for name in ("sched-fit", "sched-quota", "sched-gang"):
         r = results.get(name, {})
         if "jobs_per_s" in r:
+            gangs = r.get("multi_node_jobs")
+            what = f", {gangs:,} 2-node gangs on {r['cluster_nodes']} nodes" if gangs else ""
             out.append(
                 Row(
                     name,
-                    f"schedule 10k jobs, quota {r['team_quota_gpus']}/team",
+                    f"schedule 10k jobs, quota {r['team_quota_gpus']}/team{what}",
                     f"{r['jobs_per_s']:,.0f} jobs/s ({r['admitted']:,} admitted in "
                     f"{r['seconds']:.2f} s: admit {r['admit_s']:.2f} s, launch "
                     f"{r['launch_s']:.2f} s; {r['ticks_with_admissions']} tick(s))",
@@ -322,6 +325,22 @@ def _slurm_rows(results: dict) -> list[Row]:
     return out
 
 
+def _gang_rows(results: dict) -> list[Row]:
+    r = results.get("gang-local-failure", {})
+    if "median_s" not in r:
+        return []
+    return [
+        Row(
+            "gang-local-failure",
+            f"local: one rank's failure to every rank gone, {r['ranks']} ranks",
+            f"median {r['median_s']} s, max {r['max_s']} s over {r['runs']} jobs",
+            "< 10 s",
+            r["max_s"] < 10,
+            ("median_s",),
+        )
+    ]
+
+
 ROW_BUILDERS: list[Callable[[dict], list[Row]]] = [
     _sched_rows,
     _api_rows,
@@ -330,6 +349,7 @@ ROW_BUILDERS: list[Callable[[dict], list[Row]]] = [
     _metrics_rows,
     _usage_rows,
     _slurm_rows,
+    _gang_rows,
 ]
 
 

@@ -35,6 +35,7 @@ MARKDOWN = ROOT / "bench" / "RESULTS.md"
 BENCHES: dict[str, tuple[str, int]] = {
     "sched-fit": ("10,000 QUEUED jobs over 100 teams, every one fits its quota", 240),
     "sched-quota": ("10,000 QUEUED jobs over 100 teams, quota 60 each: 6,000 fit", 240),
+    "sched-gang": ("10,000 QUEUED jobs, every 10th a 2-node gang, on 200 nodes", 240),
     "tick-10k": ("one tick over 10,000 QUEUED jobs, 1 GPU quota per team", 180),
     "tick-100k": ("one tick over 100,000 QUEUED jobs, 1 GPU quota per team", 300),
     "api": ("log ingest, sf job logs replay, sf job status against uvicorn", 600),
@@ -45,6 +46,7 @@ BENCHES: dict[str, tuple[str, int]] = {
     "api-concurrency": ("50 concurrent API clients, a read/submit mix, for 20 s", 240),
     "slurm-vs-sbatch": ("200 short jobs through Starforge on a real Slurm vs straight sbatch", 600),
     "slurm-reconcile-1000": ("one reconciler tick over 1,000 PENDING jobs on a real Slurm", 300),
+    "gang-local-failure": ("local 2-rank jobs: one rank's failure to every rank gone", 120),
 }
 
 
@@ -56,6 +58,8 @@ def _child(name: str, out: Path) -> None:
         result = sched.throughput(10_000, quota=100)
     elif name == "sched-quota":
         result = sched.throughput(10_000, quota=60)
+    elif name == "sched-gang":
+        result = sched.throughput(10_000, quota=120, gang_every=10)
     elif name == "tick-10k":
         result = sched.one_tick(10_000)
     elif name == "tick-100k":
@@ -84,6 +88,10 @@ def _child(name: str, out: Path) -> None:
         result = (
             slurm_bench.vs_sbatch() if name == "slurm-vs-sbatch" else slurm_bench.reconcile_1000()
         )
+    elif name == "gang-local-failure":
+        from bench import gang_bench
+
+        result = gang_bench.local_rank_failure()
     else:
         raise SystemExit(f"unknown benchmark {name!r}")
     from django.db import connections

@@ -15,9 +15,15 @@ from bench import common
 N_TEAMS = 100
 
 
-def throughput(n_jobs: int, quota: int) -> dict:
+GANG_NODES = 2  # each multi-node job of `sched-gang`: 2 nodes x 1 GPU
+CLUSTER_NODES = 200  # nodes of the cluster in `sched-gang`, each with an equal share of GPUs
+
+
+def throughput(n_jobs: int, quota: int, gang_every: int = 0) -> dict:
     """`n_jobs` QUEUED over 100 teams of `quota` GPUs each; tick until nothing more is admitted.
 
+    With `gang_every` N, every Nth job is a 2-node gang and the cluster reports
+    CLUSTER_NODES nodes, so every admission goes through per-node placement (gang admission).
     The clock runs from the first tick until the last admitted job is PENDING (the final tick
     that finds nothing more to admit is reported apart, as `idle_tick_s`).
     """
@@ -29,10 +35,16 @@ def throughput(n_jobs: int, quota: int) -> dict:
     from jobs.tasks import LAUNCH_CHUNK
 
     user = common.make_user()
-    cluster = common.make_cluster(gpus=n_jobs * 2)
+    cluster = common.make_cluster(gpus=n_jobs * 2, nodes=CLUSTER_NODES if gang_every else 0)
     teams = common.make_teams(N_TEAMS, quota, cluster)
     t = time.perf_counter()
     common.queue_jobs(n_jobs, teams, cluster, user)
+    if gang_every:
+        # Jobs go round-robin over the teams: every team gets one gang in each `gang_every`
+        # rounds, so each team's share is 10% too.
+        ids = Job.objects.order_by("id").values_list("id", flat=True)
+        gangs = [i for k, i in enumerate(ids) if (k // N_TEAMS) % gang_every == 0]
+        Job.objects.filter(id__in=gangs).update(nodes=GANG_NODES, gpus=GANG_NODES)
     common.analyze()
     setup_s = time.perf_counter() - t
 
@@ -72,6 +84,8 @@ def throughput(n_jobs: int, quota: int) -> dict:
         raise RuntimeError(f"inconsistent end state: {counts}, launched {launched}, over {over}")
     return {
         "jobs": n_jobs,
+        "multi_node_jobs": Job.objects.filter(nodes__gt=1).count(),
+        "cluster_nodes": CLUSTER_NODES if gang_every else None,
         "teams": N_TEAMS,
         "team_quota_gpus": quota,
         "admitted": admitted,

@@ -110,39 +110,41 @@ class _Queued:
 class _Nodes:
     """A cluster's nodes as one tick sees them: the GPUs free on each, less what Starforge's
     active jobs hold there (on the nodes the engine reported for their ranks, else where they
-    would be placed), less what this tick admitted."""
+    would be placed), less what this tick admitted.
+
+    Within a tick free GPUs only shrink, so a gang shape that did not fit once cannot fit
+    later in the tick: `place` remembers it, and a deep queue of one shape costs one scan."""
 
     def __init__(self, capacity: Capacity) -> None:
         self.free = {n.name: n.gpus for n in capacity.nodes}
         self.types = {n.name: n.gpu_type for n in capacity.nodes}
         self.share = capacity.ranks_share_nodes
+        self.misses: dict[tuple[int, int, str], int] = {}  # shape -> ranks that had room
 
     def place(self, ranks: int, gpus: int, gpu_type: str) -> list[str] | None:
         """The nodes (one per rank) a gang of `ranks` x `gpus` would take now, or None.
-        Best fit: the fullest nodes that still have room go first."""
-        fits = sorted(
+        Best fit: the nodes with the least room that still fits go first, so whole nodes
+        stay free for the next gang."""
+        shape = (ranks, gpus, gpu_type)
+        if shape in self.misses:
+            return None
+        fits = [
             (free, name)
             for name, free in self.free.items()
             if free >= gpus and gpu_type_matches(gpu_type, self.types[name])
-        )
+        ]
         chosen: list[str] = []
-        for free, name in fits:
+        for free, name in heapq.nsmallest(ranks, fits) if not self.share else sorted(fits):
             room = (free // gpus if gpus else ranks) if self.share else 1
             chosen += [name] * min(room, ranks - len(chosen))
             if len(chosen) == ranks:
                 return chosen
+        self.misses[shape] = len(chosen) if self.share else len(fits)
         return None
 
-    def fitting(self, gpus: int, gpu_type: str) -> int:
-        """How many ranks of `gpus` GPUs of that type have room now."""
-        fits = [
-            free
-            for name, free in self.free.items()
-            if free >= gpus and gpu_type_matches(gpu_type, self.types[name])
-        ]
-        if self.share and gpus:
-            return sum(free // gpus for free in fits)
-        return len(fits)
+    def room(self, ranks: int, gpus: int, gpu_type: str) -> int:
+        """How many ranks of that shape had room when `place` last found too few."""
+        return self.misses.get((ranks, gpus, gpu_type), 0)
 
     def take(self, names: list[str], gpus: int) -> None:
         for name in names:
@@ -367,7 +369,7 @@ def _node_gate(ctx: _Context, job: _Queued) -> tuple[str | None, list[str] | Non
     placed = nodes.place(job.nodes, g, kind)
     if placed is not None:
         return None, placed
-    have = nodes.fitting(g, kind)
+    have = nodes.room(job.nodes, g, kind)
     what = f"{g} free {kind + ' ' if kind else ''}GPU{'s' if g != 1 else ''}"
     if nodes.share:
         return (
