@@ -17,7 +17,7 @@ S = JobStatus
 def explain(job: Job, now: dt.datetime | None = None) -> list[str]:
     now = now or timezone.now()
     attempt = current_attempt(job)
-    sentences = _by_status(job, attempt, now) + _cluster_health(job, now)
+    sentences = _by_status(job, attempt, now) + _ranks(job, attempt) + _cluster_health(job, now)
     if job.status in (S.FAILED, S.STOPPED):
         why_not = retry_unavailable_reason(job)
         sentences.append(
@@ -62,7 +62,7 @@ def _by_status(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str]
     if status == S.RUNNING and attempt is not None and attempt.start_time:
         used = attempt_gpu_seconds(attempt.start_time, None, attempt.gpus, now)
         return [
-            f"Running since {attempt.start_time:%Y-%m-%d %H:%M:%S} UTC on {job.gpus} GPU(s) "
+            f"Running since {attempt.start_time:%Y-%m-%d %H:%M:%S} UTC on {_gpus(job)} "
             f"of {job.cluster.name} as {attempt.job_ref}; {used:.0f} GPU-seconds so far."
         ]
     if status == S.FAILED and attempt is not None:
@@ -72,6 +72,27 @@ def _by_status(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str]
         made = ", ".join(f"{name} (job {pk})" for name, pk in children)
         return ["Exited with code 0."] + ([f"Follow-on jobs: {made}."] if made else [])
     return [f"{status.title()}: {job.status_reason}."]
+
+
+def _gpus(job: Job) -> str:
+    """What the job holds, in words: "2 GPU(s)", or "8 GPUs (2 nodes x 4 a100)"."""
+    if job.nodes < 2:
+        return f"{job.gpus} GPU(s)" + (f" ({job.gpu_type})" if job.gpu_type else "")
+    kind = f" {job.gpu_type}" if job.gpu_type else ""
+    return f"{job.gpus} GPUs ({job.nodes} nodes x {job.gpus_per_node}{kind})"
+
+
+def _ranks(job: Job, attempt: Attempt | None) -> list[str]:
+    """One sentence per rank of a multi-node attempt, as the engine last reported it."""
+    if attempt is None or attempt.nodes < 2:
+        return []
+    if not attempt.ranks:
+        return [f"Its {attempt.nodes} ranks have not been reported by the engine yet."]
+    sentences = []
+    for rank in attempt.ranks:
+        code = "" if rank["exit_code"] is None else f", exit code {rank['exit_code']}"
+        sentences.append(f"Rank {rank['rank']} on {rank['node']}: {rank['state']}{code}.")
+    return sentences
 
 
 def _pending(job: Job, attempt: Attempt, now: dt.datetime) -> list[str]:

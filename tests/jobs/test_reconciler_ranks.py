@@ -10,6 +10,7 @@ from django.utils import timezone
 from jobs.executors import Observation
 from jobs.loops.reconciler import reconcile_all
 from jobs.models import Attempt, Job
+from jobs.reads.diagnostics import explain
 from jobs.states import JobStatus
 from jobs.stores import logstore
 from tests.jobs.factories import queued_job, with_attempt
@@ -65,6 +66,9 @@ def test_the_failure_names_the_rank_that_failed_first_with_its_own_last_lines(ba
         "rank 1 on gpu-b exited with code 7; every other rank was ended; its last lines:\n"
         "CUDA error"
     )
+    sentences = explain(job)
+    assert "Rank 0 on n1: killed, exit code -15." in sentences
+    assert "Rank 1 on gpu-b: failed, exit code 7." in sentences
 
 
 def test_a_partial_start_past_the_deadline_fails_saying_not_all_nodes_started(backend, gang):
