@@ -22,6 +22,7 @@ from jobs.models import (
     Membership,
     ScheduleWindow,
     Team,
+    TeamGpuTypeQuota,
 )
 from jobs.states import JobStatus
 
@@ -36,6 +37,11 @@ class MembershipInline(admin.TabularInline):
 class ClusterShareInline(admin.TabularInline):
     model = ClusterShare
     extra = 1
+
+
+class GpuTypeQuotaInline(admin.TabularInline):
+    model = TeamGpuTypeQuota
+    extra = 0
 
 
 @admin.register(Team)
@@ -82,7 +88,7 @@ class TeamAdmin(admin.ModelAdmin):
             },
         ),
     )
-    inlines = [MembershipInline, ClusterShareInline]
+    inlines = [MembershipInline, ClusterShareInline, GpuTypeQuotaInline]
 
 
 @admin.register(Cluster)

@@ -145,6 +145,30 @@ class Team(models.Model):
         return self.name
 
 
+class TeamGpuTypeQuota(models.Model):
+    """A cap on the GPUs of one type a team's jobs hold at once, beside its `gpu_quota`.
+
+    A job counts toward it when it asked for that type, or, asking for none, when the
+    scheduler placed its ranks on nodes of that type (clusters that report their nodes); a job
+    without a type then avoids the nodes of a type whose cap it would pass."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="gpu_type_quotas")
+    gpu_type = models.CharField(
+        max_length=64,
+        help_text="e.g. a100; matched the way --gpu-type is (case aside, a word "
+        "of the product name)",
+    )
+    gpus = models.PositiveIntegerField(help_text="GPUs of this type the team may hold at once")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "gpu_type"], name="one_quota_per_gpu_type"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team}: {self.gpus} {self.gpu_type}"
+
+
 class ClusterShare(models.Model):
     """A team's share of one cluster's GPUs, in percent of what the cluster has."""
 
@@ -358,6 +382,9 @@ class Attempt(models.Model):
     # When the runner exchanged its one-time bootstrap credential for the job token (Ray,
     # Kubernetes: engines whose job specs others can read).
     bootstrap_used_at = models.DateTimeField(null=True, blank=True)
+    # The ranks >= 1 of a multi-node attempt whose runners exchanged it, each once, where each
+    # rank has a runner of its own (Kubernetes: a pod per rank); rank 0's is bootstrap_used_at.
+    bootstrap_ranks = models.JSONField(default=list, blank=True)
     native_state = models.CharField(max_length=50, blank=True)
     # The backend's own words for a waiting attempt (Slurm's pending reason, a pod's
     # waiting reason), shown in Diagnostics.

@@ -35,7 +35,15 @@ from jobs.ledger import clocks
 from jobs.ledger.halt import halt
 from jobs.ledger.lifecycle import requeue_due_retries
 from jobs.ledger.transitions import Change, apply_transitions
-from jobs.models import Attempt, Cluster, ClusterShare, Job, ScheduleWindow, Team
+from jobs.models import (
+    Attempt,
+    Cluster,
+    ClusterShare,
+    Job,
+    ScheduleWindow,
+    Team,
+    TeamGpuTypeQuota,
+)
 from jobs.states import JobStatus
 from jobs.windows import Window, WindowSpecError, parse_window
 from metering.records import meter_ended, team_gpu_us
@@ -119,19 +127,25 @@ class _Nodes:
         self.free = {n.name: n.gpus for n in capacity.nodes}
         self.types = {n.name: n.gpu_type for n in capacity.nodes}
         self.share = capacity.ranks_share_nodes
-        self.misses: dict[tuple[int, int, str], int] = {}  # shape -> ranks that had room
+        # shape -> ranks that had room, when too few did
+        self.misses: dict[tuple[int, int, str, frozenset[str]], int] = {}
+        self.where: dict[int, list[str]] = {}  # active job -> the nodes its ranks hold
 
-    def place(self, ranks: int, gpus: int, gpu_type: str) -> list[str] | None:
-        """The nodes (one per rank) a gang of `ranks` x `gpus` would take now, or None.
-        Best fit: the nodes with the least room that still fits go first, so whole nodes
-        stay free for the next gang."""
-        shape = (ranks, gpus, gpu_type)
+    def place(
+        self, ranks: int, gpus: int, gpu_type: str, avoid: frozenset[str] = frozenset()
+    ) -> list[str] | None:
+        """The nodes (one per rank) a gang of `ranks` x `gpus` would take now, or None; never
+        a node whose type matches one in `avoid`. Best fit: the nodes with the least room that
+        still fits go first, so whole nodes stay free for the next gang."""
+        shape = (ranks, gpus, gpu_type, avoid)
         if shape in self.misses:
             return None
         fits = [
             (free, name)
             for name, free in self.free.items()
-            if free >= gpus and gpu_type_matches(gpu_type, self.types[name])
+            if free >= gpus
+            and gpu_type_matches(gpu_type, self.types[name])
+            and not any(gpu_type_matches(a, self.types[name]) for a in avoid)
         ]
         chosen: list[str] = []
         for free, name in heapq.nsmallest(ranks, fits) if not self.share else sorted(fits):
@@ -142,9 +156,9 @@ class _Nodes:
         self.misses[shape] = len(chosen) if self.share else len(fits)
         return None
 
-    def room(self, ranks: int, gpus: int, gpu_type: str) -> int:
+    def room(self, ranks: int, gpus: int, gpu_type: str, avoid: frozenset[str]) -> int:
         """How many ranks of that shape had room when `place` last found too few."""
-        return self.misses.get((ranks, gpus, gpu_type), 0)
+        return self.misses.get((ranks, gpus, gpu_type, avoid), 0)
 
     def take(self, names: list[str], gpus: int) -> None:
         for name in names:
@@ -163,11 +177,33 @@ class _Context:
     month_us: dict[int, int]  # GPU-µs used this month per team (only teams with a budget)
     held: _Holdings
     nodes: dict[int, _Nodes] = field(default_factory=dict)  # per cluster reporting its nodes
+    # Teams' caps per GPU type (TeamGpuTypeQuota), and what they hold of each (filled on first
+    # use: it places the active jobs of the clusters that report nodes).
+    type_caps: dict[int, dict[str, int]] = field(default_factory=dict)
+    type_used: dict[tuple[int, str], int] | None = None
 
     def nodes_of(self, cluster: Cluster, capacity: Capacity) -> _Nodes:
         if cluster.pk not in self.nodes:
             self.nodes[cluster.pk] = _held_nodes(cluster, capacity)
         return self.nodes[cluster.pk]
+
+    def caps_matching(self, team: int, gpu_type: str) -> list[str]:
+        """The team's capped types that GPUs of `gpu_type` count toward."""
+        caps = self.type_caps.get(team)
+        if not caps or not gpu_type:
+            return []
+        return [c for c in caps if gpu_type_matches(c, gpu_type) or gpu_type_matches(gpu_type, c)]
+
+    def type_use(self, team: int, cap: str) -> int:
+        if self.type_used is None:
+            self.type_used = _type_use(self)
+        return self.type_used.get((team, cap), 0)
+
+    def count_type_use(self, team: int, gpu_type: str, gpus: int) -> None:
+        for cap in self.caps_matching(team, gpu_type):
+            self.type_use(team, cap)  # filled before it is added to
+            assert self.type_used is not None
+            self.type_used[(team, cap)] = self.type_used.get((team, cap), 0) + gpus
 
 
 def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
@@ -205,6 +241,7 @@ def _admit(
         shares={(s.team_id, s.cluster_id): s.percent for s in ClusterShare.objects.all()},
         month_us=month_us,
         held=_held(),
+        type_caps=_type_caps(),
     )
     queue: dict[int, deque[_Queued]] = defaultdict(deque)
     rows = (
@@ -227,8 +264,7 @@ def _admit(
         if reason is None:
             if len(admit) >= MAX_ADMIT_PER_TICK:
                 break
-            if placed is not None:
-                ctx.nodes[job.cluster].take(placed, job.gpus_per_node)
+            _hold(ctx, job, placed)
             ctx.held.add(job.team, job.user, job.cluster, job.gpus)
             admit.append((job.id, job.gpus, _admission_record(ctx, job)))
             score += job.gpus / max(ctx.teams[team_id].gpu_quota, 1)
@@ -321,6 +357,13 @@ def _quota_gate(ctx: _Context, job: _Queued) -> str | None:
             f"{team.user_gpu_cap} GPUs team {team.name} allows one member; "
             f"this job needs {job.gpus}"
         )
+    for cap in ctx.caps_matching(team.pk, job.gpu_type):
+        used, limit = ctx.type_use(team.pk, cap), ctx.type_caps[team.pk][cap]
+        if used + job.gpus > limit:
+            return (
+                f"waiting for quota: team {team.name} uses {used} of its {limit} {cap} GPUs; "
+                f"this job needs {job.gpus}"
+            )
     return None
 
 
@@ -366,10 +409,11 @@ def _node_gate(ctx: _Context, job: _Queued) -> tuple[str | None, list[str] | Non
         return None, None  # one pool: the sum was the whole check
     nodes = ctx.nodes_of(cluster, capacity)
     g, kind = job.gpus_per_node, job.gpu_type
-    placed = nodes.place(job.nodes, g, kind)
+    avoid = _full_types(ctx, job) if not kind else frozenset()
+    placed = nodes.place(job.nodes, g, kind, avoid)
     if placed is not None:
         return None, placed
-    have = nodes.room(job.nodes, g, kind)
+    have = nodes.room(job.nodes, g, kind, avoid)
     what = f"{g} free {kind + ' ' if kind else ''}GPU{'s' if g != 1 else ''}"
     if nodes.share:
         return (
@@ -383,6 +427,57 @@ def _node_gate(ctx: _Context, job: _Queued) -> tuple[str | None, list[str] | Non
     ), None
 
 
+def _hold(ctx: _Context, job: _Queued, placed: list[str] | None) -> None:
+    """What an admission takes for the rest of the tick: its ranks' room on their nodes, and
+    its GPUs of a capped type (the type it asked for, else the types of its nodes)."""
+    if placed is not None:
+        nodes = ctx.nodes[job.cluster]
+        nodes.take(placed, job.gpus_per_node)
+    if job.team not in ctx.type_caps:
+        return
+    if job.gpu_type:
+        ctx.count_type_use(job.team, job.gpu_type, job.gpus)
+    elif placed is not None:
+        for name in placed:
+            ctx.count_type_use(job.team, nodes.types[name], job.gpus_per_node)
+
+
+def _full_types(ctx: _Context, job: _Queued) -> frozenset[str]:
+    """The capped types a job that asks for no type must keep off: those without room for it."""
+    caps = ctx.type_caps.get(job.team, {})
+    return frozenset(c for c, limit in caps.items() if ctx.type_use(job.team, c) + job.gpus > limit)
+
+
+def _type_caps() -> dict[int, dict[str, int]]:
+    caps: dict[int, dict[str, int]] = defaultdict(dict)
+    for team, kind, gpus in TeamGpuTypeQuota.objects.values_list("team_id", "gpu_type", "gpus"):
+        caps[team][kind] = gpus
+    return dict(caps)
+
+
+def _type_use(ctx: _Context) -> dict[tuple[int, str], int]:
+    """GPUs of each capped type the teams with caps hold now: a job asking for a type counts
+    toward it; one asking for none, toward the types of the nodes its ranks hold (clusters
+    that report their nodes; on a pool cluster such a job counts toward no type)."""
+    used: dict[tuple[int, str], int] = defaultdict(int)
+    active = Job.objects.filter(
+        team_id__in=list(ctx.type_caps), status__in=S.active(), gpus__gt=0
+    ).values_list("pk", "team_id", "cluster_id", "gpus", "nodes", "gpu_type")
+    for pk, team, cluster_id, gpus, count, kind in active:
+        if kind:
+            for cap in ctx.caps_matching(team, kind):
+                used[(team, cap)] += gpus
+            continue
+        cap_of = ctx.capacities.get(cluster_id)
+        if cap_of is None or not cap_of[1].nodes:
+            continue
+        nodes = ctx.nodes_of(*cap_of)
+        for name in nodes.where.get(pk, []):
+            for cap in ctx.caps_matching(team, nodes.types[name]):
+                used[(team, cap)] += gpus // max(count, 1)
+    return dict(used)
+
+
 def _held_nodes(cluster: Cluster, capacity: Capacity) -> _Nodes:
     """The cluster's nodes less what its active jobs hold: on the nodes the engine reported for
     their ranks where it did, else where the scheduler would place them now."""
@@ -390,17 +485,19 @@ def _held_nodes(cluster: Cluster, capacity: Capacity) -> _Nodes:
     active = (
         Job.objects.filter(cluster=cluster, status__in=S.active(), gpus__gt=0)
         .order_by("pk")
-        .values_list("gpus", "nodes", "gpu_type", "current_attempt__ranks")
+        .values_list("pk", "gpus", "nodes", "gpu_type", "current_attempt__ranks")
     )
-    for gpus, count, kind, ranks in active:
+    for pk, gpus, count, kind, ranks in active:
         per_node = gpus // max(count, 1)
-        seen = [r.get("node") for r in ranks or [] if isinstance(r, dict)]
-        if len(seen) == count and all(name in nodes.free for name in seen):
-            nodes.take(seen, per_node)
-            continue
-        placed = nodes.place(count, per_node, kind)
+        seen = [r["node"] for r in ranks or [] if isinstance(r, dict) and "node" in r]
+        placed = (
+            seen
+            if len(seen) == count and all(name in nodes.free for name in seen)
+            else nodes.place(count, per_node, kind)
+        )
         if placed is not None:
             nodes.take(placed, per_node)
+            nodes.where[pk] = placed
     return nodes
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from jobs.executors import Capacity, NodeCapacity
 from jobs.loops.scheduler import admit_queued_jobs
-from jobs.models import Attempt, Cluster, Job
+from jobs.models import Attempt, Cluster, Job, TeamGpuTypeQuota
 from jobs.states import JobStatus
 from tests.jobs.factories import place, queued_job, with_attempt
 
@@ -152,3 +152,61 @@ def test_a_pool_cluster_without_nodes_counts_the_sum_as_before(use_executor, gan
     job = gang(2, 4)
     admit_queued_jobs()
     assert status(job)[0] == S.SUBMITTED
+
+
+# -- a team's quota per GPU type (optional, set in the admin) ----------------------------------
+
+
+def cap(team, gpu_type: str, gpus: int) -> None:
+    TeamGpuTypeQuota.objects.create(team=team, gpu_type=gpu_type, gpus=gpus)
+
+
+def test_a_type_quota_holds_back_jobs_of_that_type_only(use_executor, gang):
+    use_executor(nodes(("a1", 8, "a100"), ("a2", 8, "a100"), ("h1", 8, "h100")))
+    cap(gang.team, "a100", 8)
+    first, second, other = gang(2, 4, "a100"), gang(1, 4, "a100"), gang(1, 4, "h100")
+    admit_queued_jobs()
+    assert status(first)[0] == status(other)[0] == S.SUBMITTED
+    assert status(second) == (
+        S.QUEUED,
+        "waiting for quota: team vision uses 8 of its 8 a100 GPUs; this job needs 4",
+    )
+
+
+def test_the_type_quota_matches_product_names_and_counts_running_jobs(use_executor, gang):
+    use_executor(nodes(("a1", 8, "NVIDIA-A100-SXM4-80GB"), ("a2", 8, "NVIDIA-A100-SXM4-80GB")))
+    cap(gang.team, "a100", 6)
+    place(gang(1, 4, "a100"), S.RUNNING)
+    job = gang(1, 4, "A100")
+    admit_queued_jobs()
+    assert (
+        status(job)[1]
+        == "waiting for quota: team vision uses 4 of its 6 a100 GPUs; this job needs 4"
+    )
+
+
+def test_a_job_without_a_type_keeps_off_a_type_whose_quota_is_used_up(use_executor, gang):
+    use_executor(nodes(("a1", 8, "a100"), ("h1", 2, "h100")))
+    cap(gang.team, "a100", 4)
+    running = gang(1, 4)  # asked for no type; the engine reports it on a1
+    attempt = with_attempt(running, S.RUNNING)
+    Attempt.objects.filter(pk=attempt.pk).update(
+        ranks=[{"rank": 0, "node": "a1", "state": "running", "exit_code": None}]
+    )
+    wide, narrow = gang(1, 3), gang(1, 2)
+    admit_queued_jobs()
+    # a1 has 4 GPUs free, but the team's a100 GPUs are used up: only h1 (2 free) is left.
+    assert status(wide) == (
+        S.QUEUED,
+        "waiting for 1 node with 3 free GPUs: 0 such nodes free on cluster local",
+    )
+    assert status(narrow)[0] == S.SUBMITTED
+
+
+def test_a_typeless_job_counts_toward_the_type_it_was_placed_on(use_executor, gang):
+    use_executor(nodes(("a1", 8, "a100"), ("h1", 8, "h100")))
+    cap(gang.team, "a100", 4)
+    cap(gang.team, "h100", 4)
+    jobs = [gang(1, 4), gang(1, 4), gang(1, 4)]
+    admit_queued_jobs()
+    assert [status(j)[0] for j in jobs] == [S.SUBMITTED, S.SUBMITTED, S.QUEUED]
