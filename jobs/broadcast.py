@@ -47,7 +47,8 @@ def user_group(user_id: int) -> str:
 
 
 def lines_message(attempt: int, lines: list[dict], cursor: str) -> dict:
-    """One appended batch (sorted, contiguous seqs) as the job page receives it."""
+    """One appended batch (sorted, contiguous seqs) as the job page receives it; a line of a
+    multi-node job carries its rank, as stored, so the page can pick one rank's lines."""
     return {
         "type": "job.lines",
         "attempt": attempt,
@@ -56,6 +57,7 @@ def lines_message(attempt: int, lines: list[dict], cursor: str) -> dict:
         "lines": [
             {
                 "seq": line["seq"],
+                **({"rank": line["rank"]} if "rank" in line else {}),
                 "stream": line["stream"],
                 "ts": line["ts"],
                 # As stored: the log file replaces a lone surrogate with "?" (and so must a

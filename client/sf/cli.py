@@ -104,22 +104,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_submit(sub: Any, common: argparse.ArgumentParser) -> None:
+    # The job's options default to None, "not given": the [job] table of the directory's
+    # starforge.toml fills those (sf.project), and the defaults in the help apply after it.
     p = sub.add_parser(
         "submit",
         parents=[common],
         help="snapshot this directory and submit a job",
-        usage="sf submit [options] -- CMD [ARGS...]",
+        usage="sf submit [options] [-- CMD [ARGS...]]",
+        description="Snapshot the directory and submit a job. Without a command after --, "
+        "the job runs the entrypoint of the [job] table of the directory's starforge.toml; "
+        "that table's keys (entrypoint, nodes, gpus, gpu_type, cpus, memory, image, env, "
+        "cluster, team, name, priority, window, window_policy, pending_deadline_s, "
+        "max_retries, retry_cooldown_s, then) are the defaults the options override.",
     )
-    p.add_argument("--gpus", type=int, default=1, help="GPUs to request (default 1, >= 0)")
+    p.add_argument(
+        "--nodes", type=int, metavar="N", help="nodes, one rank each, started together (default 1)"
+    )
+    p.add_argument("--gpus", type=int, metavar="N", help="GPUs per node (default 1, >= 0)")
+    p.add_argument(
+        "--gpu-type", metavar="TYPE", help="GPU type every node must have, e.g. a100 (default: any)"
+    )
+    p.add_argument("--cpus", type=int, metavar="N", help="CPUs per node (default: the cluster's)")
+    p.add_argument("--memory", metavar="SIZE", help="memory per node, e.g. 64G, 512M or 1.5T")
+    p.add_argument("--image", metavar="REPO:TAG", help="container image (Kubernetes clusters)")
     p.add_argument("--cluster", help="cluster to run on (default: server's choice)")
     p.add_argument("--team", help="team to charge (default: your default team)")
     p.add_argument("--name", help="human-readable job name")
-    p.add_argument("--priority", type=int, default=0, help="scheduling priority (default 0)")
+    p.add_argument("--priority", type=int, help="scheduling priority (default 0)")
     p.add_argument("--window", help="named scheduling window")
     p.add_argument(
         "--window-policy",
         choices=["wait", "pause"],
-        default="wait",
         help="wait: start only inside the window (default); pause: also pause the job when "
         "the window closes and resume it when it reopens",
     )
@@ -145,7 +160,6 @@ def _add_submit(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--then",
         action="append",
-        default=[],
         metavar="NAME",
         help="after success, run the follow-on job [then.NAME] of starforge.toml (repeatable)",
     )
@@ -209,6 +223,12 @@ def _add_logs(verbs: Any, common: argparse.ArgumentParser) -> None:
         help=f"last N lines then follow (default {LOG_TAIL_DEFAULT}; 0 = everything)",
     )
     p.add_argument("--no-follow", action="store_true", help="print what exists and exit")
+    p.add_argument(
+        "--rank",
+        type=int,
+        metavar="N",
+        help="only rank N's lines (a multi-node job; without it each line is marked [rank N])",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.set_defaults(handler=cmd_logs, parser=p)
 
@@ -325,41 +345,51 @@ def cmd_submit(args: argparse.Namespace) -> None:
     print(f"follow it: sf job logs {job['id']}")
 
 
+# The option that sets a field of [job] (sf.project.KEYS), where it is not the field's name.
+OPTION_OF = {"pending_deadline_s": "pending_deadline", "retry_cooldown_s": "retry_cooldown"}
+# What a field is when neither an option nor starforge.toml gives it (others: the server's).
+SUBMIT_DEFAULTS = {"nodes": 1, "gpus": 1, "priority": 0, "window_policy": "wait", "then": []}
+
+
 def _submit_payload(args: argparse.Namespace) -> dict:
+    from sf.project import KEYS, ProjectError, job_defaults
+
     if args.stray:
         _usage(args.parser, "put the job command after --, e.g. sf submit -- python train.py")
-    if not args.command:
-        _usage(args.parser, "missing command after --, e.g. sf submit -- python train.py")
-    if args.gpus < 0:
+    try:
+        defaults = job_defaults(args.dir)
+    except ProjectError as exc:
+        _usage(args.parser, str(exc))
+    command = args.command or defaults.get("entrypoint")
+    if not command:
+        _usage(
+            args.parser,
+            "missing command after --, e.g. sf submit -- python train.py"
+            + (" (or an entrypoint in [job] of starforge.toml)" if defaults else ""),
+        )
+    if args.nodes is not None and args.nodes < 1:
+        _usage(args.parser, "--nodes must be >= 1")
+    if args.gpus is not None and args.gpus < 0:
         _usage(args.parser, "--gpus must be >= 0")
+    if args.cpus is not None and args.cpus < 1:
+        _usage(args.parser, "--cpus must be >= 1")
     if args.pending_deadline is not None and args.pending_deadline <= 0:
         _usage(args.parser, "--pending-deadline must be a positive number of seconds")
     if args.max_retries is not None and args.max_retries < 0:
         _usage(args.parser, "--max-retries must be >= 0")
     if args.retry_cooldown is not None and args.retry_cooldown < 0:
         _usage(args.parser, "--retry-cooldown must be >= 0 seconds")
-    env = {}
+    env = dict(defaults.get("env", {}))  # --env K=V replaces the file's K, keeps the rest
     for item in args.env:
         key, sep, value = item.partition("=")
         if not sep or not key:
             _usage(args.parser, f"--env expects K=V, got {item!r}")
         env[key] = value
-    return {
-        "entrypoint": args.command,
-        "snapshot": None,
-        "gpus": args.gpus,
-        "cluster": args.cluster,
-        "team": args.team,
-        "name": args.name,
-        "env": env,
-        "priority": args.priority,
-        "window": args.window,
-        "window_policy": args.window_policy,
-        "pending_deadline_s": args.pending_deadline,
-        "max_retries": args.max_retries,
-        "retry_cooldown_s": args.retry_cooldown,
-        "then": args.then,
-    }
+    payload = {"entrypoint": command, "snapshot": None, "env": env}
+    for field in [f for f in KEYS if f not in payload]:
+        given = getattr(args, OPTION_OF.get(field, field))
+        payload[field] = defaults.get(field, SUBMIT_DEFAULTS.get(field)) if given is None else given
+    return payload
 
 
 def _max_snapshot_mb(args: argparse.Namespace) -> float:
@@ -444,6 +474,9 @@ STATUS_FIELDS = (
     "retry_available",
     "job_ref",
     "gpus",
+    "cpus",
+    "memory_mb",
+    "image",
     "submitted_at",
     "started_at",
     "ended_at",
@@ -455,15 +488,44 @@ STATUS_FIELDS = (
 )
 
 
+STATUS_LABELS = {"memory_mb": "memory"}
+STATUS_IF_SET = ("cpus", "memory_mb", "image")  # what the job asked for, if it did
+
+
 def cmd_status(args: argparse.Namespace) -> None:
-    """Show one job as aligned `key: value` lines (or JSON)."""
+    """Show one job as aligned `key: value` lines (or JSON); a multi-node job's ranks after."""
     client = _client(args)
     job = client.request("GET", f"/api/v1/jobs/{_job_id(client, args)}")
     if args.json:
         _print_json(job)
         return
-    lines = [f"{key + ':':<15} {_status_value(job, key)}" for key in STATUS_FIELDS]
+    lines = [
+        f"{STATUS_LABELS.get(key, key) + ':':<15} {_status_value(job, key)}"
+        for key in STATUS_FIELDS
+        if key not in STATUS_IF_SET or job.get(key) not in (None, "")
+    ]
+    if (job.get("nodes") or 1) > 1:
+        lines += ["ranks:", *_rank_table(job.get("ranks") or [])]
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _rank_table(ranks: list[dict]) -> list[str]:
+    """The ranks as aligned columns (no rich: `sf job status` stays fast)."""
+    if not ranks:
+        return ["  none reported yet"]
+    rows = [("RANK", "NODE", "STATE", "EXIT")] + [
+        (
+            _name(r.get("rank")),
+            _name(r.get("node")),
+            _name(r.get("state")),
+            _name(r.get("exit_code")),
+        )
+        for r in ranks
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[3] for row in rows
+    ]
 
 
 def cmd_why(args: argparse.Namespace) -> None:
@@ -479,13 +541,40 @@ def cmd_why(args: argparse.Namespace) -> None:
 def _status_value(job: dict, key: str) -> str:
     if key == "cluster" and job.get("backend"):
         return f"{_name(job.get('cluster'))} ({job['backend']})"
-    if key == "gpus" and job.get("virtual_gpus"):
-        return f"{_name(job.get('gpus'))} (virtual slots)"
+    if key == "gpus":
+        return _gpus(job)
+    if key == "cpus":
+        return f"{job['cpus']} per node"
+    if key == "memory_mb":
+        return f"{_mib(job['memory_mb'])} per node"
     if key == "retry_available":
         return "yes" if job.get(key) else f"no ({job.get('retry_unavailable_reason', '')})"
     if key == "then":
         return ", ".join(job.get(key) or []) or "-"
     return _name(job.get(key))
+
+
+def _gpus(job: dict) -> str:
+    """GPUs in all, and how they are made up: "8 (2 nodes × 4 a100)", "1 (a100)"."""
+    nodes, kind = job.get("nodes") or 1, job.get("gpu_type") or ""
+    parts = []
+    if nodes > 1:
+        parts.append(
+            f"{nodes} nodes × {_name(job.get('gpus_per_node'))}" + (f" {kind}" if kind else "")
+        )
+    elif kind:
+        parts.append(kind)
+    if job.get("virtual_gpus"):
+        parts.append("virtual slots")
+    return _name(job.get("gpus")) + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _mib(mib: int) -> str:
+    """A size in MiB in the largest binary unit it reaches: 65536 is "64 GiB"."""
+    for unit, size in (("TiB", 1024 * 1024), ("GiB", 1024)):
+        if mib >= size:
+            return f"{mib / size:.4g} {unit}"
+    return f"{mib} MiB"
 
 
 def cmd_list(args: argparse.Namespace) -> None:
@@ -552,30 +641,46 @@ def cmd_logs(args: argparse.Namespace) -> None:
     tail = LOG_TAIL_DEFAULT if args.n is None else args.n
     if tail < 0:
         _usage(args.parser, "-n must be >= 0")
+    if args.rank is not None and args.rank < 0:
+        _usage(args.parser, "--rank must be >= 0")
     # First page: tail=N for the last N lines; no tail means history from the first line.
     # Following is a long poll: the server holds an empty answer up to LOG_WAIT_S for new lines.
+    # The server picks one rank's lines: its cursor still moves past the other ranks' ones.
     follow = {} if args.no_follow else {"follow": "true", "wait": LOG_WAIT_S}
-    query: dict = {"tail": tail or None, "limit": LOG_PAGE_LINES, **follow}
-    write = _json_writer if args.json else _text_writer
+    each = {"limit": LOG_PAGE_LINES, "rank": args.rank, **follow}
+    query: dict = {"tail": tail or None, **each}
     while True:
         page = client.request("GET", path, query=query)
         lines = page.get("lines", [])
-        write(lines)
+        if args.json:
+            _json_writer(lines)
+        else:
+            _text_writer(lines, marked=args.rank is None)
         if page.get("done") or (args.no_follow and not lines):
             return
-        query = {"cursor": page.get("cursor"), "limit": LOG_PAGE_LINES, **follow}
+        query = {"cursor": page.get("cursor"), **each}
 
 
-def _text_writer(lines: list[dict]) -> None:
+def _text_writer(lines: list[dict], marked: bool) -> None:
     # One join + one write per page: per-line writes make a 1M-line replay take many seconds.
-    out = [ln["text"] for ln in lines if ln.get("stream") != "stderr"]
-    err = [ln["text"] for ln in lines if ln.get("stream") == "stderr"]
+    # A multi-node job's lines carry their rank: marked, as the runner's own echo marks them.
+    text = _ranked_text if marked else _plain_text
+    out = [text(ln) for ln in lines if ln.get("stream") != "stderr"]
+    err = [text(ln) for ln in lines if ln.get("stream") == "stderr"]
     if out:
         sys.stdout.write("\n".join(out) + "\n")
         sys.stdout.flush()
     if err:
         sys.stderr.write("\n".join(err) + "\n")
         sys.stderr.flush()
+
+
+def _ranked_text(line: dict) -> str:
+    return f"[rank {line['rank']}] {line['text']}" if "rank" in line else line["text"]
+
+
+def _plain_text(line: dict) -> str:
+    return line["text"]
 
 
 def _json_writer(lines: list[dict]) -> None:

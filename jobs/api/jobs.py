@@ -284,6 +284,12 @@ class LogQuery(Schema):
     follow: bool = False
     wait: float = Field(20.0, ge=0, le=30, description="seconds to wait for new lines")
     limit: int = Field(10_000, ge=1, le=settings.SF_LOG_PAGE_MAX_LINES)
+    rank: int | None = Field(
+        None,
+        ge=0,
+        description="only this rank's lines (a multi-node job); the cursor still "
+        "points just after the last line scanned",
+    )
 
 
 @router.get(
@@ -293,11 +299,12 @@ class LogQuery(Schema):
 )
 async def job_logs(request, job_id: int, q: Query[LogQuery]):
     job = await sync_to_async(get_visible_job)(request.auth, job_id)
+    rank = _rank_filter(job, q.rank)
     deadline = time.monotonic() + (q.wait if q.follow else 0)
     cursor = q.cursor
     while True:
         status = await sync_to_async(_status)(job.pk)  # before reading: no line can be missed
-        page = await sync_to_async(_page)(job.pk, cursor, q.tail, q.limit)
+        page = await sync_to_async(_page)(job.pk, cursor, q.tail, q.limit, rank)
         done = status in JobStatus.terminal() and page.at_end
         if page.raw_lines or done or time.monotonic() >= deadline:
             break
@@ -317,6 +324,17 @@ async def job_logs(request, job_id: int, q: Query[LogQuery]):
     return HttpResponse(body, content_type="application/json")
 
 
+def _rank_filter(job: Job, rank: int | None) -> int | None:
+    """The rank the store filters on: None for every line, and for rank 0 of a single-node job,
+    whose lines carry no rank (the job is its rank 0)."""
+    if rank is None:
+        return None
+    if rank >= job.nodes:
+        ranks = "its only rank is 0" if job.nodes == 1 else f"its ranks are 0 to {job.nodes - 1}"
+        raise BadRequest(f"job {job.pk} has no rank {rank}: {ranks}")
+    return rank if job.nodes > 1 else None
+
+
 def _status(job_id: int) -> str:
     return Job.objects.filter(pk=job_id).values_list("status", flat=True).get()
 
@@ -334,7 +352,8 @@ async def download_logs(request, job_id: int):
 
 
 async def _log_text(job_id: int):
-    """Every stored line, page by page, with an `==> attempt N <==` line before each attempt."""
+    """Every stored line, page by page, with an `==> attempt N <==` line before each attempt;
+    a multi-node job's lines marked `[rank N]`, as the runner's console.log marks them."""
     cursor, attempt = None, None
     while True:
         page = await sync_to_async(logstore.read)(job_id, cursor, DOWNLOAD_PAGE_LINES)
@@ -344,6 +363,8 @@ async def _log_text(job_id: int):
             if line["attempt"] != attempt:
                 attempt = line["attempt"]
                 chunk.append(f"==> attempt {attempt} <==\n")
+            if "rank" in line:
+                chunk.append(f"[rank {line['rank']}] ")
             chunk.append(line["text"] + "\n")
         if chunk:
             yield "".join(chunk).encode()
@@ -352,10 +373,12 @@ async def _log_text(job_id: int):
         cursor = page.cursor
 
 
-def _page(job_id: int, cursor: str | None, tail: int | None, limit: int) -> logstore.Page:
+def _page(
+    job_id: int, cursor: str | None, tail: int | None, limit: int, rank: int | None
+) -> logstore.Page:
     try:
         if tail:
-            return logstore.tail(job_id, min(tail, limit))
-        return logstore.read(job_id, cursor, limit)
+            return logstore.tail(job_id, min(tail, limit), rank)
+        return logstore.read(job_id, cursor, limit, rank)
     except ValueError as exc:
         raise BadRequest(str(exc)) from exc

@@ -21,7 +21,12 @@ from jobs.errors import ApiError, BadRequest, Forbidden, NotFound
 from jobs.ledger.transitions import TransitionRefused
 from jobs.models import Cluster, Membership
 from jobs.reads import diagnostics
-from jobs.reads.visible import get_visible_job, retry_unavailable_reason, visible_jobs
+from jobs.reads.visible import (
+    current_attempt,
+    get_visible_job,
+    retry_unavailable_reason,
+    visible_jobs,
+)
 from jobs.states import VERBS, JobStatus
 from metering.usage import attempt_gpu_seconds
 
@@ -83,11 +88,16 @@ def job_detail(request, job_id: int):
         {"a": a, "gpu_seconds": attempt_gpu_seconds(a.start_time, a.end_time, a.gpus, now)}
         for a in job.attempts.order_by("number")
     ]
+    attempt = current_attempt(job)
+    ranks = attempt.ranks if attempt and job.nodes > 1 else []
     return render(
         request,
         "jobs/detail.html",
         {
             "job": job,
+            "resources": _resources(job),
+            "ranks": ranks,
+            "rank_choices": _rank_choices(job, ranks),
             "attempts": attempts,
             "events": job.events.order_by("pk"),
             "diagnostics": diagnostics.explain(job, now),
@@ -103,6 +113,35 @@ def job_detail(request, job_id: int):
             "terminal": job.status in JobStatus.terminal(),
         },
     )
+
+
+def _resources(job) -> list[tuple[str, str]]:
+    """What each node of the job asked for besides GPUs: (what, value) pairs."""
+    out = []
+    if job.cpus:
+        out.append(("CPUs", str(job.cpus)))
+    if job.memory_mb:
+        out.append(("memory", _mib(job.memory_mb)))
+    if job.image:
+        out.append(("image", job.image))
+    return out
+
+
+def _mib(mib: int) -> str:
+    """A size in MiB in the largest binary unit it reaches: 65536 is "64 GiB"."""
+    for unit, size in (("TiB", 1024 * 1024), ("GiB", 1024)):
+        if mib >= size:
+            return f"{mib / size:.4g} {unit}"
+    return f"{mib} MiB"
+
+
+def _rank_choices(job, ranks: list[dict]) -> list[dict]:
+    """Each rank of a multi-node job with its node, as the current attempt last reported it
+    (empty before it reports): the Logs tab's rank filter and the System tab's groups."""
+    if job.nodes < 2:
+        return []
+    nodes = {r["rank"]: r["node"] for r in ranks}
+    return [{"rank": r, "node": nodes.get(r, "")} for r in range(job.nodes)]
 
 
 @login_required

@@ -14,12 +14,18 @@ is touched. The check costs nothing below the cap: it reads the row the append l
 
 Cursors are ``"<attempt>:<byte offset>"``. Each stored batch is also pushed, after commit, to
 the job's page group (`jobs.broadcast`) with the cursor just after it.
+
+Reads of one rank of a multi-node job (`rank`) pick that rank's stored lines by their bytes
+(`"rank":N,` right after seq), without decoding them, and keep the lines that carry no rank
+(the store's own notes, which concern every rank); the cursor of such a read still points just
+after the last line scanned, so paging and following work as for the whole log.
 """
 
 import json
 import shutil
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,8 +195,9 @@ def _streams(job_id: int) -> list[tuple[int, int]]:
     )
 
 
-def read(job_id: int, cursor: str | None, limit: int) -> Page:
-    """Up to `limit` lines after `cursor` (from the very first line when it is None)."""
+def read(job_id: int, cursor: str | None, limit: int, rank: int | None = None) -> Page:
+    """Up to `limit` lines after `cursor` (from the very first line when it is None); with
+    `rank`, only that rank's lines (and lines of no rank)."""
     streams = _streams(job_id)
     attempt, offset = parse_cursor(cursor) if cursor else (0, 0)
     _check_stored(cursor, attempt, offset, streams)
@@ -204,7 +211,7 @@ def read(job_id: int, cursor: str | None, limit: int) -> Page:
             continue
         with open(log_path(job_id, number), "rb") as handle:
             _check_boundary(handle, start, cursor)
-            lines, consumed = _read_lines(handle, size - start, limit - len(out))
+            lines, consumed = _read_lines(handle, size - start, limit - len(out), rank)
         out.extend(lines)
         attempt, offset = number, start + consumed
         if len(out) >= limit:
@@ -213,19 +220,45 @@ def read(job_id: int, cursor: str | None, limit: int) -> Page:
     return Page(out, f"{attempt}:{offset}", at_end)
 
 
-def _read_lines(handle, available: int, want: int) -> tuple[list[bytes], int]:
-    """Up to `want` whole lines from the handle's position, reading no more than it needs."""
+def _read_lines(
+    handle, available: int, want: int, rank: int | None = None
+) -> tuple[list[bytes], int]:
+    """Up to `want` whole lines (of `rank`) from the handle's position, reading no more than
+    it needs; also the bytes scanned, up to the end of the last line taken."""
     lines: list[bytes] = []
     consumed = 0
     pending = b""
+    keep = _of_rank(rank)
     while len(lines) < want and available > 0:
         block = handle.read(min(READ_BLOCK, available))
         available -= len(block)
         *complete, pending = (pending + block).split(b"\n")
-        for line in complete[: want - len(lines)]:
-            lines.append(line)
+        if keep is None:
+            taken = complete[: want - len(lines)]
+            lines.extend(taken)
+            consumed += sum(map(len, taken)) + len(taken)
+            continue
+        for line in complete:
             consumed += len(line) + 1
+            if keep(line):
+                lines.append(line)
+                if len(lines) == want:
+                    break
     return lines, consumed
+
+
+# A stored line's rank is the only place its bytes can hold `,"rank":`: the text is JSON-encoded,
+# so every quote in it is escaped.
+RANKED = b',"rank":'
+Keep = Callable[[bytes], bool]
+
+
+def _of_rank(rank: int | None) -> Keep | None:
+    """The test a stored line passes when it belongs in a read of `rank` (None: every line)."""
+    if rank is None:
+        return None
+    marker = b',"rank":%d,' % rank
+    return lambda line: marker in line or RANKED not in line
 
 
 def _check_stored(
@@ -246,16 +279,18 @@ def _check_boundary(handle, offset: int, cursor: str | None) -> None:
     handle.seek(offset)
 
 
-def tail(job_id: int, n: int) -> Page:
-    """The last `n` lines over all attempts, and the cursor just after them."""
+def tail(job_id: int, n: int, rank: int | None = None) -> Page:
+    """The last `n` lines over all attempts (of `rank`, and lines of no rank), and the cursor
+    just after them."""
     streams = _streams(job_id)
     if not streams:
         return Page([], "0:0", True)
     kept: deque[bytes] = deque(maxlen=n)
+    keep = _of_rank(rank)
     for number, size in reversed(streams):
         if len(kept) >= n:
             break
-        for line in reversed(_last_lines(log_path(job_id, number), size, n - len(kept))):
+        for line in reversed(_last_lines(log_path(job_id, number), size, n - len(kept), keep)):
             kept.appendleft(line)
     last_attempt, last_size = streams[-1]
     return Page(list(kept), f"{last_attempt}:{last_size}", True)
@@ -277,19 +312,27 @@ def tail_text(job_id: int, attempt: int, n: int, rank: int | None = None) -> str
     return "\n".join(line["text"] for line in lines[-n:])
 
 
-def _last_lines(path: Path, size: int, n: int) -> list[bytes]:
+def _last_lines(path: Path, size: int, n: int, keep: Keep | None = None) -> list[bytes]:
+    """The last `n` lines of the first `size` bytes (that pass `keep`), read backwards."""
     if n <= 0 or size == 0:
         return []
     block = 64 * 1024
+    found: list[bytes] = []  # newest first
     with open(path, "rb") as handle:
         end = size
-        data = b""
-        while end > 0 and data.count(b"\n") <= n:
+        head = b""  # the start of a line whose beginning is not read yet
+        while end > 0 and len(found) < n:
             start = max(0, end - block)
             handle.seek(start)
-            data = handle.read(end - start) + data
+            lines = (handle.read(end - start) + head).split(b"\n")
             end = start
-    return [line for line in data.splitlines() if line][-n:]
+            head = lines.pop(0) if start > 0 else b""
+            for line in reversed(lines):
+                if line and (keep is None or keep(line)):
+                    found.append(line)
+                    if len(found) == n:
+                        break
+    return found[::-1]
 
 
 def parse_cursor(cursor: str) -> tuple[int, int]:

@@ -31,18 +31,26 @@
     td.textContent = text;  // metric names come from the job's code: never as HTML
     row.appendChild(td);
   }
+  // nvml_available is a flag, not a series: it only picks the System tab's sentence. Each rank
+  // of a multi-node job has its own (rank1/nvml_available), as it has its own series.
+  const isFlag = (name) => /(^|\/)nvml_available$/.test(name);
   async function draw(section) {
     const kind = section.dataset.metricsKind;
     const x = section.dataset.x || "step";
     const body = await gather(section, kind, x);
-    // nvml_available is a flag, not a series: it only picks the System tab's sentence.
-    const names = Object.keys(body.series || {}).filter((n) => n !== "nvml_available").sort();
+    const names = Object.keys(body.series || {}).filter((n) => !isFlag(n)).sort();
     section.querySelector(".empty").hidden = names.length > 0;
     const note = section.querySelector(".system-note");
-    if (note) note.hidden = !(body.latest && body.latest.nvml_available &&
-                              body.latest.nvml_available.value === 0);
-    const box = section.querySelector(".charts");
+    if (note) note.hidden = !Object.entries(body.latest || {}).some(
+      ([n, v]) => isFlag(n) && v.value === 0);
+    // The System tab of a multi-node job has a group per rank (`data-prefix`, e.g. "rank1/",
+    // titled with the rank and its node): a series goes to its rank's group, named without
+    // the prefix; any other series to the section's own charts.
+    const groups = [...section.querySelectorAll(".rank-group")];
     for (const name of names) {
+      const group = groups.find((g) => name.startsWith(g.dataset.prefix));
+      const box = group ? group.querySelector(".charts") : section.querySelector(":scope > .charts");
+      if (group) group.hidden = false;
       let div = box.querySelector(`[data-metric="${CSS.escape(name)}"]`);
       if (!div) {
         div = document.createElement("div");
@@ -50,7 +58,8 @@
         box.appendChild(div);
       }
       const s = body.series[name];
-      Plotly.react(div, [{ x: s.x, y: s.y, mode: "lines", name }], layout(name, x),
+      const title = group ? name.slice(group.dataset.prefix.length) : name;
+      Plotly.react(div, [{ x: s.x, y: s.y, mode: "lines", name }], layout(title, x),
                    { displaylogo: false, responsive: true });
     }
     const table = section.querySelector("table.latest");
@@ -73,7 +82,7 @@
     select.addEventListener("change", () => {
       const section = select.closest("section");
       section.dataset.x = select.value;
-      section.querySelector(".charts").innerHTML = "";
+      section.querySelectorAll(".charts").forEach((box) => { box.innerHTML = ""; });
       draw(section);
     });
   });

@@ -7,6 +7,11 @@
 // line at or before the last shown one is never shown twice. After a quiet moment, a status
 // change or a reconnect the page also fetches from its cursor: the last batches of a burst
 // may be the dropped ones.
+//
+// A multi-node job's lines carry their rank. With "all ranks" each line is marked with it; with
+// one rank chosen the page shows what the logs API returns for `rank` (that rank's lines and
+// the store's notes), and a pushed batch holding such a line makes it fetch from its cursor:
+// the API's cursor moves past the other ranks' lines, so a gap cannot be told by seq.
 // Needs static/js/live.js first.
 (function () {
   "use strict";
@@ -22,12 +27,15 @@
   const earlier = root.querySelector(".logs-earlier");
   const count = root.querySelector(".logs-count");
   const state = root.querySelector(".logs-state");
+  const rankSelect = root.querySelector(".logs-rank");
 
   let last = { attempt: -1, seq: -1 }; // the last line shown
   let first = null; // the first line shown
   let cursor = null; // the log cursor just after `last`
   let follow = true;
   let query = "";
+  let rank = null; // the rank shown, or null: every line
+  let refillQueued = false;
   let work = Promise.resolve(); // fetches and appends run one at a time, in arrival order
   let settleTimer = null;
   let programmaticScroll = false;
@@ -39,6 +47,16 @@
     el.className = "line " + (line.stream === "stderr" ? "stderr" : "stdout");
     el.textContent = line.text;
     el.title = "attempt " + line.attempt + " · line " + line.seq;
+    if (line.rank !== undefined) {
+      el.dataset.rank = line.rank;
+      el.title += " · rank " + line.rank;
+      if (rank === null) {
+        const mark = document.createElement("span");
+        mark.className = "rank";
+        mark.textContent = "[rank " + line.rank + "] ";
+        el.prepend(mark);
+      }
+    }
     if (query && !line.text.toLowerCase().includes(query)) el.hidden = true;
     return el;
   }
@@ -67,6 +85,7 @@
   }
 
   async function getPage(params) {
+    if (rank !== null) params = { ...params, rank };
     const response = await fetch(api + "?" + new URLSearchParams(params), {
       credentials: "same-origin",
       headers: { Accept: "application/json" },
@@ -95,6 +114,10 @@
   }
 
   async function onBatch(message) {
+    if (rank !== null) {
+      if (message.lines.some((l) => l.rank === rank || l.rank === undefined)) refill();
+      return;
+    }
     const fresh = () => message.lines.filter((l) => isAfter(message.attempt, l.seq, last));
     const continues = (lines) =>
       lines.length && message.attempt === last.attempt && lines[0].seq === last.seq + 1;
@@ -117,6 +140,29 @@
         settle(5000);
       },
     );
+  }
+
+  // One fetch from the cursor for however many batches arrive before it starts.
+  function refill() {
+    if (refillQueued) return;
+    refillQueued = true;
+    enqueue(() => {
+      refillQueued = false;
+      return fill(null);
+    });
+  }
+
+  // Show another rank (or every one): the lines shown so far are of the old choice.
+  function showRank(value) {
+    enqueue(() => {
+      rank = value === "" ? null : Number(value);
+      pre.replaceChildren();
+      last = { attempt: -1, seq: -1 };
+      first = null;
+      cursor = null;
+      updateCount();
+      return loadTail();
+    });
   }
 
   function settle(delay) {
@@ -189,6 +235,7 @@
     searchTimer = setTimeout(applySearch, 150);
   });
   earlier.addEventListener("click", () => enqueue(loadEarlier));
+  if (rankSelect) rankSelect.addEventListener("change", () => showRank(rankSelect.value));
   document.addEventListener("sf:tab", (event) => {
     if (event.detail === "logs" && follow) scrollToEnd();
   });

@@ -242,3 +242,97 @@ def test_why_prints_the_jobs_diagnostics(
     fake_api.route("GET /api/v1/jobs/7/diagnostics", lambda r: (200, answer))
     assert run_cli(["job", "why", "7"]) == 0
     assert capsys.readouterr().out == "PENDING\n- On cluster gpu as 812.\n- Waits: Resources.\n"
+
+
+MULTI = {
+    **JOB,
+    "gpus": 8,
+    "nodes": 2,
+    "gpus_per_node": 4,
+    "gpu_type": "a100",
+    "virtual_gpus": False,
+    "cpus": 16,
+    "memory_mb": 65536,
+    "image": "ghcr.io/acme/train:1",
+    "ranks": [
+        {"rank": 0, "node": "gpu-a1", "state": "killed", "exit_code": -15},
+        {"rank": 1, "node": "gpu-b12", "state": "failed", "exit_code": 7},
+    ],
+}
+
+
+def test_status_of_a_multi_node_job_shows_nodes_resources_and_each_rank(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    fake_api.route("GET /api/v1/jobs/7", lambda r: (200, MULTI))
+    assert run_cli(["job", "status", "7"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "gpus:           8 (2 nodes × 4 a100)" in out
+    assert "cpus:           16 per node" in out and "memory:         64 GiB per node" in out
+    assert "image:          ghcr.io/acme/train:1" in out
+    assert out[-3:] == [
+        "  RANK  NODE     STATE   EXIT",
+        "  0     gpu-a1   killed  -15",
+        "  1     gpu-b12  failed  7",
+    ]
+    assert out[-4] == "ranks:"
+
+
+def test_status_of_a_single_node_job_leaves_out_what_it_did_not_ask_for(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    single = {**JOB, "nodes": 1, "gpus_per_node": 2, "gpu_type": "", "cpus": None, "image": ""}
+    fake_api.route("GET /api/v1/jobs/7", lambda r: (200, {**single, "memory_mb": None}))
+    assert run_cli(["job", "status", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "gpus:           2 (virtual slots)\n" in out
+    assert "cpus:" not in out and "memory:" not in out and "image:" not in out
+    assert "ranks:" not in out
+
+
+RANKED = [
+    {"seq": 0, "rank": 0, "stream": "stdout", "text": "zero"},
+    {"seq": 1, "rank": 1, "stream": "stderr", "text": "one failed"},
+    {"seq": 2, "stream": "stdout", "text": "a note of no rank"},
+]
+
+
+def test_logs_of_a_multi_node_job_mark_each_line_with_its_rank(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    page = {"lines": RANKED, "cursor": "1:300", "done": True}
+    fake_api.route("GET /api/v1/jobs/7/logs", lambda r: (200, page))
+    assert run_cli(["job", "logs", "7"]) == 0
+    assert capsys.readouterr() == ("[rank 0] zero\na note of no rank\n", "[rank 1] one failed\n")
+    assert "rank" not in fake_api.requests[0].query
+    assert run_cli(["job", "logs", "7", "--json"]) == 0  # raw objects, rank and all
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == RANKED
+
+
+def test_logs_rank_asks_the_server_for_that_rank_on_every_page(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    pages = [
+        {"lines": [RANKED[1]], "cursor": "1:120", "done": False},
+        {"lines": [{**RANKED[1], "seq": 5, "text": "exit"}], "cursor": "1:400", "done": True},
+    ]
+    fake_api.route("GET /api/v1/jobs/7/logs", lambda r: (200, pages.pop(0)))
+    assert run_cli(["job", "logs", "7", "--rank", "1"]) == 0
+    assert capsys.readouterr() == ("", "one failed\nexit\n")  # one rank: no marks
+    queries = [r.query for r in fake_api.requests]
+    assert [q["rank"] for q in queries] == ["1", "1"]
+    assert (queries[0]["tail"], queries[1]["cursor"]) == ("50", "1:120")
+
+
+def test_logs_rank_refusals(fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture) -> None:
+    sf_env(fake_api.url)
+    assert run_cli(["job", "logs", "7", "--rank", "-1"]) == 2
+    assert "--rank must be >= 0" in capsys.readouterr().err
+    detail = "job 7 has no rank 5: its ranks are 0 to 1"
+    fake_api.route("GET /api/v1/jobs/7/logs", lambda r: (400, {"detail": detail}))
+    assert run_cli(["job", "logs", "7", "--rank", "5"]) == 1
+    assert capsys.readouterr().err == f"error: {detail}\n"
