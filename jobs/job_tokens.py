@@ -9,12 +9,16 @@ expires with the attempt and names exactly one.
 
 Where others can read a job's specification (the Ray dashboard's job list, a pod spec), the
 engine gets a bootstrap credential instead, which the runner exchanges once, at start, for the
-job token (`POST /api/v1/ingest/token`): read later from the spec, it is spent.
+job token (`POST /api/v1/ingest/token`): read later from the spec, it is spent. Where each
+rank of a multi-node job is a pod with a runner of its own (Kubernetes), the pods share one
+spec and so one credential, and it is spent once per rank (`spend_bootstrap`).
 """
 
 import hmac
 
 from django.core import signing
+from django.db import transaction
+from django.utils import timezone
 from sf.contract import BOOTSTRAP_TOKEN_VAR, JOB_TOKEN_VAR, RECORD_KEY_VAR
 
 from jobs.executors.base import executor_class, record_key
@@ -60,6 +64,27 @@ def attempt_of(token: str, salt: str = JOB_TOKEN_SALT) -> Attempt | None:
     if attempt is None or not hmac.compare_digest(attempt.token_nonce, nonce):
         return None
     return attempt
+
+
+def spend_bootstrap(attempt: Attempt, rank: int) -> bool:
+    """Spend the attempt's bootstrap credential for `rank`; False when that rank has already.
+
+    Rank 0 (every single-node attempt) spends it as `bootstrap_used_at`; the others each add
+    themselves to `bootstrap_ranks` under the row's lock, so two exchanges of one rank cannot
+    both succeed."""
+    if rank == 0:
+        return bool(
+            Attempt.objects.filter(pk=attempt.pk, bootstrap_used_at__isnull=True).update(
+                bootstrap_used_at=timezone.now()
+            )
+        )
+    with transaction.atomic():
+        locked = Attempt.objects.select_for_update().filter(pk=attempt.pk)
+        spent = locked.values_list("bootstrap_ranks", flat=True).get()
+        if rank in spent:
+            return False
+        Attempt.objects.filter(pk=attempt.pk).update(bootstrap_ranks=sorted([*spent, rank]))
+    return True
 
 
 def runner_credentials(kind: str, attempt: Attempt) -> dict[str, str]:

@@ -37,9 +37,11 @@ from sf.contract import (
     INGEST_FAILED,
     JOB_TOKEN_VAR,
     METRICS_FILE,
+    NODE_RANK_VAR,
     PROC_FILE_VAR,
     RANK_GPUS_VAR,
     RANK_LAUNCH_VAR,
+    RANK_VARS,
     RECORD_KEY_VAR,
     RUN_DIR,
     RUN_DIR_VAR,
@@ -236,13 +238,15 @@ def _download(client: Client, archive: str) -> None:
             time.sleep(2**attempt)
 
 
-def exchange_bootstrap(api_url: str, bootstrap: str, attempt: int) -> str:
-    """Spend the one-time bootstrap credential (Ray, Kubernetes) for the attempt's job token."""
+def exchange_bootstrap(api_url: str, bootstrap: str, attempt: int, rank: int | None = None) -> str:
+    """Spend the one-time bootstrap credential (Ray, Kubernetes) for the attempt's job token;
+    a runner of one rank of a multi-node job (a Kubernetes pod) spends it for its rank."""
     client = Client(api_url, bootstrap)
+    body = {"attempt": attempt} if rank is None else {"attempt": attempt, "rank": rank}
     for tries in range(FETCH_TRIES):
         last = tries == FETCH_TRIES - 1
         try:
-            answer = client.request("POST", "/api/v1/ingest/token", json_body={"attempt": attempt})
+            answer = client.request("POST", "/api/v1/ingest/token", json_body=body)
         except ApiError as exc:
             if not _retryable(exc) or last:
                 raise IngestError(f"token exchange: HTTP {exc.status}: {exc.detail}") from exc
@@ -527,11 +531,14 @@ def parse_point(raw: bytes) -> dict | None:
 
 class LineSink:
     """Numbers lines across both streams (and every rank) and fans them out to echo,
-    console.log and shipper. With `ranked`, each line carries its rank, and console.log and
-    the echo mark it `[rank N]`."""
+    console.log and shipper. With `ranked`, each shipped line carries its rank; with `marked`
+    (one runner, several ranks), console.log and the echo also show it as `[rank N]`."""
 
-    def __init__(self, console: IO[str], shipper: BatchShipper, ranked: bool = False) -> None:
-        self.console, self.shipper, self.ranked = console, shipper, ranked
+    def __init__(
+        self, console: IO[str], shipper: BatchShipper, ranked: bool = False, marked: bool = False
+    ) -> None:
+        self.console, self.shipper = console, shipper
+        self.ranked, self.marked = ranked, marked
         self.seq = 0
         self.lock = threading.Lock()
 
@@ -546,7 +553,8 @@ class LineSink:
             shown = text
             if self.ranked and rank is not None:
                 line["rank"] = rank
-                shown = f"[rank {rank}] {text}"
+                if self.marked:
+                    shown = f"[rank {rank}] {text}"
             self.seq += 1
             echo = sys.stdout if stream == "stdout" else sys.stderr
             echo.write(shown + "\n")
@@ -635,6 +643,21 @@ class RunnerEnv:
     def client(self) -> Client | None:
         return Client(self.api_url, self.token) if self.api_url else None
 
+    @property
+    def own_rank(self) -> int | None:
+        """This runner's rank where each rank of a multi-node job has a runner of its own
+        (a Kubernetes pod: the engine put SF_NODE_RANK in the runner's environment); None
+        where one runner starts every rank, or the job has one."""
+        raw = self.environ.get(NODE_RANK_VAR, "")
+        return int(raw) if raw.isdigit() else None
+
+    def shipping_client(self) -> Client | None:
+        """Where logs, metrics and the start report go. Only rank 0's runner sends them when
+        each rank has its own: one attempt has one line numbering, and the engine tells when
+        the last rank is up. The other ranks' output stays in their own console.log."""
+        rank = self.own_rank
+        return self.client() if rank is None or rank == 0 else None
+
     def entrypoint(self) -> list[str]:
         try:
             argv = json.loads(self.entrypoint_raw)
@@ -665,7 +688,7 @@ def prepare(env: RunnerEnv) -> tuple[list[str], dict[str, str]]:
                 os.makedirs(path, exist_ok=True)
         # Without an API the runner runs offline (nothing to ship, nothing to exchange for).
         if env.bootstrap and not env.token and env.api_url:
-            env.token = exchange_bootstrap(env.api_url, env.bootstrap, env.attempt)
+            env.token = exchange_bootstrap(env.api_url, env.bootstrap, env.attempt, env.own_rank)
         client = env.client()
         if env.snapshot:
             if client is None:
@@ -697,6 +720,8 @@ def child_env(env: RunnerEnv) -> dict[str, str]:
         )
         if "CUDA_VISIBLE_DEVICES" in environ:
             out["CUDA_VISIBLE_DEVICES"] = environ["CUDA_VISIBLE_DEVICES"]
+        # A rank with a runner of its own (a Kubernetes pod) got its contract from the engine.
+        out.update({k: v for k, v in environ.items() if k in RANK_VARS})
     out["PYTHONPATH"] = os.pathsep.join(p for p in (env.run_dir, out.get("PYTHONPATH")) if p)
     out["PYTHONUNBUFFERED"] = "1"
     out["SF_METRICS_FILE"] = env.metrics_file
@@ -718,7 +743,7 @@ def _user_env(raw: str) -> dict[str, str]:
 def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
     """Start every rank, stream their output and metrics, end all when one fails, and write
     the exit file. A single-node job is one rank: the job itself, as it always ran."""
-    client = env.client()
+    client = env.shipping_client()
     shipper = LogShipper(client, env.attempt)
     owner = env.identity.uid if env.identity else None
     metrics = MetricsTail(env.metrics_file, MetricsShipper(client, env.attempt), owner)
@@ -775,10 +800,11 @@ def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
         ]
         for sampler in samplers:
             sampler.start()
-        sink = LineSink(console, shipper, ranked=multi)
+        own = env.own_rank  # a pod of a multi-node job: its lines are its rank's
+        sink = LineSink(console, shipper, ranked=multi or own is not None, marked=multi)
         readers = []
         for plan, proc in zip(plans, procs, strict=True):
-            rank = plan.index if multi else None
+            rank = plan.index if multi else own
             for pipe, stream in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
                 reader = threading.Thread(
                     target=_pump, args=(pipe, stream, sink, rank), daemon=True

@@ -15,7 +15,8 @@ from ninja import Router
 
 from jobs.auth import BootstrapToken, JobToken
 from jobs.errors import BadRequest, Conflict, Gone, NotFound
-from jobs.job_tokens import job_token_for
+from jobs.executors.base import executor_class
+from jobs.job_tokens import job_token_for, spend_bootstrap
 from jobs.ledger import clocks
 from jobs.models import Attempt
 from jobs.schemas import ErrorOut, IngestResult, StartedOut, TokenExchangeOut
@@ -165,12 +166,42 @@ def ingest_started(request):
     """Set the attempt's start time when nothing set it yet (counted once, never moved).
 
     The server's clock, not the runner's, so a node with a skewed clock cannot bill queued
-    time; an attempt already closed (stopped while starting) keeps what it has.
+    time; an attempt already closed (stopped while starting) keeps what it has. Where each
+    rank of a multi-node job has a runner of its own (`RANK_RUNNERS`), rank 0's may start
+    while others still wait: the engine's poll starts the clock once the last rank is up.
     """
     attempt = ingesting_attempt(request.auth)
     runner_body(ingest_body(request), attempt.number)
+    if attempt.nodes > 1 and getattr(
+        executor_class(attempt.job.cluster.kind), "RANK_RUNNERS", False
+    ):
+        return {"start_time": attempt.start_time}
     now = timezone.now()
     return {"start_time": clocks.mark_started(attempt, now, now)}
+
+
+# The body of the bootstrap exchange: the attempt, and the rank where each has its own runner.
+TOKEN_BODY_DOC = {
+    "requestBody": {
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["attempt"],
+                    "properties": {
+                        "attempt": {"type": "integer"},
+                        "rank": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "description": "the runner's rank (SF_NODE_RANK) where each rank of "
+                            "a multi-node job runs its own runner; 0 when left out",
+                        },
+                    },
+                }
+            }
+        }
+    }
+}
 
 
 @router.post(
@@ -178,20 +209,25 @@ def ingest_started(request):
     auth=BootstrapToken(),
     response={200: TokenExchangeOut, (400, 401, 409, 410, 413, 429): ErrorOut},
     summary="Exchange the runner's one-time bootstrap credential for its job token",
-    openapi_extra=ATTEMPT_BODY_DOC,
+    openapi_extra=TOKEN_BODY_DOC,
 )
 def exchange_bootstrap(request):
-    """Once per attempt: the engines whose job specs others can read (the Ray dashboard, a pod
-    spec) carry only this credential, spent by the runner at start."""
+    """Once per attempt, or once per rank where each rank of a multi-node job has a runner of
+    its own (Kubernetes): the engines whose job specs others can read (the Ray dashboard, a
+    pod spec) carry only this credential, spent by the runner at start."""
     attempt = ingesting_attempt(request.auth)
-    runner_body(ingest_body(request), attempt.number)
-    spent = Attempt.objects.filter(pk=attempt.pk, bootstrap_used_at__isnull=True).update(
-        bootstrap_used_at=timezone.now()
-    )
-    if not spent:
+    body = runner_body(ingest_body(request), attempt.number)
+    rank = body.get("rank", 0)
+    if type(rank) is not int or not 0 <= rank < attempt.nodes:
+        raise BadRequest(
+            f'"rank" must be a whole number from 0 to {attempt.nodes - 1} (this attempt\'s '
+            f"ranks), not {rank!r}"
+        )
+    if not spend_bootstrap(attempt, rank):
+        whose = f" for rank {rank}" if attempt.nodes > 1 else ""
         raise Conflict(
             f"the bootstrap credential of attempt {attempt.number} of job {attempt.job_id} "
-            "was exchanged already; it works once"
+            f"was exchanged already{whose}; it works once"
         )
     return {"token": job_token_for(attempt)}
 
@@ -218,9 +254,7 @@ def _parse_batch(body: bytes, attempt: int, nodes: int = 1) -> list[dict]:
             )
         rank = line.get("rank", 0)
         if type(rank) is not int or not 0 <= rank < nodes:
-            raise BadRequest(
-                f"line {i} has rank {rank!r}; this attempt has ranks 0 to {nodes - 1}"
-            )
+            raise BadRequest(f"line {i} has rank {rank!r}; this attempt has ranks 0 to {nodes - 1}")
     return lines
 
 

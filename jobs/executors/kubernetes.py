@@ -1,10 +1,31 @@
-"""Kubernetes executor: each attempt is one batch/v1 Job whose single pod runs the job-side runner.
+"""Kubernetes executor: each attempt is one batch/v1 Job whose pods run the job-side runner, one
+pod for a single-node job, one per rank for a job on several nodes.
 
 The Job is named from the attempt's deterministic name (a DNS-1123 label), so a second submit
 of the same attempt meets 409 AlreadyExists and adopts the first Job: at most one launch per
 attempt. Every Job and its pod template carry `app.kubernetes.io/managed-by=starforge` plus the
 run id, attempt, team and job id; `backoffLimit: 0` and `restartPolicy: Never` leave retries
 to the ledger, where they are counted and metered.
+
+A job on N > 1 nodes is an Indexed Job (`completions = parallelism = N`): pod i is rank i, and
+each runs its own runner (`RANK_RUNNERS`). A headless Service of the Job's name, owned by the
+Job so that it goes with it, gives pod i the DNS name `<job>-<i>.<job>` (the Job controller
+names an indexed pod's host `<job>-<i>`; the template's `subdomain` is the Service): rank 0's
+is MASTER_ADDR, all of them SF_NODE_ADDRS, and MASTER_PORT is the cluster's `master_port`. The
+rest of the rank contract (`sf.contract.rank_env`) is the same in every pod, except the rank,
+which the downward API reads from the pod's completion index. A `podFailurePolicy` fails the
+whole Job on any rank's non-zero exit, and the Job controller then deletes the other pods.
+The attempt is RUNNING only once every rank runs, from the last rank's start; while some ranks
+run and others wait it stays PENDING, saying "not all nodes started: k of N running", so the
+pending deadline ends a gang that never fully starts. The reconciler learns each rank's state
+from `details["ranks"]` and which failed first from `details["failed_rank"]`.
+
+A job's `gpu_type` picks nodes by the node label named by `gpu_label` (GPU feature discovery's
+`nvidia.com/gpu.product`, values like NVIDIA-A100-SXM4-80GB). A nodeSelector needs the one
+exact value, so submit lists the cluster's nodes and requires, by node affinity `In`, one of
+the values there that `gpu_type_matches` accepts ("a100" takes every A100 product). A job may
+name its own image only where `allowed_images` (fnmatch patterns, `*` crossing `/`) allows it:
+refused at submit (`check_request`) and again at launch, since the list may have narrowed.
 
 A poll is one labelled list of Jobs and one of Pods in the cluster's namespace, however many
 attempts are live. Native states are `Phase[/Reason]` strings read from the Job's conditions,
@@ -32,12 +53,14 @@ mount a service account token unless the cluster names a `service_account` and s
 `automount_service_account_token: true`.
 """
 
+import dataclasses
 import datetime as dt
+import fnmatch
 import hashlib
 import json
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -48,14 +71,16 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.utils import parse_quantity
-from sf.contract import INGEST_EXIT, INGEST_FAILED, entrypoint_code, killed_by
+from sf.contract import INGEST_EXIT, INGEST_FAILED, entrypoint_code, killed_by, rank_env
 
 from jobs.executors.base import (
     Capacity,
     LaunchError,
     LaunchSpec,
+    NodeCapacity,
     Observation,
     base_env,
+    gpu_type_matches,
     passed_on,
 )
 from jobs.states import JobStatus
@@ -74,14 +99,22 @@ WORK_DIR = "/sf"  # an emptyDir: writable whatever user the image runs as
 # reconciler saw its end would be failed as lost: a day outlasts any reasonable worker outage.
 FINISHED_TTL_S = 24 * 3600
 TIMEOUT = (5, 30)  # connect, read (seconds): an unreachable API fails a tick, never hangs it
-DEFAULTS = {"namespace": "default", "gpu_resource": "nvidia.com/gpu", "python": "python"}
+DEFAULTS = {
+    "namespace": "default",
+    "gpu_resource": "nvidia.com/gpu",
+    "gpu_label": "nvidia.com/gpu.product",
+    "python": "python",
+    "master_port": 29500,  # torch.distributed's usual rendezvous port
+}
 SETTINGS = {
     "context",
     "in_cluster",
     "kubeconfig",
     "namespace",
     "image",
+    "allowed_images",
     "gpu_resource",
+    "gpu_label",
     "node_selector",
     "tolerations",
     "python",
@@ -91,7 +124,10 @@ SETTINGS = {
     "image_pull_secrets",
     "output_pvc",
     "automount_service_account_token",
+    "master_port",
 }
+# Where the Job controller writes an indexed pod's index (its rank); 1.28 adds a label too.
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 # Never in a pod spec: anyone who may read pods in the namespace reads their env.
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 QUALIFIED_NAME = re.compile(r"^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -103,6 +139,10 @@ NODE_LOST = {"NodeLost", "Shutdown", "NodeShutdown", "Terminated", "ContainerSta
 class KubernetesExecutor:
     # The runner exchanges a one-time SF_BOOTSTRAP_TOKEN for its job token on start.
     BOOTSTRAP_TOKEN: ClassVar[bool] = True
+    # Each rank of a multi-node job is a pod with a runner of its own, not one runner
+    # supervising them all: each rank exchanges the bootstrap credential once, and only the
+    # engine knows when the last rank is up, so such an attempt's start is the poll's.
+    RANK_RUNNERS: ClassVar[bool] = True
     STATE_TABLE: ClassVar[dict[str, JobStatus]] = {
         "Pending": S.PENDING,  # the Job exists, its pod does not yet, or has no status yet
         "Pending/Suspended": S.PENDING,  # spec.suspend: a queue (Kueue) holds the Job back
@@ -150,34 +190,70 @@ class KubernetesExecutor:
         _check_connection(settings)
         _check_pod_settings(settings)
 
+    @staticmethod
+    def check_request(settings: dict, *, nodes: int, image: str) -> None:
+        """Any number of nodes; an image of the job's own only where `allowed_images` allows."""
+        if image and not image_allowed(settings, image):
+            raise ValueError(image_refusal(settings, image))
+
     def submit(self, spec: LaunchSpec) -> str:
         name = job_name(spec.name)
+        if spec.image and not image_allowed(self.settings, spec.image):
+            raise LaunchError(image_refusal(self.settings, spec.image), permanent=True)
+        products = self._gpu_products(spec.gpu_type) if spec.gpu_type else []
         with self._api(f"creating Job {name}"):
-            try:
-                job = client.V1Job.model_validate(self.job_manifest(name, spec))
-                self._batch().create_namespaced_job(
-                    self.namespace, job, _request_timeout=TIMEOUT, _preload_content=False
+            job = self._create(
+                self._batch().create_namespaced_job,
+                client.V1Job,
+                self.job_manifest(name, spec, products),
+            )
+        if spec.nodes > 1:
+            with self._api(f"creating Service {name}"):
+                # The Service is the Job's: deleting the Job (cancel, its TTL) deletes it too.
+                uid = (job or self._read_job(name))["metadata"]["uid"]
+                self._create(
+                    self._core().create_namespaced_service,
+                    client.V1Service,
+                    self.service_manifest(name, uid, spec),
                 )
-            except ApiException as exc:
-                if exc.status != 409:  # 409 AlreadyExists: launched before, adopt it
-                    raise
-                log.info("Job %s already exists: adopting it", name)
         return name
+
+    def _create(self, create: Any, model: Any, manifest: dict) -> dict | None:
+        """Create an object; None when one of its name exists (launched before: adopt it)."""
+        try:
+            return _json(
+                create(
+                    self.namespace,
+                    model.model_validate(manifest),
+                    _request_timeout=TIMEOUT,
+                    _preload_content=False,
+                )
+            )
+        except ApiException as exc:
+            if exc.status != 409:  # 409 AlreadyExists
+                raise
+            log.info(
+                "%s %s already exists: adopting it", manifest["kind"], manifest["metadata"]["name"]
+            )
+            return None
 
     def find(self, name: str) -> str | None:
         name = job_name(name)
         with self._api(f"reading Job {name}"):
             try:
-                _json(
-                    self._batch().read_namespaced_job(
-                        name, self.namespace, _request_timeout=TIMEOUT, _preload_content=False
-                    )
-                )
+                self._read_job(name)
             except ApiException as exc:
                 if exc.status == 404:
                     return None
                 raise
         return name
+
+    def _read_job(self, name: str) -> dict:
+        return _json(
+            self._batch().read_namespaced_job(
+                name, self.namespace, _request_timeout=TIMEOUT, _preload_content=False
+            )
+        )
 
     def poll(self, job_refs: list[str]) -> dict[str, Observation]:
         observed = self._observe_all()
@@ -239,39 +315,101 @@ class KubernetesExecutor:
                     raise
 
     def capacity(self) -> Capacity:
+        """Each usable node with the GPUs Starforge may use there and its GPU product label;
+        a Job's pods may share a node, as the Kubernetes scheduler places them."""
         try:
             with self._api("listing nodes"):
-                nodes = _items(
-                    self._core().list_node(
-                        label_selector=_selector(self.settings.get("node_selector") or {}),
-                        _request_timeout=TIMEOUT,
-                        _preload_content=False,
-                    )
-                )
-                usable = {n["metadata"]["name"]: n for n in nodes if self._usable(n)}
-                total = sum(
-                    _gpus(n["status"].get("allocatable", {}), self.gpu_resource)
-                    for n in usable.values()
-                )
-                held = self._gpus_held_by_others(set(usable))
+                usable = [n for n in self._nodes() if self._usable(n)]
+                held = self._gpus_held_by_others({n["metadata"]["name"] for n in usable})
         except LaunchError as exc:
             return Capacity(reachable=False, message=str(exc))
-        return Capacity(reachable=True, total_gpus=max(total - held, 0))
+        label = self.settings["gpu_label"]
+        nodes = tuple(
+            NodeCapacity(
+                n["metadata"]["name"],
+                max(
+                    _gpus(n["status"].get("allocatable", {}), self.gpu_resource)
+                    - held.get(n["metadata"]["name"], 0),
+                    0,
+                ),
+                (n["metadata"].get("labels") or {}).get(label, ""),
+            )
+            for n in usable
+        )
+        return Capacity(
+            reachable=True,
+            total_gpus=sum(n.gpus for n in nodes),
+            nodes=nodes,
+            ranks_share_nodes=True,
+        )
+
+    def _nodes(self) -> list[dict]:
+        """The nodes the cluster's `node_selector` picks (every node without one)."""
+        return _items(
+            self._core().list_node(
+                label_selector=_selector(self.settings.get("node_selector") or {}),
+                _request_timeout=TIMEOUT,
+                _preload_content=False,
+            )
+        )
+
+    def _gpu_products(self, gpu_type: str) -> list[str]:
+        """The values of the GPU label on the cluster's nodes that `gpu_type` matches, for the
+        node affinity of a job asking for that type; none fitting now is worth a retry (the
+        scheduler admitted the job on a node of that type: it may come back)."""
+        label = self.settings["gpu_label"]
+        with self._api("listing nodes"):
+            have = {(n["metadata"].get("labels") or {}).get(label, "") for n in self._nodes()}
+        products = sorted(v for v in have if v and gpu_type_matches(gpu_type, v))
+        if not products:
+            raise LaunchError(
+                f"no node of cluster {self.cluster.name} has {gpu_type} GPUs now (node label "
+                f"{label}: {', '.join(sorted(have - {''})) or 'on no node'})",
+                permanent=False,
+            )
+        return products
 
     # -- the Job -----------------------------------------------------------------------------
-    def job_manifest(self, name: str, spec: LaunchSpec) -> dict:
-        labels = {
+    def _labels(self, spec: LaunchSpec) -> dict[str, str]:
+        return {
             MANAGED_BY: "starforge",
             "starforge.io/run-id": label_value(spec.run_id),
             "starforge.io/attempt": str(spec.attempt),
             "starforge.io/team": label_value(spec.team),
             "starforge.io/job-id": str(spec.job_id),
         }
+
+    def job_manifest(self, name: str, spec: LaunchSpec, gpu_products: Sequence[str] = ()) -> dict:
+        """The Job of an attempt; `gpu_products`, the GPU label values its nodes may have."""
+        labels = self._labels(spec)
         job_spec: dict[str, Any] = {
             "backoffLimit": 0,
             "ttlSecondsAfterFinished": FINISHED_TTL_S,
-            "template": {"metadata": {"labels": labels}, "spec": self._pod_spec(spec)},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": self._pod_spec(spec, gpu_products),
+            },
         }
+        if spec.nodes > 1:
+            job_spec.update(
+                completionMode="Indexed",
+                completions=spec.nodes,
+                parallelism=spec.nodes,
+                # One rank's non-zero exit fails the whole Job at once, and the condition
+                # names the pod and its code; the controller then deletes the other ranks.
+                podFailurePolicy={
+                    "rules": [
+                        {
+                            "action": "FailJob",
+                            "onExitCodes": {
+                                "containerName": CONTAINER,
+                                "operator": "NotIn",
+                                "values": [0],
+                            },
+                        }
+                    ]
+                },
+            )
         if self.settings.get("active_deadline_s"):
             job_spec["activeDeadlineSeconds"] = int(self.settings["active_deadline_s"])
         return {
@@ -281,25 +419,66 @@ class KubernetesExecutor:
             "spec": job_spec,
         }
 
-    def _pod_spec(self, spec: LaunchSpec) -> dict:
+    def service_manifest(self, name: str, job_uid: str, spec: LaunchSpec) -> dict:
+        """The headless Service that gives each pod of a multi-node Job its DNS name."""
+        labels = self._labels(spec)
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": labels,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": name,
+                        "uid": job_uid,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {
+                "clusterIP": "None",
+                # The attempt's own labels: the Job's pods and no other.
+                "selector": {
+                    k: labels[k]
+                    for k in (MANAGED_BY, "starforge.io/run-id", "starforge.io/attempt")
+                },
+                # A rank resolves rank 0 while both start, before readiness says anything.
+                "publishNotReadyAddresses": True,
+            },
+        }
+
+    def _pod_spec(self, spec: LaunchSpec, gpu_products: Sequence[str] = ()) -> dict:
         env = base_env(WORK_DIR)
         del env["PATH"]  # the image's PATH: it knows where the image's interpreter lives
         env.update(passed_on(spec.env, spec_is_public=self.BOOTSTRAP_TOKEN))
-        if spec.gpus == 0:
+        gpus = spec.gpus_per_node
+        if gpus == 0:
             # Without a GPU limit the NVIDIA runtime would expose every GPU of the node.
             env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        name = job_name(spec.name)
+        entries: dict[str, dict[str, Any]] = {k: {"name": k, "value": v} for k, v in env.items()}
+        if spec.nodes > 1:  # the platform's rank contract, over a job's own variable of a name
+            for k, v in self._rank_env(name, spec).items():
+                entries[k] = (
+                    {"name": k, "valueFrom": v} if isinstance(v, dict) else {"name": k, "value": v}
+                )
         container: dict[str, Any] = {
             "name": CONTAINER,
-            "image": self.settings["image"],
+            "image": spec.image or self.settings["image"],
             "command": [self.settings["python"], "-m", "sf.runner"],
-            "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+            "env": [entries[k] for k in sorted(entries)],
             "workingDir": WORK_DIR,
             "volumeMounts": [{"name": "sf-work", "mountPath": WORK_DIR}],
             # The tail of the runner's output becomes the terminated state's message.
             "terminationMessagePolicy": "FallbackToLogsOnError",
         }
-        if spec.gpus:
-            container["resources"] = {"limits": {self.gpu_resource: str(spec.gpus)}}
+        resources = _resources(self.gpu_resource, gpus, spec.cpus, spec.memory_mb)
+        if resources:
+            container["resources"] = resources
         pod: dict[str, Any] = {
             "restartPolicy": "Never",
             "enableServiceLinks": False,
@@ -320,6 +499,17 @@ class KubernetesExecutor:
             ],
         }
         pod.update({k: v for k, v in optional.items() if v})
+        if spec.nodes > 1:
+            pod["subdomain"] = name  # the headless Service: pod i is <job>-<i>.<job>
+        if gpu_products:
+            term = {"key": self.settings["gpu_label"], "operator": "In", "values": [*gpu_products]}
+            pod["affinity"] = {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [term]}]
+                    }
+                }
+            }
         if self.settings.get("output_pvc"):
             # Run outputs and checkpoints outlive the pod: a resumed or retried attempt, and
             # follow-on jobs, find them under the same SF_OUTPUT_DIR.
@@ -328,6 +518,17 @@ class KubernetesExecutor:
             pod["volumes"].append({"name": "sf-outputs", "persistentVolumeClaim": claim})
             container["volumeMounts"].append({"name": "sf-outputs", "mountPath": root})
         return pod
+
+    def _rank_env(self, name: str, spec: LaunchSpec) -> dict[str, str | dict]:
+        """The rank contract of every pod of a multi-node Job: values the same for each rank,
+        and for the variables whose value is the rank itself, the pod's completion index."""
+        addrs = [f"{name}-{i}.{name}" for i in range(spec.nodes)]
+        port = int(self.settings["master_port"])
+        first, second = (
+            rank_env(rank, spec.nodes, spec.gpus_per_node, addrs, port) for rank in (0, 1)
+        )
+        index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
+        return {k: index if (v, second[k]) == ("0", "1") else v for k, v in first.items()}
 
     # -- capacity ----------------------------------------------------------------------------
     def _usable(self, node: dict) -> bool:
@@ -342,8 +543,8 @@ class KubernetesExecutor:
             and all(_tolerated(t, tolerations) for t in node.get("spec", {}).get("taints", []))
         )
 
-    def _gpus_held_by_others(self, nodes: set[str]) -> int:
-        """GPUs requested by live pods Starforge did not start, on the usable nodes.
+    def _gpus_held_by_others(self, nodes: set[str]) -> dict[str, int]:
+        """GPUs requested by live pods Starforge did not start, by usable node.
 
         The scheduler already subtracts Starforge's own active jobs. This is one cluster-wide,
         server-side filtered list per capacity check; without RBAC to list pods in every
@@ -364,13 +565,14 @@ class KubernetesExecutor:
             log.warning(
                 "cannot list pods cluster-wide (%s): other tenants' GPUs not counted", exc.reason
             )
-            return 0
-        held = 0
+            return {}
+        held: dict[str, int] = {}
         for pod in pods:
-            if pod.get("spec", {}).get("nodeName") in nodes:
+            node = pod.get("spec", {}).get("nodeName")
+            if node in nodes:
                 for container in pod["spec"].get("containers", []):
                     asks = container.get("resources", {})
-                    held += _gpus(
+                    held[node] = held.get(node, 0) + _gpus(
                         {**asks.get("requests", {}), **asks.get("limits", {})}, self.gpu_resource
                     )
         return held
@@ -435,6 +637,9 @@ def api_client(kubeconfig: str | None, context: str | None, in_cluster: bool) ->
 # -- observing -------------------------------------------------------------------------------
 def observe(job: dict, pods: list[dict]) -> Observation:
     """The state of one attempt from its Job and the pods the Job owns."""
+    spec = job.get("spec", {})
+    if spec.get("completionMode") == "Indexed" and (spec.get("completions") or 1) > 1:
+        return observe_ranks(job, pods, spec["completions"])
     failed = _condition(job, "Failed")
     if failed and failed.get("reason") == "DeadlineExceeded":
         return _deadline_exceeded(failed, pods)
@@ -463,6 +668,114 @@ def observe(job: dict, pods: list[dict]) -> Observation:
     if job.get("spec", {}).get("suspend"):
         return Observation("Pending/Suspended", message="Suspended: the Job is suspended")
     return Observation("Pending", message="waiting for the Job's pod to be created")
+
+
+_NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)  # the end of a rank that has none yet
+
+
+def observe_ranks(job: dict, pods: list[dict], nodes: int) -> Observation:
+    """The state of a multi-node attempt from its Indexed Job and the newest pod of each rank.
+
+    The first rank to fail fails the attempt with its own state, code and words; RUNNING
+    needs every rank up, and starts with the last of them; until then it is PENDING with the
+    words of the first rank still waiting. Every observation carries `details["ranks"]`. The
+    start is known only while every rank's pod still says when it started: one the Job
+    controller deleted took its start along, and the ledger keeps what RUNNING set.
+    """
+    ranks: dict[int, dict] = {}
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp", "")):
+        index = _rank_of(pod)
+        if index is not None and index < nodes:
+            ranks[index] = pod
+    seen = {i: observe_pod(pod) for i, pod in ranks.items()}
+    failed, complete = _condition(job, "Failed"), _condition(job, "Complete")
+    ended = [i for i, o in seen.items() if _phase(o) == "Failed"]
+    # Kubernetes times an end to the second: of ranks that ended in the same one, a rank that
+    # exited on its own failed first, not one killed as the Job ended.
+    first = min(
+        ended,
+        key=lambda i: (seen[i].end_time or _NEVER, seen[i].native_state == "Failed/Killed", i),
+        default=None,
+    )
+    # A rank failing ends the Job: its other pods go, even before the Job says it failed.
+    end = "failed" if failed or first is not None else "complete" if complete else ""
+    rows = [_rank_row(i, ranks.get(i), seen.get(i), first, end) for i in range(nodes)]
+    starts = [o.start_time for o in seen.values() if o.start_time is not None]
+    start = max(starts) if len(starts) == nodes else None
+    details: dict[str, Any] = {"ranks": rows}
+    if failed and failed.get("reason") == "DeadlineExceeded":
+        return dataclasses.replace(
+            _deadline_exceeded(failed, pods), start_time=start, details=details
+        )
+    if first is not None:
+        details["failed_rank"] = first
+        return dataclasses.replace(seen[first], start_time=start, details=details)
+    if complete or (len(seen) == nodes and all(_phase(o) == "Succeeded" for o in seen.values())):
+        ends = [o.end_time for o in seen.values() if o.end_time]
+        done = _ts(job.get("status", {}).get("completionTime")) or max(ends, default=None)
+        return Observation(
+            "Succeeded", exit_code=0, start_time=start, end_time=done, details=details
+        )
+    if failed:  # no pod left to say which rank
+        reason = failed.get("reason") or "Failed"
+        return Observation(
+            f"JobFailed/{reason}",
+            failure="exit",
+            message=_say(reason, failed.get("message")),
+            end_time=_ts(failed.get("lastTransitionTime")),
+            details=details,
+        )
+    silent = next((o for o in seen.values() if o.native_state == "Unknown"), None)
+    if silent:
+        return dataclasses.replace(silent, details=details)
+    if all(row["state"] in ("running", "succeeded") for row in rows):
+        return Observation("Running", start_time=start, details=details)
+    up = sum(1 for row in rows if row["state"] == "running")
+    waiting = next(i for i, row in enumerate(rows) if row["state"] == "pending")
+    if waiting in seen:
+        state, why = seen[waiting].native_state, seen[waiting].message
+    elif job.get("spec", {}).get("suspend"):
+        state, why = "Pending/Suspended", "Suspended: the Job is suspended"
+    else:
+        state, why = "Pending", "waiting for its pod to be created"
+    return Observation(
+        state,
+        message=f"not all nodes started: {up} of {nodes} running; rank {waiting}: {why}",
+        details=details,
+    )
+
+
+def _rank_of(pod: dict) -> int | None:
+    """A pod's completion index: its rank."""
+    meta = pod["metadata"]
+    marks = {**(meta.get("labels") or {}), **(meta.get("annotations") or {})}
+    raw = marks.get(COMPLETION_INDEX, "")
+    return int(raw) if raw.isdigit() else None
+
+
+def _phase(obs: Observation) -> str:
+    return obs.native_state.split("/")[0]
+
+
+def _rank_row(
+    index: int, pod: dict | None, obs: Observation | None, first: int | None, end: str
+) -> dict:
+    """One rank as the ledger keeps it (`jobs.loops.reconciler.checked_ranks`); `end`, how
+    the Job ends ("failed", "complete" or "" while it runs)."""
+    node = (pod or {}).get("spec", {}).get("nodeName") or ""
+    if obs is None:  # no pod: not made yet, or deleted as the Job ended
+        state = {"failed": "killed", "complete": "succeeded"}.get(end, "pending")
+        return {"rank": index, "node": node, "state": state, "exit_code": None}
+    phase = _phase(obs)
+    if phase == "Failed":
+        state = "failed" if index == first else "killed"
+    elif phase == "Succeeded":
+        state = "succeeded"
+    elif end == "failed":  # still there, but the Job that failed ends it
+        state = "killed"
+    else:  # "Unknown" too: a pod on a node that stopped reporting, last seen there
+        state = "pending" if phase == "Pending" else "running"
+    return {"rank": index, "node": node, "state": state, "exit_code": obs.exit_code}
 
 
 def observe_pod(pod: dict) -> Observation:
@@ -607,6 +920,38 @@ def job_name(name: str) -> str:
     return f"{clean[:52].strip('-') or 'sf'}-{digest}"
 
 
+def image_allowed(settings: dict, image: str) -> bool:
+    """Whether a cluster's `allowed_images` lets a job name `image` (none: only its own)."""
+    return any(fnmatch.fnmatchcase(image, p) for p in settings.get("allowed_images") or [])
+
+
+def image_refusal(settings: dict, image: str) -> str:
+    patterns = settings.get("allowed_images") or []
+    if not patterns:
+        return (
+            f"this Kubernetes cluster runs every job in its own image ({settings.get('image')}) "
+            "and allows no other (its allowed_images setting is empty); leave out --image"
+        )
+    return (
+        f"image {image} is not allowed on this Kubernetes cluster; it allows images matching "
+        f"{', '.join(patterns)}"
+    )
+
+
+def _resources(gpu_resource: str, gpus: int, cpus: int | None, memory_mb: int | None) -> dict:
+    """A container's resources: GPUs as a limit alone (Kubernetes sets an extended resource's
+    request to its limit), CPUs and memory asked for and capped alike."""
+    asks = {}
+    if cpus:
+        asks["cpu"] = str(cpus)
+    if memory_mb:
+        asks["memory"] = f"{memory_mb}Mi"
+    limits = {gpu_resource: str(gpus)} if gpus else {}
+    if not (limits or asks):
+        return {}
+    return {"limits": {**limits, **asks}, **({"requests": asks} if asks else {})}
+
+
 def label_value(value: str) -> str:
     """A valid label value: at most 63 of [A-Za-z0-9-_.], alphanumeric at both ends."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", value)[:63].strip("-_.")
@@ -738,6 +1083,22 @@ def _check_pod_settings(settings: dict) -> None:
             isinstance(merged["gpu_resource"], str)
             and QUALIFIED_NAME.match(merged["gpu_resource"]),
             "Kubernetes setting 'gpu_resource' must be a resource name such as 'nvidia.com/gpu'.",
+        ),
+        (
+            isinstance(merged["gpu_label"], str) and QUALIFIED_NAME.match(merged["gpu_label"]),
+            "Kubernetes setting 'gpu_label' must be a node label name such as "
+            "'nvidia.com/gpu.product'.",
+        ),
+        (
+            _is_name_list(settings.get("allowed_images", [])),
+            "Kubernetes setting 'allowed_images' must be a list of image patterns such as "
+            "'registry.example.com/team/*:*'.",
+        ),
+        (
+            isinstance(merged["master_port"], int)
+            and not isinstance(merged["master_port"], bool)
+            and 1 <= merged["master_port"] <= 65535,
+            "Kubernetes setting 'master_port' must be a TCP port number (1 to 65535).",
         ),
         (
             isinstance(merged["python"], str) and merged["python"].strip(),

@@ -13,6 +13,7 @@ Why not kmock (PyPI, evaluated first at 0.8, the current release): it falls shor
 This server speaks JSON over HTTP in a thread, through the real `kubernetes` client:
   batch/v1 jobs   create, get, list (namespaced or all), delete with DeleteOptions
   v1 pods         create, get, list (namespaced or all), delete
+  v1 services     create, get, list (namespaced or all), delete
   v1 nodes        get, list
   /version
 Lists take `labelSelector` (`k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a,b)`,
@@ -24,9 +25,13 @@ are validated (422 Invalid with the real message shape); creation fills uid, nam
 resourceVersion and creationTimestamp and ignores a posted pod's status; a Job gets its selector
 and its template the controller-uid and job-name labels; deleting a batch/v1 Job orphans its
 pods unless the request says `propagationPolicy` Background or Foreground (the REST default for
-Jobs is Orphan), which delete the pods it owns. Not copied: graceful deletion (a deleted object
-vanishes at once, so Foreground and Background look the same), resourceVersion semantics,
-defaulting beyond the fields above.
+Jobs is Orphan), which delete what it owns (its pods, a Service naming it as owner). A Job's
+validation covers what the executor sends: completionMode, an Indexed Job's completions, a
+podFailurePolicy (its actions, operators, container names, and restartPolicy Never), the pod's
+subdomain and the downward API paths its env reads; a Service's name is a DNS-1035 label and
+its selector valid labels. Not copied: graceful deletion (a deleted object vanishes at
+once, so Foreground and Background look the same), resourceVersion semantics, defaulting
+beyond the fields above.
 
 Tests drive state through the thread-safe store API (`add`, `get`, `select`, `mutate`, `remove`):
 it bypasses HTTP, so the request log (`requests`, `count`) holds only what clients sent.
@@ -47,6 +52,12 @@ from urllib.parse import parse_qs, urlsplit
 
 TOKEN = "emulator-token"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# The pod fields the downward API serves to env (fieldRef.fieldPath), as the real server checks.
+FIELD_PATHS = re.compile(
+    r"^(metadata\.(name|namespace|uid)|metadata\.(labels|annotations)\['[^']+'\]"
+    r"|spec\.(nodeName|serviceAccountName)|status\.(hostIP|hostIPs|podIP|podIPs))$"
+)
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 PATH = re.compile(
@@ -82,6 +93,7 @@ KINDS = {
             True,
             ("metadata.name", "metadata.namespace", "spec.nodeName", "status.phase"),
         ),
+        Kind("services", "Service", "", True, ("metadata.name", "metadata.namespace")),
         Kind("nodes", "Node", "", False, ("metadata.name", "spec.unschedulable")),
     )
 }
@@ -439,6 +451,8 @@ def _validate(kind: Kind, obj: dict) -> None:
     causes += _label_causes("metadata.labels", meta.get("labels") or {})
     if kind.plural == "jobs":
         causes += _job_causes(obj.get("spec") or {})
+    if kind.plural == "services":
+        causes += _service_causes(name, obj.get("spec") or {})
     if causes:
         text = ", ".join(f"{field}: {message}" for field, message in causes)
         raise ApiError(
@@ -494,6 +508,97 @@ def _job_causes(spec: dict) -> list[tuple[str, str]]:
     for i, container in enumerate(containers):
         if not container.get("image"):
             causes.append((f"spec.template.spec.containers[{i}].image", "Required value"))
+        for j, env in enumerate(container.get("env") or []):
+            path = ((env.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+            if path is not None and not FIELD_PATHS.match(path):
+                causes.append(
+                    (
+                        f"spec.template.spec.containers[{i}].env[{j}].valueFrom.fieldRef.fieldPath",
+                        f'Invalid value: "{path}": error converting fieldPath: field label not '
+                        "supported",
+                    )
+                )
+    subdomain = pod.get("subdomain")
+    if subdomain is not None and not (DNS_LABEL.match(subdomain) and len(subdomain) <= 63):
+        causes.append(
+            (
+                "spec.template.spec.subdomain",
+                f'Invalid value: "{subdomain}": a lowercase RFC 1123 label',
+            )
+        )
+    mode = spec.get("completionMode", "NonIndexed")
+    if mode not in ("NonIndexed", "Indexed"):
+        causes.append(
+            (
+                "spec.completionMode",
+                f'Unsupported value: "{mode}": supported values: "NonIndexed", "Indexed"',
+            )
+        )
+    if mode == "Indexed" and spec.get("completions") is None:
+        causes.append(("spec.completions", "Required value: when completion mode is Indexed"))
+    if spec.get("podFailurePolicy") is not None:
+        causes += _pod_failure_policy_causes(spec["podFailurePolicy"], pod, containers)
+    return causes
+
+
+def _pod_failure_policy_causes(policy: dict, pod: dict, containers: list) -> list[tuple[str, str]]:
+    causes = []
+    if pod.get("restartPolicy") != "Never":
+        causes.append(
+            (
+                "spec.template.spec.restartPolicy",
+                f'Invalid value: "{pod.get("restartPolicy")}": only "Never" is supported when '
+                "podFailurePolicy is specified",
+            )
+        )
+    names = {c.get("name") for c in containers}
+    for i, rule in enumerate(policy.get("rules") or []):
+        field = f"spec.podFailurePolicy.rules[{i}]"
+        if rule.get("action") not in ("Count", "FailIndex", "FailJob", "Ignore"):
+            causes.append(
+                (
+                    f"{field}.action",
+                    f'Unsupported value: "{rule.get("action")}": supported values: "Count", '
+                    '"FailIndex", "FailJob", "Ignore"',
+                )
+            )
+        codes = rule.get("onExitCodes")
+        if codes is None:
+            continue
+        if codes.get("operator") not in ("In", "NotIn"):
+            causes.append(
+                (
+                    f"{field}.onExitCodes.operator",
+                    f'Unsupported value: "{codes.get("operator")}": supported values: "In", '
+                    '"NotIn"',
+                )
+            )
+        if not codes.get("values"):
+            causes.append((f"{field}.onExitCodes.values", "Required value"))
+        container = codes.get("containerName")
+        if container is not None and container not in names:
+            causes.append(
+                (
+                    f"{field}.onExitCodes.containerName",
+                    f'Invalid value: "{container}": must be one of the container or initContainer '
+                    "names in the pod template",
+                )
+            )
+    return causes
+
+
+def _service_causes(name: str, spec: dict) -> list[tuple[str, str]]:
+    causes = []
+    if name and not DNS_1035.match(name):
+        causes.append(
+            (
+                "metadata.name",
+                f'Invalid value: "{name}": a DNS-1035 label must consist of lower case '
+                "alphanumeric characters or '-', start with an alphabetic character, and end "
+                "with an alphanumeric character",
+            )
+        )
+    causes += _label_causes("spec.selector", spec.get("selector") or {})
     return causes
 
 

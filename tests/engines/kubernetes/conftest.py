@@ -1,4 +1,5 @@
-"""Fixtures for the Kubernetes executor: the API emulator, a cluster pointed at it, a fake node."""
+"""Fixtures for the Kubernetes executor: the API emulator, a cluster pointed at it, a fake node,
+and three GPU nodes of two products played by one fake kubelet."""
 
 import sys
 
@@ -8,6 +9,7 @@ from jobs.executors.kubernetes import KubernetesExecutor
 from jobs.models import Cluster
 from tests.engines.kubernetes.apiserver import FakeApiServer
 from tests.engines.kubernetes.kubelet import FakeKubelet
+from tests.engines.kubernetes.objects import A100, H100, node
 
 
 @pytest.fixture
@@ -37,3 +39,17 @@ def executor(k8s_settings) -> KubernetesExecutor:
 def kubelet(apiserver, tmp_path):
     with FakeKubelet(apiserver, root=tmp_path / "node") as node:
         yield node
+
+
+# The GPU nodes of `gpu_nodes`: name, GPUs, product.
+GPU_NODES = (("a100-1", 4, A100), ("a100-2", 4, A100), ("h100-1", 8, H100))
+
+
+@pytest.fixture
+def gpu_nodes(apiserver, tmp_path):
+    """Two nodes of 4 A100s and one of 8 H100s, as Node objects, played by one kubelet."""
+    for name, gpus, product in GPU_NODES:
+        apiserver.add("nodes", node(name, gpus, product=product))
+    names = [name for name, _, _ in GPU_NODES]
+    with FakeKubelet(apiserver, nodes=names, root=tmp_path / "nodes") as kubelet:
+        yield kubelet

@@ -1,31 +1,49 @@
-"""FakeKubelet: the Job controller and the kubelet of one node, against the in-process API server.
+"""FakeKubelet: the Job controller, the scheduler and the kubelet of a few nodes, against the
+in-process API server.
 
-For every batch/v1 Job in the emulator it creates one pod, as the Job controller does (labels
-from the template, `ownerReferences` to the Job, name `<job>-<5 random chars>`), then plays the
-kubelet: Pending/ContainerCreating for one beat, then it runs the container's command and args
-LOCALLY as a subprocess, with the container's env on top of a bare environment (PATH, HOME,
-HOSTNAME) in a fresh temporary directory, so `python -m sf.runner` with the SF_* contract really
-runs (point SF_API_URL at a live Starforge, or leave it and SF_SNAPSHOT empty to run offline).
-An absolute command[0] (the `python` cluster setting set to sys.executable) has its directory
-put first on PATH, as an image's interpreter would be.
+For every batch/v1 Job in the emulator it creates the pods the Job controller does (labels from
+the template, `ownerReferences` to the Job): one for a NonIndexed Job, named `<job>-<5 random
+chars>`; for an Indexed Job one per index, named `<job>-<index>-<5 random chars>`, the index in
+the `batch.kubernetes.io/job-completion-index` annotation and label, the host name
+`<job>-<index>` and JOB_COMPLETION_INDEX in each container's env. As the scheduler does, it
+binds each pod to the first of its nodes that fits: the pod's nodeSelector and required node
+affinity (In, NotIn, Exists, DoesNotExist) against the Node object's labels, and the extended
+resources it asks for (GPUs) against the node's allocatable less what the pods bound there that
+have not ended ask for. A node with no Node object in the emulator takes any pod. A pod that
+fits nowhere stays Pending (PodScheduled=False, reason Unschedulable, the scheduler's sentence)
+until one fits.
+
+Then it plays the kubelet: Pending/ContainerCreating for one beat, then it runs the container's
+command and args LOCALLY as a subprocess, with the container's env (its values, and the pod
+fields the downward API's fieldRef paths name) on top of a bare environment (PATH, HOME,
+HOSTNAME: the pod's host name) in a fresh temporary directory, so `python -m sf.runner` with the
+SF_* contract really runs (point SF_API_URL at a live Starforge, or leave it and SF_SNAPSHOT
+empty to run offline). An absolute command[0] (the `python` cluster setting set to
+sys.executable) has its directory put first on PATH, as an image's interpreter would be.
 
 The pod goes Running with `running.startedAt`, then Succeeded or Failed with `terminated`
 exitCode/reason/startedAt/finishedAt from the real process. Death by signal N reads as exit
 128+N, as a container runtime reports it; with FallbackToLogsOnError a failure's message is the
 tail of the container's output (kept in `container.log` of its temp dir). The Job gets the
-conditions the real controller writes: SuccessCriteriaMet + Complete, or FailureTarget + Failed
-with BackoffLimitExceeded (DeadlineExceeded once `activeDeadlineSeconds` has passed, after a
-SIGTERM). When a pod disappears (its Job deleted with propagation, or the pod itself deleted)
-its process group gets SIGTERM, then SIGKILL after `grace_s`.
+conditions the real controller writes: SuccessCriteriaMet + Complete once every completion
+succeeded, or FailureTarget + Failed at the first failed pod, with reason DeadlineExceeded once
+`activeDeadlineSeconds` has passed (after a SIGTERM), PodFailurePolicy when a FailJob rule of
+its podFailurePolicy matches the container's exit code, BackoffLimitExceeded otherwise; then
+the controller deletes the Job's other pods. When a pod disappears (its Job deleted with
+propagation, the controller ending it, or the pod itself deleted) its process group gets
+SIGTERM, then SIGKILL after `grace_s`.
 
 Not emulated: image pulls (`image` is ignored), `workingDir` and volumes (the container runs in
-its temp dir), resource limits, restarts, replacement pods, more than one node.
+its temp dir), CPU and memory, taints, restarts, replacement pods (the first failed pod fails
+the Job, as `backoffLimit: 0` does), podFailurePolicy rules on pod conditions, DNS (a pod's
+subdomain names nothing on this host).
 
     kubelet = FakeKubelet(apiserver, node="node-1", root=tmp_path, tick_s=0.05, grace_s=2.0)
+    kubelet = FakeKubelet(apiserver, nodes=["gpu-1", "gpu-2"], root=tmp_path)  # several nodes
     kubelet.start(); ...; kubelet.close()        # or: with FakeKubelet(apiserver) as kubelet:
 
-Controls (job_name is the Job's name; namespace defaults to "default"), usable before the pod
-exists:
+Controls (job_name is the Job's name; namespace defaults to "default"; `index` picks one pod of
+an Indexed Job, every pod of the Job without it), usable before the pod exists:
     hold(job_name, reason="ImagePullBackOff", message=...)  pod stays Pending, container waiting
     unschedulable(job_name, message=...)     PodScheduled=False, reason Unschedulable, no node
     release(job_name)                        undo hold/unschedulable: the pod goes on to run
@@ -33,24 +51,29 @@ exists:
     evict(job_name, message=...)             SIGKILL; phase Failed, reason Evicted
                                              (both act once the container runs)
     unknown(job_name)                        the node goes silent: process killed, phase Unknown
-and for assertions: pod(job_name) (the pod object or None), workdir(job_name) (the container's
-temp dir: the runner's exit.json, console.log, container.log).
+and for assertions: pod(job_name, index=0) (the pod object or None), pods(job_name) (each
+index's newest pod object), workdir(job_name, index=0) (the container's temp dir: the runner's
+exit.json, console.log, container.log).
 """
 
+import copy
 import datetime as dt
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.engines.kubernetes.apiserver import FakeApiServer, now_rfc3339
 
 POD_SUFFIX = "bcdfghjklmnpqrstvwxz2456789"  # the alphabet Kubernetes draws pod suffixes from
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 
 @dataclass
@@ -68,11 +91,17 @@ class _Pod:
     job_uid: str
     name: str
     workdir: Path
+    index: int  # its completion index; 0 in a NonIndexed Job
+    asks: dict[str, int]  # the extended resources (GPUs) it asks for
+    node: str = ""  # where the scheduler bound it
+    container: str = "main"
     proc: subprocess.Popen | None = None
     started_at: str = ""
     creating_shown: bool = False
     logs_on_error: bool = False
     done: bool = False
+    outcome: str = ""  # "Succeeded" or "Failed" once its container ended
+    exit_code: int | None = None
     term_sent_at: float | None = None
     killed: set[str] = field(default_factory=set)
 
@@ -83,14 +112,18 @@ class FakeKubelet:
         api: FakeApiServer,
         *,
         node: str = "node-1",
+        nodes: list[str] | None = None,
         root: Path | None = None,
         tick_s: float = 0.05,
         grace_s: float = 2.0,
     ) -> None:
-        self.api, self.node, self.tick_s, self.grace_s = api, node, tick_s, grace_s
-        self.root = Path(root or os.environ.get("TMPDIR", "/tmp")) / f"kubelet-{node}"
-        self._pods: dict[tuple[str, str], _Pod] = {}
-        self._controls: dict[tuple[str, str], _Controls] = {}
+        self.api, self.tick_s, self.grace_s = api, tick_s, grace_s
+        self.nodes = list(nodes or [node])
+        self.node = self.nodes[0]
+        self.root = Path(root or os.environ.get("TMPDIR", "/tmp")) / f"kubelet-{self.node}"
+        self._pods: dict[tuple[str, str], _Pod] = {}  # by (namespace, pod name), in creation order
+        self._created: set[str] = set()  # the uids of the Jobs whose pods exist
+        self._controls: dict[tuple[str, str, int | None], _Controls] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -125,8 +158,9 @@ class FakeKubelet:
         reason: str = "ImagePullBackOff",
         message: str = 'Back-off pulling image "registry.example/train:latest"',
         namespace: str = "default",
+        index: int | None = None,
     ) -> None:
-        self._control(job_name, namespace).hold = (reason, message)
+        self._control(job_name, namespace, index).hold = (reason, message)
 
     def unschedulable(
         self,
@@ -134,15 +168,16 @@ class FakeKubelet:
         message: str = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: "
         "0/1 nodes are available: 1 No preemption victims found for incoming pod.",
         namespace: str = "default",
+        index: int | None = None,
     ) -> None:
-        self._control(job_name, namespace).unschedulable = message
+        self._control(job_name, namespace, index).unschedulable = message
 
-    def release(self, job_name: str, namespace: str = "default") -> None:
-        controls = self._control(job_name, namespace)
+    def release(self, job_name: str, namespace: str = "default", index: int | None = None) -> None:
+        controls = self._control(job_name, namespace, index)
         controls.hold = controls.unschedulable = None
 
-    def oom_kill(self, job_name: str, namespace: str = "default") -> None:
-        self._control(job_name, namespace).fate = "oom"
+    def oom_kill(self, job_name: str, namespace: str = "default", index: int | None = None) -> None:
+        self._control(job_name, namespace, index).fate = "oom"
 
     def evict(
         self,
@@ -150,26 +185,53 @@ class FakeKubelet:
         message: str = "The node was low on resource: memory. Threshold quantity: 100Mi, "
         "available: 51200Ki.",
         namespace: str = "default",
+        index: int | None = None,
     ) -> None:
-        controls = self._control(job_name, namespace)
+        controls = self._control(job_name, namespace, index)
         controls.fate, controls.evict_message = "evict", message
 
-    def unknown(self, job_name: str, namespace: str = "default") -> None:
-        self._control(job_name, namespace).fate = "unknown"
+    def unknown(self, job_name: str, namespace: str = "default", index: int | None = None) -> None:
+        self._control(job_name, namespace, index).fate = "unknown"
 
-    def pod(self, job_name: str, namespace: str = "default") -> dict | None:
-        with self._lock:
-            pod = self._pods.get((namespace, job_name))
+    def pod(self, job_name: str, namespace: str = "default", index: int = 0) -> dict | None:
+        pod = self._newest(job_name, namespace, index)
         return self.api.get("pods", pod.name, namespace) if pod else None
 
-    def workdir(self, job_name: str, namespace: str = "default") -> Path | None:
+    def pods(self, job_name: str, namespace: str = "default") -> dict[int, dict | None]:
+        """Each index's newest pod object (None where it is gone), by index."""
         with self._lock:
-            pod = self._pods.get((namespace, job_name))
+            indexes = sorted(
+                {
+                    p.index
+                    for p in self._pods.values()
+                    if (p.namespace, p.job) == (namespace, job_name)
+                }
+            )
+        return {i: self.pod(job_name, namespace, i) for i in indexes}
+
+    def workdir(self, job_name: str, namespace: str = "default", index: int = 0) -> Path | None:
+        pod = self._newest(job_name, namespace, index)
         return pod.workdir if pod else None
 
-    def _control(self, job_name: str, namespace: str) -> _Controls:
+    def _newest(self, job_name: str, namespace: str, index: int) -> _Pod | None:
         with self._lock:
-            return self._controls.setdefault((namespace, job_name), _Controls())
+            mine = [
+                p
+                for p in self._pods.values()
+                if (p.namespace, p.job, p.index) == (namespace, job_name, index)
+            ]
+        return mine[-1] if mine else None
+
+    def _control(self, job_name: str, namespace: str, index: int | None) -> _Controls:
+        with self._lock:
+            return self._controls.setdefault((namespace, job_name, index), _Controls())
+
+    def _controls_of(self, pod: _Pod) -> _Controls:
+        """The pod's own controls, else its Job's."""
+        key = (pod.namespace, pod.job)
+        return (
+            self._controls.get((*key, pod.index)) or self._controls.get((*key, None)) or _Controls()
+        )
 
     # -- the loop ----------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -184,45 +246,74 @@ class FakeKubelet:
                 traceback.print_exc()
 
     def _sync_job(self, job: dict) -> None:
-        """The Job controller: one pod per Job, created once."""
-        meta = job["metadata"]
-        key = (meta["namespace"], meta["name"])
-        known = self._pods.get(key)
-        if (known and known.job_uid == meta["uid"]) or job["spec"].get("suspend"):
+        """The Job controller: a Job's pods, created once (one per index of an Indexed Job)."""
+        meta, spec = job["metadata"], job["spec"]
+        if meta["uid"] in self._created or spec.get("suspend"):
             return
-        name = f"{meta['name']}-{''.join(random.choices(POD_SUFFIX, k=5))}"
-        template = job["spec"]["template"]
+        self._created.add(meta["uid"])
+        indexed = spec.get("completionMode") == "Indexed"
+        count = spec.get("completions", 1) if indexed else 1
+        for index in range(count):
+            self._create_pod(job, index if indexed else None)
+        self._set_job_status(
+            (meta["namespace"], meta["name"]),
+            {"startTime": now_rfc3339(), "active": count, "ready": 0},
+        )
+
+    def _create_pod(self, job: dict, index: int | None) -> None:
+        meta = job["metadata"]
+        template = copy.deepcopy(job["spec"]["template"])
+        labels = dict(template["metadata"]["labels"])
+        annotations = dict(template["metadata"].get("annotations") or {})
+        spec = template["spec"]
+        suffix = "".join(random.choices(POD_SUFFIX, k=5))
+        name = f"{meta['name']}-{suffix}"
+        if index is not None:  # what the controller adds to the pods of an Indexed Job
+            name = f"{meta['name']}-{index}-{suffix}"
+            annotations[COMPLETION_INDEX] = labels[COMPLETION_INDEX] = str(index)
+            spec.setdefault("hostname", f"{meta['name']}-{index}")
+            ref = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
+            for container in spec.get("containers", []):
+                container.setdefault("env", []).append(
+                    {"name": "JOB_COMPLETION_INDEX", "valueFrom": ref}
+                )
+        pod_meta = {
+            "name": name,
+            "labels": labels,
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        }
+        if annotations:
+            pod_meta["annotations"] = annotations
+        namespace = meta["namespace"]
         self.api.add(
             "pods",
             {
-                "metadata": {
-                    "name": name,
-                    "labels": dict(template["metadata"]["labels"]),
-                    "ownerReferences": [
-                        {
-                            "apiVersion": "batch/v1",
-                            "kind": "Job",
-                            "name": meta["name"],
-                            "uid": meta["uid"],
-                            "controller": True,
-                            "blockOwnerDeletion": True,
-                        }
-                    ],
-                },
-                "spec": dict(template["spec"]),
+                "metadata": pod_meta,
+                "spec": spec,
                 "status": {"phase": "Pending", "qosClass": "BestEffort"},
             },
-            namespace=key[0],
+            namespace=namespace,
         )
-        self._pods[key] = _Pod(key[0], key[1], meta["uid"], name, self.root / name)
-        self._set_job_status(key, {"startTime": now_rfc3339(), "active": 1, "ready": 0})
+        self._pods[(namespace, name)] = _Pod(
+            namespace, meta["name"], meta["uid"], name, self.root / name, index or 0, _asks(spec)
+        )
 
     def _sync_pod(self, pod: _Pod) -> None:
         """The kubelet: move one pod along, or kill its process when the pod is gone."""
         if pod.done:
             return
-        controls = self._controls.get((pod.namespace, pod.job), _Controls())
-        if self.api.get("pods", pod.name, pod.namespace) is None:
+        controls = self._controls_of(pod)
+        obj = self.api.get("pods", pod.name, pod.namespace)
+        if obj is None:
             self._terminate(pod)
             return
         if controls.fate == "unknown":
@@ -230,27 +321,35 @@ class FakeKubelet:
         elif controls.unschedulable is not None:
             self._set_pod(pod, _unschedulable(controls.unschedulable))
         elif pod.proc is None:
-            self._start(pod, controls)
+            self._start(pod, obj, controls)
         else:
             self._watch(pod, controls)
 
-    def _start(self, pod: _Pod, controls: _Controls) -> None:
+    def _start(self, pod: _Pod, obj: dict, controls: _Controls) -> None:
+        if not pod.node:
+            node, why = self._schedule(obj["spec"])
+            if node is None:
+                self._set_pod(pod, _unschedulable(why))
+                return
+            pod.node = node
         if controls.hold is not None or not pod.creating_shown:
             reason, message = controls.hold or ("ContainerCreating", "")
-            self._set_pod(pod, self._waiting(pod, reason, message), node=True)
+            self._set_pod(pod, self._waiting(pod, reason, message))
             pod.creating_shown = True
             return
         spec = self.api.get("pods", pod.name, pod.namespace)
         assert spec is not None
         container = spec["spec"]["containers"][0]
+        pod.container = container["name"]
         pod.logs_on_error = container.get("terminationMessagePolicy") == "FallbackToLogsOnError"
         pod.workdir.mkdir(parents=True, exist_ok=True)
         argv = container.get("command", []) + container.get("args", [])
         path = os.environ.get("PATH", "")
         if argv and os.path.isabs(argv[0]):  # the image's interpreter is on its PATH
             path = os.pathsep.join([os.path.dirname(argv[0]), path])
-        env = {"PATH": path, "HOME": str(pod.workdir), "HOSTNAME": pod.name}
-        env.update({e["name"]: e.get("value", "") for e in container.get("env", [])})
+        host = spec["spec"].get("hostname") or pod.name
+        env = {"PATH": path, "HOME": str(pod.workdir), "HOSTNAME": host}
+        env.update({e["name"]: _env_value(spec, e) for e in container.get("env", [])})
         pod.started_at = now_rfc3339()
         try:
             with open(pod.workdir / "container.log", "ab") as log:
@@ -267,8 +366,44 @@ class FakeKubelet:
             (pod.workdir / "container.log").write_text(f"exec failed: {exc}\n")
             self._finish(pod, 128, "StartError")
             return
-        self._set_pod(pod, self._running(pod), node=True)
-        self._set_job_status((pod.namespace, pod.job), {"ready": 1})
+        self._set_pod(pod, self._running(pod))
+        self._count(pod)
+
+    def _schedule(self, spec: dict) -> tuple[str | None, str]:
+        """The scheduler: the first of this kubelet's nodes the pod fits on, or why none."""
+        objects = {n["metadata"]["name"]: n for n in self.api.select("nodes")}
+        asks = _asks(spec)
+        misfits, short = 0, Counter()
+        for name in self.nodes:
+            node = objects.get(name)
+            if node is None:  # no Node object to say what it has: it takes any pod
+                return name, ""
+            if not _fits(spec, node["metadata"].get("labels") or {}):
+                misfits += 1
+                continue
+            free = self._free(name, node)
+            lacking = [r for r, n in asks.items() if free.get(r, 0) < n]
+            if not lacking:
+                return name, ""
+            short.update(lacking)
+        reasons = [f"{n} Insufficient {r}" for r, n in sorted(short.items())]
+        if misfits:
+            reasons.append(f"{misfits} node(s) didn't match Pod's node affinity/selector")
+        total = len(self.nodes)
+        return None, (
+            f"0/{total} nodes are available: {', '.join(reasons)}. preemption: 0/{total} nodes "
+            f"are available: {total} Preemption is not helpful for scheduling."
+        )
+
+    def _free(self, name: str, node: dict) -> dict[str, int]:
+        """A node's extended resources less what the pods bound there that have not ended ask."""
+        allocatable = node.get("status", {}).get("allocatable", {})
+        free = {r: int(v) for r, v in allocatable.items() if "/" in r}
+        for pod in self._pods.values():
+            if pod.node == name and not pod.done:
+                for resource, count in pod.asks.items():
+                    free[resource] = free.get(resource, 0) - count
+        return free
 
     def _watch(self, pod: _Pod, controls: _Controls) -> None:
         assert pod.proc is not None
@@ -291,6 +426,7 @@ class FakeKubelet:
 
     def _finish(self, pod: _Pod, code: int, reason: str, evicted: str = "") -> None:
         pod.done = True
+        pod.outcome, pod.exit_code = ("Succeeded" if code == 0 else "Failed"), code
         terminated = {
             "exitCode": code,
             "reason": reason,
@@ -299,48 +435,80 @@ class FakeKubelet:
         }
         if code and pod.logs_on_error:  # terminationMessagePolicy: FallbackToLogsOnError
             terminated["message"] = _tail(pod.workdir / "container.log")
-        status = self._status(pod, "Succeeded" if code == 0 else "Failed")
+        status = self._status(pod, pod.outcome)
         status["containerStatuses"] = [_container(pod, {"terminated": terminated}, ready=False)]
         if evicted:
             status.update(reason="Evicted", message=evicted)
             status["conditions"].append(
                 _cond("DisruptionTarget", "True", "TerminationByKubelet", evicted)
             )
-        self._set_pod(pod, status, node=True)
-        self._end_job(pod, code == 0, "deadline" in pod.killed)
+        self._set_pod(pod, status)
+        self._settle(pod)
 
-    def _end_job(self, pod: _Pod, succeeded: bool, deadline: bool) -> None:
-        now = now_rfc3339()
-        if succeeded:
-            conditions = [
-                _cond(
-                    "SuccessCriteriaMet",
-                    "True",
-                    "CompletionsReached",
-                    "Reached expected number of succeeded pods",
+    def _count(self, pod: _Pod) -> None:
+        """The Job controller's counts of a Job's pods while none has ended it."""
+        mine = [p for p in self._pods.values() if p.job_uid == pod.job_uid]
+        self._set_job_status(
+            (pod.namespace, pod.job),
+            {
+                "active": sum(not p.done for p in mine),
+                "ready": sum(bool(p.started_at) and not p.done for p in mine),
+                **_nonzero(
+                    succeeded=sum(p.outcome == "Succeeded" for p in mine),
+                    failed=sum(p.outcome == "Failed" for p in mine),
                 ),
-                _cond(
-                    "Complete",
-                    "True",
-                    "CompletionsReached",
-                    "Reached expected number of succeeded pods",
-                ),
-            ]
-            status = {"succeeded": 1, "completionTime": now}
-        else:
-            reason, message = (
-                ("DeadlineExceeded", "Job was active longer than specified deadline")
-                if deadline
-                else ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-            )
+            },
+        )
+
+    def _settle(self, pod: _Pod) -> None:
+        """The Job controller when one of a Job's pods ended: the Job's end once it has one (its
+        first failed pod, or every completion succeeded), else its counts."""
+        job = self.api.get("jobs", pod.job, pod.namespace)
+        if job is None or job["metadata"]["uid"] != pod.job_uid or _ended(job):
+            return
+        mine = [p for p in self._pods.values() if p.job_uid == pod.job_uid]
+        succeeded = sum(p.outcome == "Succeeded" for p in mine)
+        failed = sum(p.outcome == "Failed" for p in mine)
+        ended = {"active": 0, "ready": 0, **_nonzero(succeeded=succeeded, failed=failed)}
+        if pod.outcome == "Failed":
+            reason, message = self._failure(job, pod)
             conditions = [
                 _cond("FailureTarget", "True", reason, message),
                 _cond("Failed", "True", reason, message),
             ]
-            status = {"failed": 1}
-        self._set_job_status(
-            (pod.namespace, pod.job), {**status, "active": 0, "ready": 0, "conditions": conditions}
-        )
+            self._set_job_status((pod.namespace, pod.job), {**ended, "conditions": conditions})
+            for other in mine:  # a failed Job's other pods are deleted
+                if not other.done:
+                    self.api.remove("pods", other.name, other.namespace)
+        elif succeeded >= job["spec"].get("completions", 1):
+            said = "Reached expected number of succeeded pods"
+            conditions = [
+                _cond("SuccessCriteriaMet", "True", "CompletionsReached", said),
+                _cond("Complete", "True", "CompletionsReached", said),
+            ]
+            self._set_job_status(
+                (pod.namespace, pod.job),
+                {**ended, "completionTime": now_rfc3339(), "conditions": conditions},
+            )
+        else:
+            self._count(pod)
+
+    def _failure(self, job: dict, pod: _Pod) -> tuple[str, str]:
+        """Why a failed pod failed its Job: the reason and message of its Failed condition."""
+        if "deadline" in pod.killed:
+            return "DeadlineExceeded", "Job was active longer than specified deadline"
+        for i, rule in enumerate((job["spec"].get("podFailurePolicy") or {}).get("rules") or []):
+            codes = rule.get("onExitCodes")
+            if codes is None or codes.get("containerName") not in (None, pod.container):
+                continue
+            if (pod.exit_code in codes.get("values", [])) == (codes.get("operator") == "In"):
+                if rule.get("action") != "FailJob":
+                    break  # the first matching rule decides: counted against backoffLimit
+                return "PodFailurePolicy", (
+                    f"Container {pod.container} for pod {pod.namespace}/{pod.name} failed with "
+                    f"exit code {pod.exit_code} matching FailJob rule at index {i}"
+                )
+        return "BackoffLimitExceeded", "Job has reached the specified backoff limit"
 
     def _deadline_passed(self, pod: _Pod) -> bool:
         job = self.api.get("jobs", pod.job, pod.namespace) or {}
@@ -356,9 +524,10 @@ class FakeKubelet:
         status = self._status(pod, "Unknown")
         status.update(
             reason="NodeLost",
-            message=f"Node {self.node} which was running pod {pod.name} is unresponsive",
+            message=f"Node {pod.node or self.node} which was running pod {pod.name} is "
+            "unresponsive",
         )
-        self._set_pod(pod, status, node=True)
+        self._set_pod(pod, status)
         pod.done = True
 
     def _terminate(self, pod: _Pod) -> None:
@@ -398,16 +567,74 @@ class FakeKubelet:
         status["containerStatuses"] = [_container(pod, running, ready=True)]
         return status
 
-    def _set_pod(self, pod: _Pod, status: dict, node: bool = False) -> None:
+    def _set_pod(self, pod: _Pod, status: dict) -> None:
         def change(obj: dict) -> None:
             obj["status"] = status
-            if node:
-                obj["spec"]["nodeName"] = self.node
+            if pod.node:  # bound: the scheduler wrote its node
+                obj["spec"]["nodeName"] = pod.node
 
         self.api.mutate("pods", pod.name, change, pod.namespace)
 
     def _set_job_status(self, key: tuple[str, str], fields: dict) -> None:
         self.api.mutate("jobs", key[1], lambda job: job["status"].update(fields), key[0])
+
+
+def _asks(spec: dict) -> dict[str, int]:
+    """The extended resources (`vendor/name`, such as GPUs) a pod's containers ask for."""
+    asks: Counter = Counter()
+    for container in spec.get("containers", []):
+        resources = container.get("resources") or {}
+        wanted = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        asks.update({r: int(v) for r, v in wanted.items() if "/" in r})
+    return dict(asks)
+
+
+def _fits(spec: dict, labels: dict) -> bool:
+    """Whether a node with these labels satisfies the pod's nodeSelector and required affinity."""
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms") or []
+    return not terms or any(
+        all(_holds(e, labels) for e in term.get("matchExpressions") or []) for term in terms
+    )
+
+
+def _holds(expression: dict, labels: dict) -> bool:
+    key, values = expression["key"], expression.get("values") or []
+    return {
+        "In": labels.get(key) in values,
+        "NotIn": labels.get(key) not in values,
+        "Exists": key in labels,
+        "DoesNotExist": key not in labels,
+    }.get(expression["operator"], False)
+
+
+def _env_value(pod: dict, env: dict) -> str:
+    """A container env entry's value: its own, or the pod field its fieldRef names."""
+    path = ((env.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+    if path is None:
+        return env.get("value", "")
+    keyed = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
+    if keyed:
+        return (pod["metadata"].get(keyed[1]) or {}).get(keyed[2], "")
+    found: object = pod
+    for step in path.split("."):
+        found = found.get(step) if isinstance(found, dict) else None
+    return "" if found is None else str(found)
+
+
+def _ended(job: dict) -> bool:
+    return any(
+        c["type"] in ("Complete", "Failed") and c["status"] == "True"
+        for c in job.get("status", {}).get("conditions") or []
+    )
+
+
+def _nonzero(**counts: int) -> dict[str, int]:
+    """A Job's status leaves out the counts that are zero."""
+    return {k: v for k, v in counts.items() if v}
 
 
 def _unschedulable(message: str) -> dict:

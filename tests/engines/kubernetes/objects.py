@@ -12,6 +12,10 @@ from jobs.executors.base import LaunchSpec
 
 T0, T1 = "2025-03-01T10:00:00Z", "2025-03-01T10:05:00Z"
 IMAGE = "registry.example/train:v2"
+# The label GPU feature discovery puts on a GPU node, and values it writes there.
+GPU_PRODUCT = "nvidia.com/gpu.product"
+A100, A100_PCIE, H100 = "NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-PCIE-40GB", "NVIDIA-H100-80GB-HBM3"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 
 def launch(**fields) -> LaunchSpec:
@@ -52,13 +56,28 @@ def condition(kind: str, status: str = "True", reason: str = "", message: str = 
     return found
 
 
-def pod_for(job: dict, status: dict, suffix: str = "x7k2q", created: str = T0) -> dict:
-    """The pod the Job controller makes for `job` (as stored by the emulator), with `status`."""
+def pod_for(
+    job: dict,
+    status: dict,
+    suffix: str = "x7k2q",
+    created: str = T0,
+    index: int | None = None,
+    node_name: str = "gpu-node-1",
+) -> dict:
+    """The pod the Job controller makes for `job` (as stored by the emulator), with `status`;
+    with `index`, that index's pod of an Indexed Job."""
     template = job["spec"]["template"]
+    name, labels = job["metadata"]["name"], dict(template["metadata"]["labels"])
+    extra = {}
+    if index is not None:
+        name = f"{name}-{index}"
+        labels[COMPLETION_INDEX] = str(index)
+        extra["annotations"] = {COMPLETION_INDEX: str(index)}
     return {
         "metadata": {
-            "name": f"{job['metadata']['name']}-{suffix}",
-            "labels": dict(template["metadata"]["labels"]),
+            "name": f"{name}-{suffix}",
+            "labels": labels,
+            **extra,
             "creationTimestamp": created,
             "ownerReferences": [
                 {
@@ -71,7 +90,7 @@ def pod_for(job: dict, status: dict, suffix: str = "x7k2q", created: str = T0) -
                 }
             ],
         },
-        "spec": {**template["spec"], "nodeName": "gpu-node-1"},
+        "spec": {**template["spec"], "nodeName": node_name},
         "status": status,
     }
 
@@ -164,8 +183,12 @@ def node(
     unschedulable: bool = False,
     taints: list[dict] | None = None,
     resource: str = "nvidia.com/gpu",
+    product: str = "",
 ) -> dict:
+    """A node with `gpus` allocatable; `product`, its GPU product label (GPU_PRODUCT)."""
     allocatable = {"cpu": "94", "memory": "1980Gi", "pods": "110"}
+    if product:
+        labels = {GPU_PRODUCT: product, **(labels or {})}
     if gpus:
         allocatable[resource] = str(gpus)
     spec: dict = {"podCIDR": "10.244.2.0/24"}
