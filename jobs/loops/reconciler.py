@@ -378,6 +378,10 @@ def _record_ranks(open_attempts: list[Attempt], observations: dict[int, Observat
         if obs is None or "ranks" not in obs.details:
             continue
         ranks = checked_ranks(obs.details["ranks"], attempt.nodes)
+        known = {r["rank"]: r["node"] for r in attempt.ranks or [] if isinstance(r, dict)}
+        for row in ranks:  # a rank whose pod is gone no longer says where it ran
+            if not row["node"] and known.get(row["rank"]):
+                row["node"] = known[row["rank"]]
         if ranks and ranks != attempt.ranks:
             Attempt.objects.filter(pk=attempt.pk).update(ranks=ranks)
             attempt.ranks = ranks

@@ -86,3 +86,20 @@ def test_a_partial_start_past_the_deadline_fails_saying_not_all_nodes_started(ba
     )
     assert backend.cancelled == ["ref-g"]
     assert Attempt.objects.get(pk=attempt.pk).start_time is None  # nothing billed
+
+
+def test_a_rank_that_no_longer_says_its_node_keeps_the_one_seen_before(backend, gang):
+    job, attempt = gang
+    backend.states["ref-g"] = Observation(
+        "RUN",
+        start_time=timezone.now(),
+        details={"ranks": [rank(0, "running"), rank(1, "running")]},
+    )
+    reconcile_all()
+    gone = [rank(0, "failed", 3), {**rank(1, "killed"), "node": ""}]
+    backend.states["ref-g"] = Observation(
+        "BAD", exit_code=3, start_time=timezone.now(), details={"ranks": gone, "failed_rank": 0}
+    )
+    reconcile_all()
+    nodes = [r["node"] for r in Attempt.objects.get(pk=attempt.pk).ranks]
+    assert nodes == ["n1", "n2"]
