@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# A real single-node Slurm (Debian's slurm-wlm 22.05) on this host for the Slurm executor's tests
-# and benchmark: slurmctld + slurmd as root, 4 fake GPUs declared as GRES.
+# A real Slurm (Debian's slurm-wlm 22.05) on this host for the Slurm executor's tests and
+# benchmarks: slurmctld and three slurmd as root.
+#   partition debug (Default): the host's own node, 4 fake untyped GPUs (gpu:4) declared as GRES;
+#   partition multi: two more nodes, multi1 and multi2, each a slurmd of its own on this host
+#     (`slurmd -N`; its own port, spool dir, pid and log file; NodeAddr 127.0.0.2 and 127.0.0.3,
+#     both this host's loopback) with 2 fake GPUs of type a100 each (gpu:a100:2), so that a
+#     multi-node job runs one rank per node and asks for a GPU type.
 #
 #   .ci/slurm.sh install   apt-get install slurm-wlm and munge, only when sbatch is missing
 #   .ci/slurm.sh up        start what is not running (idempotent); prints the SLURM_CONF to use
@@ -11,12 +16,17 @@
 # The configuration lives in the state dir, not /etc/slurm, so a machine's own Slurm config is
 # never touched: point the Slurm commands at it with SLURM_CONF=$SF_SLURM_DIR/etc/slurm.conf.
 # Env: SF_SLURM_DIR (default /tmp/starforge-slurm), SF_SLURM_CPUS (default 16, may exceed the
-# real cores so that many short jobs run at once), SF_SLURM_GPUS (default 4),
-# SF_SLURM_PORT (slurmctld port, default 6817; slurmd uses the next one).
+# real cores so that many short jobs run at once), SF_SLURM_GPUS (default 4), SF_SLURM_MULTI_CPUS
+# and SF_SLURM_MULTI_GPUS (per multi node, default 8 and 2), SF_SLURM_PORT (slurmctld port,
+# default 6817; the host's slurmd uses the next one, multi1 and multi2 the two after).
 set -euo pipefail
 D=${SF_SLURM_DIR:-/tmp/starforge-slurm}
 CPUS=${SF_SLURM_CPUS:-16}
 GPUS=${SF_SLURM_GPUS:-4}
+MULTI_CPUS=${SF_SLURM_MULTI_CPUS:-8}
+MULTI_GPUS=${SF_SLURM_MULTI_GPUS:-2}
+MULTI_TYPE=a100
+MULTI_NODES="multi1 multi2"
 PORT=${SF_SLURM_PORT:-6817}
 export SLURM_CONF=$D/etc/slurm.conf
 STARTED=$D/started   # one line per daemon `up` started: what `down` may stop
@@ -54,18 +64,27 @@ start_munge() {
   return 1
 }
 
-write_config() { # prints "changed" when the node or GRES definition differs from the last run
-  local host mem
-  host=$(hostname -s)
-  mem=$(($(awk '/MemTotal/{print $2}' /proc/meminfo) / 1024 - 1024)) # MiB, leave 1 GiB
-  # Fake GPU device files: char devices aliasing /dev/null; GRES needs File= to hand out
-  # CUDA_VISIBLE_DEVICES, and slurmd complains about plain files.
-  for i in $(seq 0 $((GPUS - 1))); do
-    [ -c "$D/dev/nvidia$i" ] || {
-      rm -f "$D/dev/nvidia$i"
-      mknod -m 666 "$D/dev/nvidia$i" c 1 3 2>/dev/null || touch "$D/dev/nvidia$i"
+fake_gpus() { # dir count: char devices aliasing /dev/null, one per fake GPU. GRES needs File= to
+  # hand out CUDA_VISIBLE_DEVICES, and slurmd complains about plain files.
+  mkdir -p "$1"
+  for i in $(seq 0 $(($2 - 1))); do
+    [ -c "$1/nvidia$i" ] || {
+      rm -f "$1/nvidia$i"
+      mknod -m 666 "$1/nvidia$i" c 1 3 2>/dev/null || touch "$1/nvidia$i"
     }
   done
+}
+
+nodes() { hostname -s; echo $MULTI_NODES | tr ' ' '\n'; } # every node `up` runs a slurmd for
+
+pidfile() { echo "$D/slurmd-$1.pid"; } # node: its slurmd's (SlurmdPidFile, %n expanded)
+
+write_config() { # prints "changed" when the node or GRES definition differs from the last run
+  local host mem i n
+  host=$(hostname -s)
+  mem=$(($(awk '/MemTotal/{print $2}' /proc/meminfo) / 1024 - 1024)) # MiB, leave 1 GiB
+  fake_gpus "$D/dev" "$GPUS"
+  for n in $MULTI_NODES; do fake_gpus "$D/dev/$n" "$MULTI_GPUS"; done
   cat >"$D/etc/slurm.conf.new" <<EOF
 ClusterName=starforge-ci
 SlurmctldHost=${host}(127.0.0.1)
@@ -76,9 +95,9 @@ CredType=cred/munge
 SlurmctldPort=$PORT
 SlurmdPort=$((PORT + 1))
 StateSaveLocation=$D/state
-SlurmdSpoolDir=$D/spool
+SlurmdSpoolDir=$D/spool/%n
 SlurmctldPidFile=$D/slurmctld.pid
-SlurmdPidFile=$D/slurmd.pid
+SlurmdPidFile=$D/slurmd-%n.pid
 SlurmctldLogFile=$D/log/slurmctld.log
 SlurmdLogFile=$D/log/slurmd.log
 SlurmctldDebug=info
@@ -104,11 +123,21 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 GresTypes=gpu
 NodeName=${host} NodeAddr=127.0.0.1 CPUs=${CPUS} RealMemory=${mem} Gres=gpu:${GPUS} State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
-  cat >"$D/etc/gres.conf.new" <<EOF
-AutoDetect=off
-NodeName=${host} Name=gpu File=$D/dev/nvidia[0-$((GPUS - 1))]
+  echo "AutoDetect=off" >"$D/etc/gres.conf.new"
+  echo "NodeName=${host} Name=gpu File=$D/dev/nvidia[0-$((GPUS - 1))]" >>"$D/etc/gres.conf.new"
+  i=0
+  for n in $MULTI_NODES; do
+    i=$((i + 1))
+    echo "NodeName=$n NodeAddr=127.0.0.$((i + 1)) Port=$((PORT + 1 + i))" \
+      "CPUs=${MULTI_CPUS} RealMemory=${mem} Gres=gpu:${MULTI_TYPE}:${MULTI_GPUS} State=UNKNOWN" \
+      >>"$D/etc/slurm.conf.new"
+    echo "NodeName=$n Name=gpu Type=${MULTI_TYPE} File=$D/dev/$n/nvidia[0-$((MULTI_GPUS - 1))]" \
+      >>"$D/etc/gres.conf.new"
+  done
+  cat >>"$D/etc/slurm.conf.new" <<EOF
+PartitionName=debug Nodes=${host} Default=YES MaxTime=INFINITE State=UP
+PartitionName=multi Nodes=$(echo $MULTI_NODES | tr ' ' ',') MaxTime=INFINITE State=UP
 EOF
   local f
   for f in slurm.conf gres.conf; do
@@ -121,18 +150,30 @@ EOF
   done
 }
 
-wait_for_node() {
-  local st=""
+wait_for_nodes() { # until every node takes jobs; a down or drained one is resumed
+  local out="" node st bad
   for _ in $(seq 100); do
-    st=$(sinfo -h -N -o '%T' 2>/dev/null | head -1 || true)
-    case "$st" in
-      idle | mixed | allocated | completing) echo "slurm up: node $(hostname -s) $st"; return 0 ;;
-      drain* | inval* | down*) scontrol update NodeName="$(hostname -s)" State=RESUME 2>/dev/null || true ;;
-    esac
+    out=$(sinfo -h -N -o '%N %T' 2>/dev/null || true)
+    bad=0
+    for node in $(nodes); do
+      st=$(awk -v n="$node" '$1 == n {print $2; exit}' <<<"$out")
+      case "$st" in
+        idle | mixed | allocated | completing) ;;
+        drain* | inval* | down*)
+          bad=1
+          scontrol update NodeName="$node" State=RESUME 2>/dev/null || true
+          ;;
+        *) bad=1 ;;
+      esac
+    done
+    if [ "$bad" = 0 ]; then
+      echo "slurm up: nodes $(awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2}' <<<"$out")"
+      return 0
+    fi
     sleep 0.2
   done
   sinfo -N -l || true
-  echo "slurm node state: ${st:-none} (see $D/log/)" >&2
+  echo "slurm node states: ${out:-none} (see $D/log/)" >&2
   return 1
 }
 
@@ -144,19 +185,28 @@ up() {
   mkdir -p "$D"/{etc,state,spool,log,dev}
   touch "$STARTED"
   start_munge
+  local node pf
   if [ -n "$(write_config)" ]; then # node/GRES changes need a restart, not `scontrol reconfigure`
-    alive "$D/slurmd.pid" && stop_pid "$D/slurmd.pid"
+    # every node's slurmd, and slurmd.pid of a state dir from before the multi nodes
+    for pf in "$D"/slurmd*.pid; do alive "$pf" && stop_pid "$pf"; done
     alive "$D/slurmctld.pid" && stop_pid "$D/slurmctld.pid"
   fi
   if ! alive "$D/slurmctld.pid"; then
     /usr/sbin/slurmctld # daemonizes and writes its pid file
     echo "slurmctld $D/slurmctld.pid" >>"$STARTED"
   fi
-  if ! alive "$D/slurmd.pid"; then
-    /usr/sbin/slurmd -N "$(hostname -s)"
-    echo "slurmd $D/slurmd.pid" >>"$STARTED"
-  fi
-  wait_for_node
+  for node in $(nodes); do
+    pf=$(pidfile "$node")
+    if ! alive "$pf"; then
+      if [ "$node" = "$(hostname -s)" ]; then
+        /usr/sbin/slurmd -N "$node"
+      else # a log of its own: SlurmdLogFile is the host node's
+        /usr/sbin/slurmd -N "$node" -L "$D/log/slurmd-$node.log"
+      fi
+      echo "slurmd $pf" >>"$STARTED"
+    fi
+  done
+  wait_for_nodes
   echo "SLURM_CONF=$SLURM_CONF"
 }
 
@@ -183,8 +233,8 @@ restart_ctld() { # a crash and a restart: slurmctld recovers its jobs from the s
     scontrol ping 2>/dev/null | grep -q "is UP" && break
     sleep 0.1
   done
-  echo "slurmctld restarted: node $(sinfo -h -N -o '%T' 2>/dev/null | head -1)"
-  wait_for_node # a node the restart left down or drained is resumed, as an operator would
+  echo "slurmctld restarted: nodes $(sinfo -h -N -o '%N %T' 2>/dev/null | paste -sd, -)"
+  wait_for_nodes # a node the restart left down or drained is resumed, as an operator would
 }
 
 case "${1:-}" in

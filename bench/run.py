@@ -47,6 +47,7 @@ BENCHES: dict[str, tuple[str, int]] = {
     "slurm-vs-sbatch": ("200 short jobs through Starforge on a real Slurm vs straight sbatch", 600),
     "slurm-reconcile-1000": ("one reconciler tick over 1,000 PENDING jobs on a real Slurm", 300),
     "gang-local-failure": ("local 2-rank jobs: one rank's failure to every rank gone", 120),
+    "slurm-multinode": ("2-node jobs on a real 2-node Slurm vs sbatch --nodes 2; fail fast", 600),
 }
 
 
@@ -92,6 +93,10 @@ def _child(name: str, out: Path) -> None:
         from bench import gang_bench
 
         result = gang_bench.local_rank_failure()
+    elif name == "slurm-multinode":
+        from bench import slurm_bench
+
+        result = slurm_bench.multinode()
     else:
         raise SystemExit(f"unknown benchmark {name!r}")
     from django.db import connections

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sf.contract import (
@@ -106,11 +107,38 @@ def _srun(
             f"--chdir={run_dir}",
             f"--gres=gpu:{gpus}" if gpus else "--gres=none",
             f"--job-name=rank{rank}",
+            # srun's progress lines ("forcing job termination", "Job step aborted") stay out
+            # of the job's log; its errors, such as a rank's exit code, stay in
+            "--quiet",
             "--",
             *argv,
         ]
         plans.append(RankPlan(rank, host, step, env))
     return plans
+
+
+def terminator(environ: dict[str, str], plans: list[RankPlan]) -> Callable[[], None] | None:
+    """How to SIGTERM every rank with its grace, where signalling their processes here would
+    not: srun turns a SIGTERM into an immediate kill of its remote task, so the ranks' steps are
+    signalled through Slurm (`scancel --signal=TERM`, which leaves the batch step, this runner,
+    alone). None: signalling the ranks' process groups is the way (local ranks)."""
+    job = environ.get("SLURM_JOB_ID", "")
+    if not job or not any(p.argv[:1] == ["srun"] for p in plans):
+        return None
+
+    def terminate() -> None:
+        try:
+            subprocess.run(
+                ["scancel", "--signal=TERM", job],
+                env=environ,
+                capture_output=True,
+                timeout=SCONTROL_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # the SIGKILL after the grace still ends every rank
+
+    return terminate
 
 
 def node_addrs(hosts: list[str], environ: dict[str, str]) -> list[str]:
@@ -188,4 +216,12 @@ def rank_states(codes: list[int | None], failed: int | None, stopped: bool) -> l
     return states
 
 
-__all__ = ["RankPlan", "RankPlanError", "free_port", "node_addrs", "plan_ranks", "rank_states"]
+__all__ = [
+    "RankPlan",
+    "RankPlanError",
+    "free_port",
+    "node_addrs",
+    "plan_ranks",
+    "rank_states",
+    "terminator",
+]

@@ -52,7 +52,7 @@ from sf.contract import (
     record_mac,
 )
 from sf.http import ApiError, Client, ConnectError
-from sf.ranks import RankPlan, RankPlanError, plan_ranks, rank_states
+from sf.ranks import RankPlan, RankPlanError, plan_ranks, rank_states, terminator
 from sf.supervise import Supervisor, guard_runner
 from sf.system import SystemSampler, sample_interval
 
@@ -770,7 +770,7 @@ def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
                 for proc in procs:
                     proc.wait()
                 return _ingest_failed(env, f"cannot start entrypoint {plan.argv[0]!r}: {exc}")
-        supervisor = Supervisor(procs)
+        supervisor = Supervisor(procs, terminator(env.environ, plans))
         supervisor.install()
         started_at = time.time()
         started: dict[str, Any] = {"started_at": started_at, "pid": procs[0].pid}

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sf.system import proc_stats
@@ -89,8 +90,13 @@ class Supervisor:
     the runner gets SIGTERM, then SIGKILL after KILL_GRACE_S; the runner waits until none is
     left, so an exit file it writes means no process of the job remains."""
 
-    def __init__(self, procs: list[subprocess.Popen]) -> None:
+    def __init__(
+        self, procs: list[subprocess.Popen], terminate: Callable[[], None] | None = None
+    ) -> None:
         self.procs = procs  # one process group per rank
+        # How a SIGTERM reaches the ranks when not through their processes here (srun steps:
+        # `sf.ranks.terminator`); the SIGKILL after the grace is sent here either way.
+        self.terminate = terminate
         self.signalled = False  # a stop (SIGTERM/SIGINT) reached the runner
         self.killer: threading.Timer | None = None
         self.kill_at: float | None = None  # monotonic time of the SIGKILL
@@ -118,6 +124,9 @@ class Supervisor:
             self.killer.start()
 
     def _signal_all(self, signum: int) -> None:
+        if signum == signal.SIGTERM and self.terminate is not None:
+            self.terminate()
+            return
         for proc in self.procs:
             try:
                 os.killpg(proc.pid, signum)

@@ -256,6 +256,18 @@ def read_record(path: Path, name: str) -> dict:
     return record
 
 
+def rank_details(record: dict) -> dict:
+    """A multi-node attempt's ranks and the rank that failed first, from a signed record
+    (the reconciler checks the rows before it keeps them)."""
+    details = {}
+    if isinstance(record.get("ranks"), list):
+        details["ranks"] = record["ranks"]
+    failed = record.get("failed_rank")
+    if isinstance(failed, int) and not isinstance(failed, bool):
+        details["failed_rank"] = failed
+    return details
+
+
 @contextmanager
 def file_lock(path: Path) -> Iterator[None]:
     """An exclusive lock on `path` (created if missing), for workers sharing a directory."""

@@ -71,6 +71,7 @@ from jobs.executors.base import (
     check_known,
     epoch,
     file_lock,
+    rank_details,
     read_record,
     record_key,
 )
@@ -516,18 +517,6 @@ def _exited(done: dict, start_time: dt.datetime | None) -> Observation:
         end_time=epoch(done.get("ended_at")),
         details=rank_details(done),
     )
-
-
-def rank_details(record: dict) -> dict:
-    """A multi-node attempt's ranks and the rank that failed first, from a signed record
-    (the reconciler checks the rows before it keeps them)."""
-    details = {}
-    if isinstance(record.get("ranks"), list):
-        details["ranks"] = record["ranks"]
-    failed = record.get("failed_rank")
-    if isinstance(failed, int) and not isinstance(failed, bool):
-        details["failed_rank"] = failed
-    return details
 
 
 @cache

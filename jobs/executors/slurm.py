@@ -25,6 +25,14 @@ Job code runs as the same unix user as the runner and can write to the attempt d
 runner's `exit.json` counts only when its mac verifies (`read_record`), and even then it never
 ends an attempt while Slurm still reports the job: see `_stale_runner_exit` and `reap_stale`.
 A poll only asks (squeue, sacct) and reads the runner's files; it cancels nothing.
+
+A multi-node attempt (`spec.nodes` > 1) is one batch job of `--nodes N --ntasks-per-node 1`
+with `--gres=gpu[:type]:G` per node. Its batch step, on the allocation's first node, is the one
+runner of the attempt: told `SF_RANK_LAUNCH=srun`, it starts one `srun` step per rank
+(`sf.ranks`), ends them all when one fails, and signs the ranks into its records, which a poll
+passes on (`ranks`, `failed_rank`). Slurm's `--nodes N` means N distinct nodes, so capacity
+reports each node on its own (`ranks_share_nodes=False`), with its GRES type. scancel of the
+job ends every step, and so every rank, with it.
 """
 
 import datetime as dt
@@ -44,9 +52,13 @@ from django.conf import settings
 from sf.contract import (
     BACKEND_PREFIX,
     EXIT_FILE,
+    GPUS_PER_NODE_VAR,
     INGEST_EXIT,
     INGEST_FAILED,
+    NUM_NODES_VAR,
+    RANK_LAUNCH_VAR,
     RUN_DIR_VAR,
+    STARTED_FILE,
     entrypoint_code,
     file_env,
 )
@@ -56,12 +68,15 @@ from jobs.executors.base import (
     Capacity,
     LaunchError,
     LaunchSpec,
+    NodeCapacity,
     Observation,
     base_env,
     check_known,
     epoch,
     file_lock,
+    gpu_type_matches,
     passed_on,
+    rank_details,
     read_record,
 )
 from jobs.states import JobStatus
@@ -82,7 +97,8 @@ NODE_FLAGS = "*~#%!$@^-"
 ALLOCATED_STATES = "CONFIGURING,RUNNING,COMPLETING,SUSPENDED,STOPPED,SIGNALING,RESIZING,STAGE_OUT"
 # FAILED reasons that mean the runner ran and exited (or was killed): its status is the answer.
 RUNNER_ENDS = frozenset({"NonZeroExitCode", "None", ""})
-GPU_COUNT = re.compile(r"\bgpu(?::(?:\(null\)|[^:,()]+))?:(\d+)")
+# One GPU GRES of a Gres/GresUsed/TRES string: (its type, "" or "(null)" when untyped; count).
+GPU_GRES = re.compile(r"\bgpu(?::(\(null\)|[^:,()]+))?:(\d+)")
 TIME_LIMIT = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
 # "sbatch: error: ", "slurm_load_jobs error: ", "slurm_load_partitions: " before Slurm's words
 SLURM_PREFIX = re.compile(r"^(?:[\w-]+:? (?:error|fatal): |slurm_\w+: )")
@@ -288,7 +304,8 @@ class SlurmExecutor:
         self._slurm(["scancel", job_ref])
 
     def capacity(self) -> Capacity:
-        """GPUs of the partition's usable nodes, less those that jobs outside Starforge hold.
+        """GPUs of the partition's usable nodes, less those that jobs outside Starforge hold,
+        in all (`total_gpus`) and per node (`nodes`: its name, those GPUs, its GRES type).
 
         The scheduler subtracts the GPUs of Starforge's own active jobs itself, so only
         foreign load is taken off here: node GPUs in use minus those of `sf-` jobs. Answers
@@ -306,15 +323,27 @@ class SlurmExecutor:
     def _ask_capacity(self) -> Capacity:
         try:
             nodes, unusable = self._partition_nodes()
-            ours = self._starforge_gpus(list(nodes)) if nodes else 0
+            ours = self._starforge_gpus(list(nodes)) if nodes else {}
         except SlurmError as exc:
             return Capacity(reachable=False, message=str(exc))
-        total = sum(gpus for gpus, _ in nodes.values())
-        foreign = max(0, sum(used for _, used in nodes.values()) - ours)
+        total = sum(node.gpus for node in nodes.values())
+        # "" holds what a Starforge job holds on nodes squeue did not name (counted in all)
+        mine = sum(gpus for node, gpus in ours.items() if node in nodes or not node)
+        foreign = max(0, sum(node.used for node in nodes.values()) - mine)
+        each = tuple(
+            NodeCapacity(name, node.gpus - max(0, node.used - ours.get(name, 0)), node.gpu_type)
+            for name, node in nodes.items()
+        )
         where = f"partition {self.partition}" if self.partition else "the default partition"
         seen = ", ".join(unusable) if unusable else "none listed"
         message = "" if nodes else f"{where} has no usable nodes ({seen})"
-        return Capacity(reachable=True, total_gpus=max(0, total - foreign), message=message)
+        return Capacity(
+            reachable=True,
+            total_gpus=max(0, total - foreign),
+            message=message,
+            nodes=each,
+            ranks_share_nodes=False,  # --nodes N: N distinct nodes, one rank on each
+        )
 
     # -- submit ------------------------------------------------------------------------------
     def _lock(self):
@@ -331,8 +360,15 @@ class SlurmExecutor:
             f"--error={attempt_dir / 'slurm.err'}",
             "--no-requeue",  # one attempt, one run: retries are Starforge's (see STATE_TABLE)
         ]
-        if spec.gpus > 0:
-            args.append(f"--gres=gpu:{spec.gpus}")
+        if spec.nodes > 1:  # one task per node: the batch step runs the runner on the first
+            args += [f"--nodes={spec.nodes}", "--ntasks-per-node=1"]
+        if spec.gpus > 0:  # GRES are per node
+            kind = self._gres_type(spec.gpu_type)
+            args.append(f"--gres=gpu:{kind + ':' if kind else ''}{spec.gpus_per_node}")
+        if spec.cpus:
+            args.append(f"--cpus-per-task={spec.cpus}")
+        if spec.memory_mb:
+            args.append(f"--mem={spec.memory_mb}")  # MiB, per node
         for flag, value in (
             ("partition", self.partition),
             ("account", self.account),
@@ -354,8 +390,19 @@ class SlurmExecutor:
             raise SlurmError(f"sbatch answered {out.strip()!r}, not a job id")
         return job_id
 
+    def _gres_type(self, wanted: str) -> str:
+        """The partition's own spelling of GPU type `wanted` ("" for any): Slurm matches GRES
+        types exactly, Starforge as `gpu_type_matches` does ("A100" is Slurm's "a100")."""
+        if not wanted:
+            return ""
+        types = self.capacity().gpu_types
+        if wanted in types:
+            return wanted
+        return next((t for t in types if gpu_type_matches(wanted, t)), wanted)
+
     def _job_env(self, spec: LaunchSpec, attempt_dir: Path) -> dict[str, str]:
-        """The job's whole environment: the base, its own env and the runner's file paths.
+        """The job's whole environment: the base, its own env and the runner's file paths,
+        and for a multi-node job how the runner starts its ranks (one srun step each).
 
         Nothing is read from this process's environment. GPU visibility is Slurm's (from the
         GRES it allocated): submit refuses such variables, and they are dropped here too.
@@ -366,6 +413,10 @@ class SlurmExecutor:
         env = base_env(home, path=f"{Path(self.python).parent}:{self.path}")
         env.update(passed_on(spec.env, spec_is_public=self.BOOTSTRAP_TOKEN))
         env.update(files)
+        if spec.nodes > 1:
+            env[RANK_LAUNCH_VAR] = "srun"
+            env[NUM_NODES_VAR] = str(spec.nodes)
+            env[GPUS_PER_NODE_VAR] = str(spec.gpus_per_node)
         return env
 
     # -- poll --------------------------------------------------------------------------------
@@ -377,9 +428,14 @@ class SlurmExecutor:
             return Observation(row.state, message=reason, details=details, name=row.name)
         if row.state == "RUNNING" and (stale := self._stale_runner_exit(row)):
             details.update(stale)
+        records = self.work_dir / row.name
+        if target == S.RUNNING:  # a multi-node attempt's ranks, as its runner started them
+            details.update(rank_details(read_record(records / STARTED_FILE, row.name)))
         if target == S.RUNNING or target is None:
             return Observation(row.state, start_time=row.start, details=details, name=row.name)
         details["exit_status"] = row.exit_status
+        done = read_record(records / EXIT_FILE, row.name)
+        details.update(rank_details(done))  # ...and how each ended, which one failed first
         if target == S.SUCCEEDED:
             return _ended(row, details, exit_code=0)
         if row.state == "CANCELLED" and (ended := self._cancelled_after_runner_exit(row, details)):
@@ -395,12 +451,11 @@ class SlurmExecutor:
         code = exit_code_of(row.exit_status or 0)
         if code != INGEST_EXIT:
             return _ended(row, details, exit_code=code, failure="exit")
-        done = read_record(self.work_dir / row.name / EXIT_FILE, row.name)
         reason = str(done.get("reason", ""))
         if not reason.startswith(INGEST_FAILED):  # the server cannot see the runner's files
             reason = (
                 f"{INGEST_FAILED}: the runner could not prepare the job (exit {INGEST_EXIT}); "
-                f"see {self.work_dir / row.name / 'slurm.err'}"
+                f"see {records / 'slurm.err'}"
             )
         return _ended(row, details, exit_code=code, failure="ingest", message=reason)
 
@@ -510,10 +565,12 @@ class SlurmExecutor:
             return []
 
     # -- capacity ----------------------------------------------------------------------------
-    def _partition_nodes(self) -> tuple[dict[str, tuple[int, int]], list[str]]:
-        """{node: (GPUs configured, GPUs in use)} of the partition's nodes that take jobs, and
-        "node state" of each one that does not (for the capacity message)."""
-        args = ["sinfo", "-h", "-N", "-O", "NodeHost:|,Partition:|,StateLong:|,Gres:|,GresUsed:|"]
+    def _partition_nodes(self) -> tuple[dict[str, "NodeRow"], list[str]]:
+        """The partition's nodes that take jobs, by node name, and "node state" of each one
+        that does not (for the capacity message)."""
+        # NodeList: with -N, the node's name, as squeue -w, srun and the ranks name it (its
+        # NodeHost may differ, or be shared by the nodes of several slurmd on one host)
+        args = ["sinfo", "-h", "-N", "-O", "NodeList:|,Partition:|,StateLong:|,Gres:|,GresUsed:|"]
         if self.partition:
             args[1:1] = ["-p", self.partition]
         nodes = {}
@@ -529,20 +586,24 @@ class SlurmExecutor:
             if not in_partition:
                 continue
             if usable_node_state(state):
-                nodes[node] = (gpu_count(gres), gpu_count(used))
+                nodes[node] = NodeRow(gpu_count(gres), gpu_count(used), gpu_gres_type(gres))
             else:
                 unusable.append(f"{node} {state}")
         return nodes, unusable
 
-    def _starforge_gpus(self, nodes: list[str]) -> int:
+    def _starforge_gpus(self, nodes: list[str]) -> dict[str, int]:
+        """{node: GPUs Starforge's jobs hold there} on these nodes, from their per-node GRES
+        (a job of N nodes holds its tres-per-node on each); "" for a job squeue names no
+        node of."""
         args = ["squeue", "-h", "--all", "-t", ALLOCATED_STATES, "-w", ",".join(nodes)]
-        out = self._slurm(args + ["-O", "tres-per-node:|,Name:|"])
-        total = 0
+        out = self._slurm(args + ["-O", "tres-per-node:|,Name:|,NodeList:|"])
+        held: dict[str, int] = {}
         for line in out.splitlines():
-            tres, _, name = line.partition("|")
+            tres, name, nodelist = (line.split("|") + ["", ""])[:3]
             if name.startswith(BACKEND_PREFIX):
-                total += gpu_count(tres)
-        return total
+                for node in expand_hostlist(nodelist) or [""]:
+                    held[node] = held.get(node, 0) + gpu_count(tres)
+        return held
 
     # -- commands ----------------------------------------------------------------------------
     def _slurm(self, args: list[str], fds: tuple[int, ...] = ()) -> str:
@@ -566,6 +627,15 @@ class SlurmExecutor:
             words = (done.stderr or done.stdout or "").strip()
             raise SlurmError(f"{args[0]}: {_sentence(words) or f'exited {done.returncode}'}")
         return done.stdout
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """One usable node of the partition as sinfo reports it."""
+
+    gpus: int  # configured GRES
+    used: int  # allocated now, by any job
+    gpu_type: str  # "" when untyped
 
 
 @dataclass(frozen=True)
@@ -646,7 +716,48 @@ def usable_node_state(state: str) -> bool:
 
 def gpu_count(gres: str) -> int:
     """GPUs in a GRES string: gpu:4, gpu:a100:2(S:0-1), gres:gpu:2, gres/gpu:2, gpu:0(IDX:N/A)."""
-    return sum(int(n) for n in GPU_COUNT.findall(gres))
+    return sum(int(n) for _, n in GPU_GRES.findall(gres))
+
+
+def gpu_gres_type(gres: str) -> str:
+    """The GPU type of a node's GRES (`gpu:a100:2(S:0)`: "a100"; untyped `gpu:4`: "").
+
+    A node with GPUs of several types (rare: sites group one kind per node) is reported as
+    the type it has most of (ties: the first in name order), with all its GPUs counted, so a
+    job asking for any type gets the whole node, as Slurm would give it. The cost is on typed
+    jobs there: one asking for the node's other type is not placed on it, and one asking for
+    more of its main type than it has may be admitted and then wait in Slurm's queue.
+    """
+    counts: dict[str, int] = {}
+    for kind, n in GPU_GRES.findall(gres):
+        kind = "" if kind == "(null)" else kind
+        counts[kind] = counts.get(kind, 0) + int(n)
+    typed = sorted((-n, kind) for kind, n in counts.items() if kind and n)
+    return typed[0][1] if typed else ""
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Slurm's compact node list (`multi[1-2],gpu[01-03,07],login`) as node names, as
+    `scontrol show hostnames` gives them, without a command per job."""
+    names: list[str] = []
+    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", hostlist.strip()):
+        names += _expand_host(item)
+    return names
+
+
+def _expand_host(item: str) -> list[str]:
+    bracket = re.search(r"\[([^\]]*)\]", item)
+    if bracket is None:
+        return [item]
+    head, tails = item[: bracket.start()], _expand_host(item[bracket.end() :])
+    names = []
+    for part in bracket.group(1).split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or not (high or low).isdigit():
+            return [item]  # not a range Slurm writes: the name as it stands
+        for number in range(int(low), int(high or low) + 1):
+            names += [f"{head}{number:0{len(low)}d}{tail}" for tail in tails]
+    return names
 
 
 def _epoch(value: str, now: dt.datetime) -> dt.datetime | None:

@@ -1,7 +1,9 @@
-"""A real single-node Slurm for the Slurm executor's tests, brought up by `.ci/slurm.sh up`.
+"""A real Slurm for the Slurm executor's tests, brought up by `.ci/slurm.sh up`: the host's node
+(4 fake GPUs) in the default partition, and two more nodes (2 fake a100 each, a slurmd of their
+own on this host) in the partition `multi` for multi-node jobs.
 
-The session starts slurmctld + slurmd (4 fake GPUs) when they are not running and stops them at
-the end only if it started them. Each test gets its own work_dir and a unique name token; every
+The session starts slurmctld + the slurmd when they are not running and stops them at the end
+only if it started them. Each test gets its own work_dir and a unique name token; every
 Slurm job whose name carries the token is cancelled when the test ends.
 """
 
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from jobs.executors import slurm as slurm_executor
-from jobs.executors.slurm import SlurmExecutor, usable_node_state
+from jobs.executors.slurm import SlurmExecutor, gpu_count, usable_node_state
 from jobs.models import Cluster
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -86,14 +88,15 @@ def executor(cluster_settings) -> SlurmExecutor:
 
 @pytest.fixture
 def idle_gpus(slurm_conf) -> None:
-    """Wait until the node takes jobs and no job holds a GPU on it (jobs of earlier tests may
-    still complete; on a loaded host slurmctld may briefly see the node as not responding)."""
+    """Wait until the nodes take jobs and no job holds a GPU on them (jobs of earlier tests may
+    still complete; on a loaded host slurmctld may briefly see a node as not responding). The
+    multi nodes' GPUs are typed: `gpu:a100:0(IDX:N/A)` is none in use too."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         nodes = slurm("sinfo", "-h", "-N", "-O", "StateLong:|,GresUsed:|", conf=slurm_conf)
         fields = [line.split("|") for line in nodes.splitlines() if line.strip()]
         if fields and all(
-            usable_node_state(state) and used.startswith("gpu:0") for state, used, *_ in fields
+            usable_node_state(state) and gpu_count(used) == 0 for state, used, *_ in fields
         ):
             return
         time.sleep(0.2)
