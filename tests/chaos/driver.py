@@ -119,7 +119,7 @@ class Slurm:
 
     def __init__(self, state_dir: Path) -> None:
         self.dir = state_dir
-        self.port = 7817 + os.getpid() % 500 * 2  # slurmd takes port + 1
+        self.port = 7817 + os.getpid() % 500 * 4  # the slurmds take port + 1 to port + 3
         self.env = {**os.environ, "SF_SLURM_DIR": str(state_dir), "SF_SLURM_PORT": str(self.port)}
         self.conf = str(state_dir / "etc" / "slurm.conf")
 
