@@ -91,11 +91,14 @@ class Capacity:
     # Whether several ranks of one job may share a node (local: ranks are process groups on
     # one host); Slurm's --nodes N means N distinct nodes.
     ranks_share_nodes: bool = False
+    # GPU types of a pool cluster that names them but not its nodes (Ray's accelerator types):
+    # a job may ask for one, and the engine places it; capacity is still the pool's sum.
+    pool_gpu_types: tuple[str, ...] = ()
 
     @property
     def gpu_types(self) -> list[str]:
         """The GPU types the cluster has, sorted; empty when it names none."""
-        return sorted({n.gpu_type for n in self.nodes if n.gpu_type})
+        return sorted({n.gpu_type for n in self.nodes if n.gpu_type} | set(self.pool_gpu_types))
 
     def largest_gang(self, gpus_per_node: int, gpu_type: str = "") -> int:
         """How many ranks of `gpus_per_node` GPUs the whole cluster could ever hold at once."""

@@ -46,12 +46,17 @@ from jobs.executors.base import (
     Observation,
     base_env,
     check_known,
+    gpu_type_matches,
     passed_on,
 )
 from jobs.states import JobStatus
 
 DEFAULT_TIMEOUT_S = 10.0
 METADATA_CLUSTER = "sf_cluster"  # metadata key marking the Ray jobs this cluster launched
+# The resource Ray puts on a node of each GPU type it knows, and how much of it a job of that
+# type asks for: any share places it on such a node, and many jobs fit on one.
+ACCELERATOR = "accelerator_type:"
+ACCELERATOR_SHARE = 0.001
 # Never in a Ray submission: Ray shows runtime_env to anyone who can reach the dashboard.
 # What Ray itself sets for the entrypoint and the job's code keeps: the GPUs Ray assigned it
 # (GPU_VISIBILITY_VARS; the job's own are dropped), and what `ray.init()` in the job needs to
@@ -279,7 +284,13 @@ class RayExecutor:
             if job.get("status") == "RUNNING"
             and (job.get("metadata") or {}).get(METADATA_CLUSTER) == self.cluster.name
         )
-        return Capacity(reachable=True, total_gpus=int(total - max(0.0, used - ours)))
+        # Ray gives a node whose GPUs it knows the resource "accelerator_type:<TYPE>" (A100...)
+        types = sorted(k.partition(":")[2] for k in usage if k.startswith(ACCELERATOR))
+        return Capacity(
+            reachable=True,
+            total_gpus=int(total - max(0.0, used - ours)),
+            pool_gpu_types=tuple(types),
+        )
 
     # -- helpers -----------------------------------------------------------------------------
     def _job_request(self, spec: LaunchSpec) -> dict:
@@ -294,6 +305,7 @@ class RayExecutor:
                 f"exec {shlex.quote(self.python)} -c {shlex.quote(EXEC_CLEAN)}"
             ),
             "entrypoint_num_gpus": spec.gpus,
+            **self._accelerator(spec.gpu_type),
             "runtime_env": {"env_vars": env_vars},
             "metadata": {
                 METADATA_CLUSTER: self.cluster.name,
@@ -304,6 +316,16 @@ class RayExecutor:
                 "sf_gpus": str(spec.gpus),
             },
         }
+
+    def _accelerator(self, wanted: str) -> dict:
+        """The entrypoint's placement on a node of GPU type `wanted` (nothing for any type):
+        a sliver of that node's `accelerator_type:<TYPE>` resource, in Ray's spelling of the
+        type ("a100" is Ray's "A100")."""
+        if not wanted:
+            return {}
+        types = self.capacity().pool_gpu_types
+        kind = next((t for t in types if gpu_type_matches(wanted, t)), wanted)
+        return {"entrypoint_resources": {f"{ACCELERATOR}{kind}": ACCELERATOR_SHARE}}
 
     def _job_env(self, spec: LaunchSpec) -> dict[str, str]:
         """The job's whole environment: the base and its own env, less what it may not set.

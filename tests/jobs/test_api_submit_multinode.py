@@ -89,3 +89,16 @@ def test_several_nodes_on_ray_are_refused_with_what_to_do_instead(api, team):
     response = api.post("/jobs", {"entrypoint": ["a"], "nodes": 2, "cluster": ray.name})
     assert_refused(response, 400, "use Ray Train")
     assert nothing_created()
+
+
+def test_a_pool_cluster_that_names_its_types_takes_a_typed_job(api, use_executor):
+    class RayLike:
+        def __init__(self, cluster) -> None:
+            pass
+
+        def capacity(self) -> Capacity:
+            return Capacity(reachable=True, total_gpus=8, pool_gpu_types=("A100",))
+
+    use_executor(RayLike)
+    assert api.post("/jobs", {"entrypoint": ["a"], "gpu_type": "a100"}).status_code == 201
+    assert_refused(api.post("/jobs", {"entrypoint": ["a"], "gpu_type": "h100"}), 400, "has A100")
