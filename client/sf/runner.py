@@ -823,7 +823,7 @@ def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
         channel.join()
     if not multi:
         return _finish(env, codes[0], started_at)
-    return _finish_ranks(env, plans, codes, failed, supervisor.signalled, started_at, sink)
+    return _finish_ranks(env, plans, codes, failed, supervisor.signalled, started_at)
 
 
 RANK_POLL_S = 0.05
@@ -835,6 +835,9 @@ def wait_ranks(
     """Wait for every rank; the first to exit non-zero fails the attempt and every other rank
     is ended at once (SIGTERM, SIGKILL after the grace). Returns the exit codes and the index
     of the rank that failed first (None: none failed)."""
+    if len(procs) == 1:  # the job itself, as it always ran
+        code = procs[0].wait()
+        return [code], (0 if code != 0 else None)
     codes: list[int | None] = [None] * len(procs)
     failed = None
     while any(code is None for code in codes):
@@ -846,9 +849,8 @@ def wait_ranks(
                 codes[index] = code
                 if code != 0 and failed is None:
                     failed = index
-                    if len(procs) > 1:
-                        supervisor.end_all()
-        time.sleep(RANK_POLL_S if len(procs) > 1 else 0.01)
+                    supervisor.end_all()
+        time.sleep(RANK_POLL_S)
     return [c if c is not None else 0 for c in codes], failed
 
 
@@ -859,7 +861,6 @@ def _finish_ranks(
     failed: int | None,
     stopped: bool,
     started_at: float,
-    sink: LineSink,
 ) -> int:
     states = rank_states(list(codes), failed, stopped)
     ranks = [
