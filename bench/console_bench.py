@@ -29,10 +29,11 @@ def run() -> dict:
             """INSERT INTO jobs_job (run_id, name, team_id, user_id, cluster_id, gpus, entrypoint,
                env, priority, status, status_reason, status_changed_at, submitted_at,
                retry_count, attempt_count, max_retries, retry_cooldown_s, "then",
-               follow_on_specs, follow_on_name, window_policy, paused_by_window)
+               follow_on_specs, follow_on_name, window_policy, paused_by_window, nodes,
+               gpu_type, image)
                SELECT 'b' || g, 'job ' || g, %s, %s, %s, 1, '["true"]', '{}', 0,
                       (ARRAY['QUEUED','RUNNING','SUCCEEDED','FAILED'])[1 + g %% 4], '', now(),
-                      now(), 0, 0, 0, 30, '[]', '{}', '', 'wait', false
+                      now(), 0, 0, 0, 30, '[]', '{}', '', 'wait', false, 1, '', ''
                FROM generate_series(1, %s) g""",
             [team.pk, user.pk, team.default_cluster_id, ROWS],
         )
