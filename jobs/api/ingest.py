@@ -140,20 +140,15 @@ def ingest_logs(request):
     }
 
 
+def attempt_body_doc(**more: dict) -> dict:
+    """The OpenAPI body of a runner's request about its attempt, with `more` properties."""
+    properties = {"attempt": {"type": "integer"}, **more}
+    schema = {"type": "object", "required": ["attempt"], "properties": properties}
+    return {"requestBody": {"content": {"application/json": {"schema": schema}}}}
+
+
 # The body of a runner's request that carries nothing but the attempt it is about.
-ATTEMPT_BODY_DOC = {
-    "requestBody": {
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["attempt"],
-                    "properties": {"attempt": {"type": "integer"}},
-                }
-            }
-        }
-    }
-}
+ATTEMPT_BODY_DOC = attempt_body_doc()
 
 
 @router.post(
@@ -181,27 +176,14 @@ def ingest_started(request):
 
 
 # The body of the bootstrap exchange: the attempt, and the rank where each has its own runner.
-TOKEN_BODY_DOC = {
-    "requestBody": {
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["attempt"],
-                    "properties": {
-                        "attempt": {"type": "integer"},
-                        "rank": {
-                            "type": "integer",
-                            "minimum": 0,
-                            "description": "the runner's rank (SF_NODE_RANK) where each rank of "
-                            "a multi-node job runs its own runner; 0 when left out",
-                        },
-                    },
-                }
-            }
-        }
+TOKEN_BODY_DOC = attempt_body_doc(
+    rank={
+        "type": "integer",
+        "minimum": 0,
+        "description": "the runner's rank (SF_NODE_RANK) where each rank of a multi-node job "
+        "runs its own runner; 0 when left out",
     }
-}
+)
 
 
 @router.post(

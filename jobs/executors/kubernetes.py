@@ -656,18 +656,24 @@ def observe(job: dict, pods: list[dict]) -> Observation:
             end_time=_ts(status.get("completionTime")),
         )
     if failed:
-        reason = failed.get("reason") or "Failed"
-        return Observation(
-            f"JobFailed/{reason}",
-            failure="exit",
-            message=_say(reason, failed.get("message")),
-            end_time=_ts(failed.get("lastTransitionTime")),
-        )
+        return _job_failed(failed)
     if seen:
         return seen
     if job.get("spec", {}).get("suspend"):
         return Observation("Pending/Suspended", message="Suspended: the Job is suspended")
     return Observation("Pending", message="waiting for the Job's pod to be created")
+
+
+def _job_failed(failed: dict, details: dict | None = None) -> Observation:
+    """A Job that failed by its own condition, no pod saying more."""
+    reason = failed.get("reason") or "Failed"
+    return Observation(
+        f"JobFailed/{reason}",
+        failure="exit",
+        message=_say(reason, failed.get("message")),
+        end_time=_ts(failed.get("lastTransitionTime")),
+        details=details or {},
+    )
 
 
 _NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)  # the end of a rank that has none yet
@@ -717,14 +723,7 @@ def observe_ranks(job: dict, pods: list[dict], nodes: int) -> Observation:
             "Succeeded", exit_code=0, start_time=start, end_time=done, details=details
         )
     if failed:  # no pod left to say which rank
-        reason = failed.get("reason") or "Failed"
-        return Observation(
-            f"JobFailed/{reason}",
-            failure="exit",
-            message=_say(reason, failed.get("message")),
-            end_time=_ts(failed.get("lastTransitionTime")),
-            details=details,
-        )
+        return _job_failed(failed, details)
     silent = next((o for o in seen.values() if o.native_state == "Unknown"), None)
     if silent:
         return dataclasses.replace(silent, details=details)

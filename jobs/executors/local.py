@@ -332,9 +332,10 @@ class LocalExecutor:
         start_time = epoch(started.get("started_at"))
         if _runner_alive(attempt_dir):
             # Whatever exit.json says: job code may have written one and kept running.
-            details = {"ranks": started["ranks"]} if "ranks" in started else {}
             return Observation(
-                "RUNNING" if started else "STARTING", start_time=start_time, details=details
+                "RUNNING" if started else "STARTING",
+                start_time=start_time,
+                details=rank_details(started),
             )
         done = read_record(attempt_dir / EXIT_FILE, name)
         if done:

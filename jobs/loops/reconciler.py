@@ -142,7 +142,7 @@ def _reconcile_attempt(
         if attempt.job.status == S.RUNNING:
             return  # started already (a requeue shows as a failure): no step back, no deadline
         _advance(attempt, [S.PENDING], "on the cluster, not running yet")
-        _check_pending_deadline(executor, attempt, now, obs)
+        _check_pending_deadline(executor, attempt, now)
     elif target == S.RUNNING:
         _mark_running(attempt, obs, now)
     else:
@@ -302,24 +302,21 @@ def _failure_reason(attempt: Attempt, obs: Observation) -> str:
 
 
 def _failed_rank(attempt: Attempt, obs: Observation) -> dict | None:
-    """The checked row of the rank the engine says failed first, if it says so."""
+    """The kept row of the rank the engine says failed first, if it says so."""
     failed = obs.details.get("failed_rank")
     if attempt.nodes < 2 or type(failed) is not int:
         return None
-    ranks = checked_ranks(obs.details.get("ranks"), attempt.nodes)
+    ranks = attempt.ranks  # this tick's rows, checked by _record_ranks
     return ranks[failed] if 0 <= failed < len(ranks) else None
 
 
-def _check_pending_deadline(
-    executor: Executor, attempt: Attempt, now: dt.datetime, obs: Observation | None = None
-) -> None:
+def _check_pending_deadline(executor: Executor, attempt: Attempt, now: dt.datetime) -> None:
     deadline = attempt.job.pending_deadline_s or settings.SF_PENDING_DEADLINE_S
     since = attempt.pending_at or attempt.submitted_at
     if (now - since).total_seconds() <= deadline:
         return
     reason = f"pending deadline: still PENDING after {deadline} s; cancelled on the backend"
-    ranks = checked_ranks(obs.details.get("ranks"), attempt.nodes) if obs else []
-    up = sum(1 for r in ranks if r["state"] == "running")
+    up = sum(1 for r in attempt.ranks if r["state"] == "running")  # as _record_ranks kept
     if up:  # never a partial start: the ranks that did start are cancelled with the rest
         reason = (
             f"not all nodes started: {up} of {attempt.nodes} ranks running after the pending "

@@ -194,16 +194,18 @@ class _Context:
             return []
         return [c for c in caps if gpu_type_matches(c, gpu_type) or gpu_type_matches(gpu_type, c)]
 
-    def type_use(self, team: int, cap: str) -> int:
+    def _used(self) -> dict[tuple[int, str], int]:
         if self.type_used is None:
             self.type_used = _type_use(self)
-        return self.type_used.get((team, cap), 0)
+        return self.type_used
+
+    def type_use(self, team: int, cap: str) -> int:
+        return self._used().get((team, cap), 0)
 
     def count_type_use(self, team: int, gpu_type: str, gpus: int) -> None:
+        used = self._used()
         for cap in self.caps_matching(team, gpu_type):
-            self.type_use(team, cap)  # filled before it is added to
-            assert self.type_used is not None
-            self.type_used[(team, cap)] = self.type_used.get((team, cap), 0) + gpus
+            used[(team, cap)] = used.get((team, cap), 0) + gpus
 
 
 def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
