@@ -161,7 +161,20 @@ CELERY_TASK_IGNORE_RESULT = True
 # Every task is idempotent (keyed by job and attempt), so a redelivery after a worker crash is
 # safe and better than a launch that never happens.
 CELERY_TASK_ACKS_LATE = True
+# A worker process that dies mid-task (OOM, a kill of the pool child) hands its task back at once.
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A task held by a worker that was killed outright (the whole host gone) becomes visible again
+# after the visibility timeout, and every live worker sweeps for such tasks every few seconds:
+# redelivered within a minute instead of Redis' default hour. Only tasks unacknowledged for that
+# long come back: a tick that old has expired (dropped unrun) and a launch is idempotent, so a
+# slow launch delivered twice launches each attempt at most once all the same.
+SF_TASK_VISIBILITY_S = _env_int("SF_TASK_VISIBILITY_S", 45)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": SF_TASK_VISIBILITY_S,
+    "unacked_restore_interval": 5,
+    "unacked_restore_throttle": 1,
+}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A tick nobody picked up within 10 s is dropped: behind a slow engine (an unreachable

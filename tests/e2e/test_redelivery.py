@@ -1,0 +1,85 @@
+"""A task held by a worker that is SIGKILLed runs again on another worker within a minute.
+
+Two real Celery workers on the project's settings (acks late, the broker's visibility timeout
+and restore sweep of starforge.settings) and a real Redis: worker A takes a task that holds it,
+worker B starts, A's whole process group is killed as a crashed host would be, and B must run
+the task within SF_TASK_VISIBILITY_S plus its sweep (about 50 s), not Redis' default hour.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+from celery import Celery
+from django.conf import settings
+
+from tests.e2e.held_task import RUNS_KEY
+from tests.e2e.stack import REDIS_URL, ROOT, kill_group, stack_env, wait_until
+
+pytestmark = pytest.mark.e2e
+DB = 14  # this test's own Redis database: its queue holds nothing of other tests
+WITHIN_S = 65  # the visibility timeout (45 s), the 5 s sweep, a worker's start, slack
+
+
+def _own_db(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{DB}"))
+
+
+BROKER = _own_db(REDIS_URL)
+
+
+def _worker(var: Path, name: str) -> subprocess.Popen:
+    env = {**stack_env(var, 0), "REDIS_URL": BROKER, "SF_TEST_WORKER": name}
+    log = open(var / f"worker-{name}.log", "w")  # noqa: SIM115 - the child keeps it
+    argv = [sys.executable, "-m", "celery", "-A", "starforge", "worker", "--concurrency", "1"]
+    argv += ["-I", "tests.e2e.held_task", "-n", f"{name}@%h", "--loglevel", "INFO"]
+    argv += ["--without-mingle", "--without-gossip"]
+    return subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def _runs(client: redis.Redis) -> list[dict]:
+    return [json.loads(raw) for raw in client.lrange(RUNS_KEY, 0, -1)]
+
+
+def _ready(var: Path, name: str) -> bool:
+    return "ready." in (var / f"worker-{name}.log").read_text()
+
+
+def test_a_task_held_by_a_killed_worker_runs_again_within_a_minute(tmp_path: Path) -> None:
+    assert settings.SF_TASK_VISIBILITY_S == 45  # the promise under test, not an override
+    client = redis.Redis.from_url(BROKER)
+    client.flushdb()
+    app = Celery("sender", broker=BROKER)
+    first = _worker(tmp_path, "a")
+    second = None
+    try:
+        wait_until(lambda: _ready(tmp_path, "a"), 60, "worker a to start")
+        app.send_task("tests.e2e.held_task.hold", args=[600.0])
+        wait_until(lambda: _runs(client) or None, 30, "worker a to start the task")
+        assert [run["worker"] for run in _runs(client)] == ["a"]
+        second = _worker(tmp_path, "b")
+        wait_until(lambda: _ready(tmp_path, "b"), 60, "worker b to start")
+        killed_at = time.time()
+        kill_group(first, signal.SIGKILL)
+        runs = wait_until(
+            lambda: _runs(client) if len(_runs(client)) > 1 else None,
+            WITHIN_S + 30,
+            "the task to run again on worker b",
+        )
+        assert [run["worker"] for run in runs] == ["a", "b"]
+        assert runs[1]["at"] - killed_at <= WITHIN_S, runs
+    finally:
+        kill_group(first, signal.SIGKILL)
+        if second is not None:
+            kill_group(second, signal.SIGKILL)
+        client.flushdb()
+        client.close()
