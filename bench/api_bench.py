@@ -8,6 +8,7 @@ console script as a whole process (replay, status).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench import common
@@ -35,7 +37,7 @@ def run(var_dir: Path) -> dict:
     api_token = issue_token(user, name="bench")
 
     out: dict = {}
-    with Server(var_dir) as server:
+    with _storage(var_dir) as storage_env, Server(var_dir, storage_env) as server:
         out["server"] = {"port": server.port, "startup_s": round(server.startup_s, 2)}
         bodies: dict[int, list[bytes]] = {}
         replay_job = None
@@ -61,17 +63,48 @@ def run(var_dir: Path) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def _storage(var_dir: Path) -> Iterator[dict[str, str]]:
+    """The server's storage: local directories, or with SF_BENCH_STORAGE=s3 a real S3 server
+    (`rclone serve s3` over a directory of var_dir) that the server keeps its logs in."""
+    if os.environ.get("SF_BENCH_STORAGE", "") != "s3":
+        yield {}
+        return
+    root = var_dir / "s3"
+    (root / "bench").mkdir(parents=True)
+    port = common.free_port()
+    rclone = Path(sys.executable).parent / "rclone"
+    server = subprocess.Popen(
+        [str(rclone), "serve", "s3", str(root), "--addr", f"127.0.0.1:{port}"]
+        + ["--auth-key", "bench,bench-secret", "--config", "/dev/null"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        common.wait_for_port(port, 15, lambda: server.poll() is None)
+        endpoint = f"http://127.0.0.1:{port}"
+        yield {"SF_STORAGE_URL": f"s3://bench:bench-secret@bench/sf?endpoint={endpoint}"}
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
 class Server:
     """The real ASGI server as a subprocess (same process group as this child)."""
 
-    def __init__(self, var_dir: Path) -> None:
-        self.var_dir = var_dir
+    def __init__(self, var_dir: Path, extra_env: dict[str, str]) -> None:
+        self.var_dir, self.extra_env = var_dir, extra_env
         self.port = common.free_port()
         self.proc: subprocess.Popen | None = None
         self.startup_s = 0.0
 
     def __enter__(self) -> Server:
-        env = {**os.environ, "SF_VAR_DIR": str(self.var_dir), "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            **self.extra_env,
+            "SF_VAR_DIR": str(self.var_dir),
+            "PYTHONUNBUFFERED": "1",
+        }
         log = open(self.var_dir / "uvicorn.log", "wb")
         t = time.perf_counter()
         self.proc = subprocess.Popen(

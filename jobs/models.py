@@ -367,6 +367,10 @@ class Attempt(models.Model):
     backend_name = models.CharField(max_length=100, help_text="deterministic: run_id + attempt")
     job_ref = models.CharField(max_length=200, blank=True)
     submitted_at = models.DateTimeField(default=timezone.now)
+    # When a launcher last claimed the attempt to call the engine (jobs.loops.launcher): a
+    # fresh claim keeps every other worker off it; one older than the lease means the claimer
+    # died, and the next launcher looks for the backend object by name before submitting.
+    launch_claimed_at = models.DateTimeField(null=True, blank=True)
     pending_at = models.DateTimeField(null=True, blank=True)
     start_time = models.DateTimeField(null=True, blank=True)
     end_time = models.DateTimeField(null=True, blank=True)
@@ -434,7 +438,11 @@ class JobEvent(models.Model):
 
 
 class LogStream(models.Model):
-    """Bookkeeping for one attempt's append-only log file; its row lock orders appends."""
+    """Bookkeeping for one attempt's append-only log; its row lock orders appends.
+
+    `size` is the committed length of the log in bytes, whether it lives in one local file or,
+    with object storage, in `LogChunk`s.
+    """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_streams")
     attempt = models.PositiveIntegerField()
@@ -446,6 +454,24 @@ class LogStream(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["job", "attempt"], name="one_stream_per_attempt"),
+        ]
+
+
+class LogChunk(models.Model):
+    """Bytes [start, start + length) of an attempt's log, with object storage only (which
+    cannot append): each batch is a chunk holding its bytes (`data`) in the ledger until
+    compaction moves a run of them into one object of the store and one chunk without data
+    (jobs.stores.logstore). The chunks of a stream tile [0, size) without gaps or overlaps.
+    """
+
+    stream = models.ForeignKey(LogStream, on_delete=models.CASCADE, related_name="chunks")
+    start = models.BigIntegerField()
+    length = models.BigIntegerField()
+    data = models.BinaryField(null=True)  # None: in the store, under the key of [start, end)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["stream", "start"], name="one_chunk_per_offset"),
         ]
 
 
@@ -462,7 +488,10 @@ class MetricPoint(models.Model):
         VALIDATION = "validation"  # sf.log_validation, and eval follow-on jobs
         SYSTEM = "system"  # sampled by the runner: process CPU/memory, NVML GPU telemetry
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_points")
+    # No index of its own: both below lead with job, and every point would write a third one.
+    job = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="metric_points", db_index=False
+    )
     attempt = models.PositiveIntegerField()
     seq = models.BigIntegerField()
     kind = models.CharField(max_length=10, choices=Kind.choices)

@@ -3,11 +3,13 @@
 import time
 
 from celery import shared_task
+from django.utils import timezone
 
 from jobs.loops import tickstats
 from jobs.loops.launcher import launch_attempts
 from jobs.loops.reconciler import reconcile_all
 from jobs.loops.scheduler import MAX_ADMIT_PER_TICK, admit_queued_jobs
+from jobs.stores import logstore
 
 LAUNCH_CHUNK = 200
 
@@ -34,3 +36,13 @@ def reconcile_tick() -> None:
     started = time.monotonic()
     reconcile_all()
     tickstats.record("reconcile", time.monotonic() - started)
+
+
+@shared_task(ignore_result=True)
+def compact_log(stream_id: int) -> None:
+    logstore.compact(stream_id)
+
+
+@shared_task(ignore_result=True)
+def compact_ended_logs() -> None:
+    logstore.compact_ended(timezone.now())

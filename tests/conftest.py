@@ -10,6 +10,7 @@ from jobs.auth import issue_token
 from jobs.executors import override
 from jobs.models import Cluster, Membership, Team
 from tests.access import let_jobs_reach_the_interpreter, let_jobs_through
+from tests.s3 import serve_s3
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -121,3 +122,9 @@ def use_executor():
     class or a callable such as `ScriptedExecutor`. See `jobs.executors.override`."""
     with ExitStack() as stack:
         yield lambda make, cluster=None: stack.enter_context(override(cluster, make))
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """The endpoint of a real S3 server (`rclone serve s3`) for this session; bucket `starforge`."""
+    yield from serve_s3(tmp_path_factory)

@@ -21,7 +21,7 @@ from jobs.executors.base import GPU_VISIBILITY_VARS, check_request
 from jobs.models import Cluster, Job, JobEvent, Membership, ScheduleWindow, Snapshot, Team
 from jobs.schemas import JobIn
 from jobs.states import JobStatus
-from jobs.stores.snapshots import SnapshotRefused, owned_snapshot, read_project_file, snapshot_path
+from jobs.stores.snapshots import SnapshotRefused, owned_snapshot, read_project_file
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -237,7 +237,7 @@ def _follow_on_specs(
     if snapshot is None:
         raise BadRequest("--then needs a snapshot holding starforge.toml with [then.<name>]")
     try:
-        project = read_project_file(snapshot_path(snapshot.sha256))
+        project = read_project_file(snapshot.sha256)
     except SnapshotRefused as exc:
         raise BadRequest(str(exc)) from exc
     specs = {}

@@ -22,10 +22,12 @@ from jobs.models import Attempt
 from jobs.schemas import ErrorOut, IngestResult, StartedOut, TokenExchangeOut
 from jobs.states import JobStatus
 from jobs.stores import logstore
-from jobs.stores.snapshots import snapshot_path
+from jobs.stores.objects import ObjectMissing
+from jobs.stores.snapshots import open_snapshot
 
 router = Router(auth=JobToken(), tags=["runner ingest"])
 INGEST_GRACE_S = 120
+SNAPSHOT_BLOCK = 1024 * 1024
 
 
 def batch_items(body: bytes, attempt: int, field: str, limit: int, *, finite: bool) -> list:
@@ -256,10 +258,14 @@ class PayloadTooLarge(BadRequest):
 )
 def ingest_snapshot(request):
     attempt = ingesting_attempt(request.auth)
-    sha = attempt.job.snapshot_id
-    if not sha:
+    snapshot = attempt.job.snapshot
+    if snapshot is None:
         raise NotFound("this job was submitted without a snapshot")
-    path = snapshot_path(sha)
-    if not path.exists():
-        raise Gone("the job's working-directory snapshot was deleted")
-    return FileResponse(open(path, "rb"), content_type="application/gzip")
+    try:
+        blob = open_snapshot(snapshot.sha256)
+    except ObjectMissing:
+        raise Gone("the job's working-directory snapshot was deleted") from None
+    response = FileResponse(blob, content_type="application/gzip")
+    response.block_size = SNAPSHOT_BLOCK
+    response["Content-Length"] = snapshot.size  # an object store's reader has no length
+    return response

@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 from jobs.errors import NotFound
 from jobs.models import Attempt, Job, Membership
 from jobs.states import JobStatus
-from jobs.stores.snapshots import snapshot_path
+from jobs.stores.snapshots import snapshot_stored
 
 S = JobStatus
 
@@ -47,7 +47,7 @@ def retry_unavailable_reason(job: Job) -> str:
     if job.status not in (S.FAILED, S.STOPPED):
         return f"only FAILED or STOPPED jobs can be retried; this one is {job.status}"
     snapshot = job.snapshot
-    if snapshot is None or snapshot_path(snapshot.sha256).exists():
+    if snapshot is None or snapshot_stored(snapshot.sha256):
         return ""
     how = snapshot.deleted_reason or "outside Starforge (the file is missing)"
     return f"the working-directory snapshot was deleted {how}; submit again"

@@ -19,21 +19,42 @@ Reads of one rank of a multi-node job (`rank`) pick that rank's stored lines by 
 (`"rank":N,` right after seq), without decoding them, and keep the lines that carry no rank
 (the store's own notes, which concern every rank); the cursor of such a read still points just
 after the last line scanned, so paging and following work as for the whole log.
+
+Where the bytes live follows SF_STORAGE_URL (`jobs.stores.objects`). In a local directory an
+attempt's log is one file, appended to under the row lock. Object storage cannot append, so
+there each committed batch is a `LogChunk` row holding its bytes in the ledger, inserted in
+the append's own transaction (nothing outside the ledger is called under the row lock, and a
+failed transaction leaves nothing behind). Compaction moves chunks into objects keyed by the
+byte range they hold, ``<job>/<attempt>/<start>-<end>``: a run of pending batches once
+SF_LOG_SEGMENT_BYTES are pending (a Celery task asked for after the commit), and the whole log
+into one object once the attempt's ingest has closed (`compact_ended`, from beat). Byte offsets
+never change, so cursors stay valid; the bytes are immutable, so a reader that finds a chunk
+moved under it looks the chunks up again at the same offset and neither loses nor repeats a
+line.
 """
 
+import datetime as dt
 import json
+import logging
 import shutil
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import IO
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
+from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q
 
 from jobs import broadcast
-from jobs.models import JobEvent, LogStream
+from jobs.models import Attempt, JobEvent, LogChunk, LogStream
+from jobs.stores import objects
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ATTEMPT_MAX_LOG_BYTES = 1024 * 1024 * 1024
 
@@ -95,7 +116,7 @@ def append(job_id: int, attempt: int, lines: list[dict]) -> AppendResult:
                 payload += _encode(attempt, [note])
                 _cap_event(job_id, attempt, note["text"], cap)
         if payload:
-            stream.size = _write_payload(log_path(job_id, attempt), stream.size, payload)
+            stream.size = _store_payload(stream, payload)
         stream.next_seq = fresh[-1]["seq"] + 1
         stream.dropped_lines += dropped
         LogStream.objects.filter(pk=stream.pk).update(
@@ -180,6 +201,17 @@ def _encode(attempt: int, lines: list[dict]) -> bytes:
     ).encode(errors="replace")  # a lone surrogate in a line's text becomes "?"
 
 
+def _store_payload(stream: LogStream, payload: bytes) -> int:
+    """Keep the batch after the committed bytes; returns the new size."""
+    if objects.is_local():
+        return _write_payload(log_path(stream.job_id, stream.attempt), stream.size, payload)
+    LogChunk.objects.create(stream=stream, start=stream.size, length=len(payload), data=payload)
+    size = stream.size + len(payload)
+    if size // settings.SF_LOG_SEGMENT_BYTES > stream.size // settings.SF_LOG_SEGMENT_BYTES:
+        transaction.on_commit(partial(_ask_compaction, stream.pk))
+    return size
+
+
 def _write_payload(path: Path, committed: int, payload: bytes) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as handle:
@@ -189,10 +221,20 @@ def _write_payload(path: Path, committed: int, payload: bytes) -> int:
     return committed + len(payload)
 
 
-def _streams(job_id: int) -> list[tuple[int, int]]:
+def _streams(job_id: int) -> list[tuple[int, int, int]]:
+    """(attempt, committed size, stream pk) of each attempt that stored a line, in order."""
     return list(
-        LogStream.objects.filter(job_id=job_id).order_by("attempt").values_list("attempt", "size")
+        LogStream.objects.filter(job_id=job_id)
+        .order_by("attempt")
+        .values_list("attempt", "size", "pk")
     )
+
+
+def _open(job_id: int, attempt: int, stream_id: int, size: int) -> IO[bytes]:
+    """A reader of the attempt's first `size` bytes, wherever they are kept."""
+    if objects.is_local():
+        return open(log_path(job_id, attempt), "rb")
+    return _ChunkReader(job_id, attempt, stream_id, size)  # type: ignore[return-value]
 
 
 def read(job_id: int, cursor: str | None, limit: int, rank: int | None = None) -> Page:
@@ -202,21 +244,21 @@ def read(job_id: int, cursor: str | None, limit: int, rank: int | None = None) -
     attempt, offset = parse_cursor(cursor) if cursor else (0, 0)
     _check_stored(cursor, attempt, offset, streams)
     out: list[bytes] = []
-    for number, size in streams:
+    for number, size, stream_id in streams:
         if number < attempt:
             continue
         start = offset if number == attempt else 0
         if start >= size:
             attempt, offset = number, size
             continue
-        with open(log_path(job_id, number), "rb") as handle:
+        with _open(job_id, number, stream_id, size) as handle:
             _check_boundary(handle, start, cursor)
             lines, consumed = _read_lines(handle, size - start, limit - len(out), rank)
         out.extend(lines)
         attempt, offset = number, start + consumed
         if len(out) >= limit:
             break
-    at_end = not streams or (attempt, offset) == streams[-1]
+    at_end = not streams or (attempt, offset) == streams[-1][:2]
     return Page(out, f"{attempt}:{offset}", at_end)
 
 
@@ -262,11 +304,12 @@ def _of_rank(rank: int | None) -> Keep | None:
 
 
 def _check_stored(
-    cursor: str | None, attempt: int, offset: int, streams: list[tuple[int, int]]
+    cursor: str | None, attempt: int, offset: int, streams: list[tuple[int, int, int]]
 ) -> None:
     """A cursor names a stored position; one past the end would skip lines written later."""
     last_attempt = streams[-1][0] if streams else 0
-    if attempt <= last_attempt and offset <= dict(streams).get(attempt, 0):
+    sizes = {number: size for number, size, _ in streams}
+    if attempt <= last_attempt and offset <= sizes.get(attempt, 0):
         return
     raise ValueError(f"cursor {cursor!r} points past the end of the stored log")
 
@@ -287,12 +330,14 @@ def tail(job_id: int, n: int, rank: int | None = None) -> Page:
         return Page([], "0:0", True)
     kept: deque[bytes] = deque(maxlen=n)
     keep = _of_rank(rank)
-    for number, size in reversed(streams):
+    for number, size, stream_id in reversed(streams):
         if len(kept) >= n:
             break
-        for line in reversed(_last_lines(log_path(job_id, number), size, n - len(kept), keep)):
+        with _open(job_id, number, stream_id, size) as handle:
+            found = _last_lines(handle, size, n - len(kept), keep)
+        for line in reversed(found):
             kept.appendleft(line)
-    last_attempt, last_size = streams[-1]
+    last_attempt, last_size, _ = streams[-1]
     return Page(list(kept), f"{last_attempt}:{last_size}", True)
 
 
@@ -306,32 +351,32 @@ def tail_text(job_id: int, attempt: int, n: int, rank: int | None = None) -> str
     if stream is None:
         return ""
     scan = n if rank is None else max(n, RANK_TAIL_SCAN)
-    lines = [json.loads(raw) for raw in _last_lines(log_path(job_id, attempt), stream.size, scan)]
+    with _open(job_id, attempt, stream.pk, stream.size) as handle:
+        lines = [json.loads(raw) for raw in _last_lines(handle, stream.size, scan)]
     if rank is not None:
         lines = [line for line in lines if line.get("rank") == rank]
     return "\n".join(line["text"] for line in lines[-n:])
 
 
-def _last_lines(path: Path, size: int, n: int, keep: Keep | None = None) -> list[bytes]:
+def _last_lines(handle, size: int, n: int, keep: Keep | None = None) -> list[bytes]:
     """The last `n` lines of the first `size` bytes (that pass `keep`), read backwards."""
     if n <= 0 or size == 0:
         return []
     block = 64 * 1024
     found: list[bytes] = []  # newest first
-    with open(path, "rb") as handle:
-        end = size
-        head = b""  # the start of a line whose beginning is not read yet
-        while end > 0 and len(found) < n:
-            start = max(0, end - block)
-            handle.seek(start)
-            lines = (handle.read(end - start) + head).split(b"\n")
-            end = start
-            head = lines.pop(0) if start > 0 else b""
-            for line in reversed(lines):
-                if line and (keep is None or keep(line)):
-                    found.append(line)
-                    if len(found) == n:
-                        break
+    end = size
+    head = b""  # the start of a line whose beginning is not read yet
+    while end > 0 and len(found) < n:
+        start = max(0, end - block)
+        handle.seek(start)
+        lines = (handle.read(end - start) + head).split(b"\n")
+        end = start
+        head = lines.pop(0) if start > 0 else b""
+        for line in reversed(lines):
+            if line and (keep is None or keep(line)):
+                found.append(line)
+                if len(found) == n:
+                    break
     return found[::-1]
 
 
@@ -346,5 +391,195 @@ def parse_cursor(cursor: str) -> tuple[int, int]:
 
 
 def delete_logs(job_id: int) -> None:
-    """Remove a deleted job's log files (its LogStream rows went with the job row)."""
-    shutil.rmtree(log_path(job_id, 0).parent, ignore_errors=True)
+    """Remove a deleted job's log files or objects (its LogStream rows went with the job row)."""
+    if objects.is_local():
+        shutil.rmtree(log_path(job_id, 0).parent, ignore_errors=True)
+    else:
+        objects.store("logs").delete_prefix(f"{job_id}/")
+
+
+# -- object storage: chunks, their reader, compaction ----------------------------------------------
+
+OBJECT_BLOCK = 4 * 1024 * 1024  # bytes fetched per ranged GET of a compacted object
+MAX_LOOKUPS = 5  # looks at the chunk rows per read block before calling the store broken
+# Well after the ingest of an ended attempt closes (jobs.api.ingest.INGEST_GRACE_S): no batch
+# can arrive once its log is compacted into one object (and one that did would only be
+# compacted again).
+COMPACT_AFTER_END_S = 300
+COMPACT_TASK = "jobs.tasks.compact_log"
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    pk: int
+    start: int
+    end: int
+    in_ledger: bool  # its bytes are in the row, not (yet) in the store
+
+
+class _ChunkMoved(Exception):
+    """A compaction committed since the chunk rows were read."""
+
+
+def _chunk_key(job_id: int, attempt: int, start: int, end: int) -> str:
+    return f"{job_id}/{attempt}/{start}-{end}"
+
+
+def _chunks(stream_id: int) -> list[_Chunk]:
+    in_ledger = ExpressionWrapper(Q(data__isnull=False), output_field=BooleanField())
+    rows = (
+        LogChunk.objects.filter(stream_id=stream_id)
+        .order_by("start")
+        .values_list("pk", "start", "length", in_ledger)
+    )
+    return [_Chunk(pk, start, start + length, held) for pk, start, length, held in rows]
+
+
+class _ChunkReader:
+    """A read-only file over bytes [0, size) of one attempt's log kept as chunks."""
+
+    def __init__(self, job_id: int, attempt: int, stream_id: int, size: int) -> None:
+        self.job_id, self.attempt, self.stream_id, self.size = job_id, attempt, stream_id, size
+        self.pos = 0
+        self._chunks: list[_Chunk] = []
+        self._block: tuple[int, bytes] = (0, b"")  # (offset, bytes) last fetched
+
+    def __enter__(self) -> "_ChunkReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._block = (0, b"")
+
+    def seek(self, pos: int) -> None:
+        self.pos = pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.size if n < 0 else min(self.size, self.pos + n)
+        parts = []
+        while self.pos < end:
+            start, block = self._block_at(self.pos)
+            part = block[self.pos - start : end - start]
+            parts.append(part)
+            self.pos += len(part)
+        return b"".join(parts)
+
+    def _block_at(self, pos: int) -> tuple[int, bytes]:
+        start, block = self._block
+        if start <= pos < start + len(block):
+            return self._block
+        for _ in range(MAX_LOOKUPS):
+            chunk = self._chunk_at(pos)
+            try:
+                self._block = self._fetch(chunk, pos)
+                return self._block
+            except (_ChunkMoved, objects.ObjectMissing):
+                self._chunks = []  # moved, never changed: look again at the same offset
+        raise RuntimeError(
+            f"the log of job {self.job_id} attempt {self.attempt} keeps moving at byte {pos}"
+        )
+
+    def _chunk_at(self, pos: int) -> _Chunk:
+        for refreshed in (False, True):
+            if refreshed or not self._chunks:
+                self._chunks = _chunks(self.stream_id)
+            for chunk in self._chunks:
+                if chunk.start <= pos < chunk.end:
+                    return chunk
+        raise RuntimeError(
+            f"the log of job {self.job_id} attempt {self.attempt} has no chunk at byte {pos}"
+        )
+
+    def _fetch(self, chunk: _Chunk, pos: int) -> tuple[int, bytes]:
+        if chunk.in_ledger:
+            data = LogChunk.objects.filter(pk=chunk.pk).values_list("data", flat=True).first()
+            if data is None:
+                raise _ChunkMoved()
+            return chunk.start, bytes(data)
+        start = chunk.start + (pos - chunk.start) // OBJECT_BLOCK * OBJECT_BLOCK
+        end = min(chunk.end, start + OBJECT_BLOCK)
+        key = _chunk_key(self.job_id, self.attempt, chunk.start, chunk.end)
+        data = objects.store("logs").read_range(key, start - chunk.start, end - chunk.start)
+        if len(data) != end - start:
+            raise objects.ObjectMissing(key)  # a shorter object is not the one the row names
+        return start, data
+
+
+def _ask_compaction(stream_id: int) -> None:
+    """Best effort: without a broker, the attempt's log stays in the ledger until it ends."""
+    try:
+        current_app.send_task(COMPACT_TASK, args=[stream_id], retry=False)
+    except Exception as exc:
+        log.warning("could not ask for the compaction of log stream %s (%s)", stream_id, exc)
+
+
+def compact(stream_id: int, *, whole: bool = False) -> bool:
+    """Move the stream's chunks held in the ledger into one object (with `whole`: every chunk,
+    so the attempt's log is one object); returns whether anything moved.
+
+    The object is written outside any transaction, then its chunks are swapped for one row in
+    a transaction that deletes exactly the chunks read: a compaction that ran meanwhile makes
+    that count differ, and this one rolls back. Objects it replaced go after the commit.
+    """
+    stream = LogStream.objects.filter(pk=stream_id).values_list("job_id", "attempt").first()
+    chunks = _chunks(stream_id)
+    run = chunks if whole else [chunk for chunk in chunks if chunk.in_ledger]
+    if stream is None or not run or (len(run) == 1 and not run[0].in_ledger):
+        return False
+    job_id, attempt = stream
+    start, end = run[0].start, run[-1].end
+    key = _chunk_key(job_id, attempt, start, end)
+    reader = _ChunkReader(job_id, attempt, stream_id, end)
+    reader.seek(start)
+    store = objects.store("logs")
+    store.put_stream(key, reader)  # type: ignore[arg-type]
+    replaced = [_chunk_key(job_id, attempt, c.start, c.end) for c in run if not c.in_ledger]
+    try:
+        with transaction.atomic():
+            deleted, _ = LogChunk.objects.filter(pk__in=[c.pk for c in run]).delete()
+            if deleted != len(run):
+                raise _ChunkMoved()
+            LogChunk.objects.create(stream_id=stream_id, start=start, length=end - start, data=None)
+            transaction.on_commit(partial(_delete_objects, replaced))
+    except _ChunkMoved:
+        if not LogChunk.objects.filter(
+            stream_id=stream_id, start=start, length=end - start, data__isnull=True
+        ).exists():
+            store.delete(key)
+        return False
+    return True
+
+
+def _delete_objects(keys: list[str]) -> None:
+    store = objects.store("logs")
+    for key in keys:
+        store.delete(key)
+
+
+def compact_ended(now: dt.datetime) -> int:
+    """Make the log of each attempt whose ingest closed one object; returns how many moved.
+
+    Level-triggered: any stream of an ended attempt with a chunk in the ledger or more than
+    one chunk; running it twice moves nothing the second time. One failing stream is logged
+    and skipped.
+    """
+    if objects.is_local():
+        return 0
+    ended = Attempt.objects.filter(
+        job_id=OuterRef("job_id"),
+        number=OuterRef("attempt"),
+        end_time__lt=now - dt.timedelta(seconds=COMPACT_AFTER_END_S),
+    )
+    scattered = LogChunk.objects.filter(stream=OuterRef("pk")).filter(
+        Q(start__gt=0) | Q(data__isnull=False)
+    )
+    todo = LogStream.objects.filter(Exists(ended), Exists(scattered)).values_list("pk", flat=True)
+    moved = 0
+    for stream_id in todo:
+        try:
+            moved += compact(stream_id, whole=True)
+        except Exception:
+            log.exception("compacting log stream %s failed; the next sweep tries again", stream_id)
+    return moved

@@ -12,6 +12,12 @@ snapshots can run its jobs. An upload's `created` says whether THIS team owned t
 before, never whether another team has it. A team owns at most `Team.snapshot_quota_mb` MiB
 of snapshots (the sum of their sizes); an upload past it is refused with a 413 and nothing
 is stored.
+
+The blobs live where SF_STORAGE_URL says (`jobs.stores.objects`): SF_SNAPSHOT_DIR by default,
+or object storage shared by every server host. An upload is checked in a local scratch file
+(under SF_SNAPSHOT_DIR) and only then placed in the store, under the same locks either way:
+they serialise the team's own uploads and the deletion of jobs using the same bytes, and
+nothing else (no admission, no ingest) waits on them.
 """
 
 import gzip
@@ -24,7 +30,7 @@ import tomllib
 import zlib
 from collections import deque
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -33,6 +39,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from jobs.models import Snapshot, SnapshotOwner, Team
+from jobs.stores import objects
 
 MAX_MEMBERS = 200_000
 # Decompressed bytes allowed beyond the members' declared sizes: headers, long-name and pax
@@ -57,8 +64,26 @@ class SnapshotRefused(Exception):
         self.http_status = status
 
 
+def snapshot_key(sha256: str) -> str:
+    return f"{sha256[:2]}/{sha256}.tar.gz"
+
+
 def snapshot_path(sha256: str) -> Path:
-    return Path(settings.SF_SNAPSHOT_DIR) / sha256[:2] / f"{sha256}.tar.gz"
+    """Where the local directory backend keeps the blob (what an operator looks at)."""
+    return Path(settings.SF_SNAPSHOT_DIR) / snapshot_key(sha256)
+
+
+def snapshot_stored(sha256: str) -> bool:
+    return objects.store("snapshots").exists(snapshot_key(sha256))
+
+
+def open_snapshot(sha256: str) -> IO[bytes]:
+    """A reader of the stored blob; objects.ObjectMissing when it is gone."""
+    return objects.store("snapshots").open(snapshot_key(sha256))
+
+
+def delete_blob(sha256: str) -> None:
+    objects.store("snapshots").delete(snapshot_key(sha256))
 
 
 def store_snapshot(
@@ -122,19 +147,19 @@ def _keep(
     with transaction.atomic():
         team = Team.objects.select_for_update(no_key=True).get(pk=team.pk)
         snapshot = _locked_row(sha, size)
-        path = snapshot_path(sha)
+        blobs, key = objects.store("snapshots"), snapshot_key(sha)
+        stored = blobs.exists(key)
         owned = (
             snapshot.deleted_at is None
-            and path.exists()
+            and stored
             and SnapshotOwner.objects.filter(team=team, snapshot=snapshot).exists()
         )
         if not owned:
             used = team_snapshot_bytes(team, excluding=sha)
             if used + size > team.snapshot_quota_mb * 2**20:
                 raise SnapshotRefused(_over_quota(team, size, used), 413)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            os.replace(tmp_name, path)  # same content already stored: one blob for all teams
+        if not stored:  # else the same content is already stored: one blob for all teams
+            blobs.put_file(key, Path(tmp_name))
         if snapshot.deleted_at is not None:  # pruned earlier, uploaded again
             Snapshot.objects.filter(pk=sha).update(deleted_at=None, deleted_reason="")
             snapshot.deleted_at, snapshot.deleted_reason = None, ""
@@ -172,7 +197,7 @@ def owned_snapshot(team: Team | int, sha: str) -> Snapshot | None:
         snapshot is None
         or snapshot.deleted_at is not None
         or not SnapshotOwner.objects.filter(team=team, snapshot=snapshot).exists()
-        or not snapshot_path(sha).exists()
+        or not snapshot_stored(sha)
     ):
         return None
     return snapshot
@@ -193,7 +218,7 @@ def release_claim(team_id: int, snapshot: Snapshot) -> bool:
     Snapshot.objects.filter(pk=snapshot.pk).delete()
     # Under the row lock, not after commit: an upload of the same bytes waits on that lock,
     # then finds no row and places its own blob, which a late unlink would remove.
-    snapshot_path(snapshot.sha256).unlink(missing_ok=True)
+    delete_blob(snapshot.sha256)
     return True
 
 
@@ -363,26 +388,27 @@ PROJECT_FILE = "starforge.toml"
 PROJECT_FILE_MAX_BYTES = 64 * 1024
 
 
-def read_project_file(path: Path) -> dict:
-    """The parsed starforge.toml at the root of a stored snapshot ({} when there is none)."""
+def read_project_file(sha256: str) -> dict:
+    """The parsed starforge.toml at the root of a stored snapshot ({} when there is none).
+
+    The archive is read as a stream (gzip cannot seek anyway), so a blob in object storage is
+    read once, front to back, and no further than the file.
+    """
     try:
-        with tarfile.open(path, mode="r:gz") as archive:
-            member = next(
-                (
-                    m
-                    for m in archive.getmembers()
-                    if m.isfile() and m.name.removeprefix("./") == PROJECT_FILE
-                ),
-                None,
-            )
-            if member is None:
-                return {}
+        with open_snapshot(sha256) as blob, tarfile.open(fileobj=blob, mode="r|gz") as archive:
+            raw = _project_bytes(archive)
+        return {} if raw is None else tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SnapshotRefused(f"{PROJECT_FILE} is not valid TOML ({exc})") from exc
+    except (tarfile.TarError, OSError, EOFError, objects.ObjectMissing) as exc:
+        raise SnapshotRefused(f"the snapshot cannot be read ({exc})") from exc
+
+
+def _project_bytes(archive: tarfile.TarFile) -> bytes | None:
+    for member in archive:
+        if member.isfile() and member.name.removeprefix("./") == PROJECT_FILE:
             if member.size > PROJECT_FILE_MAX_BYTES:
                 raise SnapshotRefused(f"{PROJECT_FILE} is over {PROJECT_FILE_MAX_BYTES} bytes")
             handle = archive.extractfile(member)
-            raw = handle.read() if handle else b""
-        return tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SnapshotRefused(f"{PROJECT_FILE} is not valid TOML ({exc})") from exc
-    except (tarfile.TarError, OSError) as exc:
-        raise SnapshotRefused(f"the snapshot cannot be read ({exc})") from exc
+            return handle.read() if handle else b""
+    return None

@@ -12,14 +12,14 @@ import datetime as dt
 import gzip
 import io
 import tarfile
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
 from jobs.models import Job, Snapshot, SnapshotOwner
-from jobs.stores.snapshots import snapshot_path
+from jobs.stores import objects
+from jobs.stores.snapshots import snapshot_stored
 from tests.conftest import ApiClient
 from tests.jobs.api_helpers import assert_refused
 
@@ -47,9 +47,9 @@ def submit(api: ApiClient, sha: str | None, team: str | None = None):
     )
 
 
-def files(settings) -> set[Path]:
-    root = Path(settings.SF_SNAPSHOT_DIR)
-    return {p for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+def files(settings) -> set[str]:
+    """What the snapshot store holds, wherever SF_STORAGE_URL keeps it."""
+    return set(objects.store("snapshots").keys())
 
 
 @pytest.fixture
@@ -183,10 +183,10 @@ def test_a_claim_goes_with_the_teams_last_job_and_the_blob_with_the_last_claim(a
     assert set(SnapshotOwner.objects.values_list("team__name", flat=True)) == {"vision", "nlp"}
     assert api.client.delete(f"/api/v1/jobs/{mine[1]}").status_code == 204
     assert list(SnapshotOwner.objects.values_list("team__name", flat=True)) == ["nlp"]
-    assert snapshot_path(secret).exists()  # nlp still owns and uses it
+    assert snapshot_stored(secret)  # nlp still owns and uses it
     assert submit(api, secret).status_code == 404  # vision's claim is gone
     assert other.client.delete(f"/api/v1/jobs/{theirs}").status_code == 204
-    assert not snapshot_path(secret).exists()
+    assert not snapshot_stored(secret)
     assert not Snapshot.objects.filter(pk=secret).exists()
 
 
@@ -195,7 +195,7 @@ def test_an_unused_claim_of_another_team_keeps_the_blob(api, other, secret):
     job_id = submit(api, secret).json()["id"]
     finish(job_id)
     assert api.client.delete(f"/api/v1/jobs/{job_id}").status_code == 204
-    assert snapshot_path(secret).exists()
+    assert snapshot_stored(secret)
     assert submit(other, secret).status_code == 201
 
 
@@ -203,7 +203,7 @@ def test_prune_removes_every_claim_and_a_reupload_revives_the_snapshot(api, secr
     job_id = submit(api, secret).json()["id"]
     finish(job_id, ended_days_ago=10)
     call_command("prune_snapshots", "--older-than", "7")
-    assert not snapshot_path(secret).exists()
+    assert not snapshot_stored(secret)
     assert not SnapshotOwner.objects.exists()
     assert Snapshot.objects.get(pk=secret).deleted_reason  # the retry can say why
     again = upload(api, tree())
@@ -214,10 +214,10 @@ def test_prune_removes_every_claim_and_a_reupload_revives_the_snapshot(api, secr
 
 def test_prune_keeps_a_fresh_upload_no_job_uses_yet(api, secret):
     call_command("prune_snapshots", "--older-than", "1")
-    assert snapshot_path(secret).exists()
+    assert snapshot_stored(secret)
     Snapshot.objects.filter(pk=secret).update(created_at=timezone.now() - dt.timedelta(days=3))
     call_command("prune_snapshots", "--older-than", "1")
-    assert not snapshot_path(secret).exists()
+    assert not snapshot_stored(secret)
 
 
 def test_prune_works_while_some_job_has_no_snapshot(api, secret):
@@ -227,7 +227,7 @@ def test_prune_works_while_some_job_has_no_snapshot(api, secret):
     job_id = submit(api, secret).json()["id"]
     finish(job_id, ended_days_ago=10)
     call_command("prune_snapshots", "--older-than", "7")
-    assert not snapshot_path(secret).exists()
+    assert not snapshot_stored(secret)
 
 
 # -- point 10: the team's snapshot quota ---------------------------------------------------------

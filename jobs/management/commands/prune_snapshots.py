@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from jobs.models import Job, Snapshot, SnapshotOwner
 from jobs.states import JobStatus
-from jobs.stores.snapshots import snapshot_path
+from jobs.stores.snapshots import delete_blob
 
 DONE = [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED]
 
@@ -42,7 +42,7 @@ class Command(BaseCommand):
                 list(Snapshot.objects.select_for_update().filter(pk=sha).values_list("pk"))
                 if not prunable(cutoff).filter(pk=sha).exists():
                     continue  # a job was submitted with it since the list was read
-                snapshot_path(sha).unlink(missing_ok=True)
+                delete_blob(sha)
                 SnapshotOwner.objects.filter(snapshot_id=sha).delete()
                 Snapshot.objects.filter(pk=sha).update(deleted_at=now, deleted_reason=reason)
             count += 1
