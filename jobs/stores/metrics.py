@@ -1,21 +1,26 @@
 """Metric points logged through the SDK: storing the runner's batches, and reading them for charts.
 
-The runner numbers each attempt's points (`seq` from 0); the unique (job, attempt, seq) constraint
-makes a resent batch a no-op. Reads group points into one series per metric name and downsample
-each with LTTB, so a chart of a million points stays a few thousand points on the wire.
+The runner numbers each attempt's points (`seq` from 0) and resends a batch it got no answer
+for. A batch is checked in one pass straight into columns (`Batch`, no object per point), then,
+under the lock of the attempt's `MetricStream` row that every writer of its points takes first,
+the seqs already stored are read and only the others stored: COPY on PostgreSQL, one prepared
+INSERT on SQLite; the unique (job, attempt, seq) constraint stays as the backstop. So a resent
+batch, even one racing its original, is stored and counted once. Reads group points into one
+series per metric name and downsample each with LTTB, so a chart of a million points stays a
+few thousand points on the wire.
 
 Rollups. Reading a million raw points takes a second, so `append` also keeps, per series, a
 `MetricSeries` row (count, step and ts extent) and `MetricRollup` buckets: for each axis ("step":
 x = step; "time": x = ts in epoch seconds, fixed buckets) and each level k in `LEVELS`, the
 points with floor(x / 2**k) == bucket summarised as their count and their first, last, lowest
-and highest point. Only the points the INSERT really stored (`RETURNING seq`) are rolled up, so
-a resent batch, even one racing its original, is counted once. The merge of a batch into the
-stored buckets is read-modify-write, ordered by the row locks of the series touched (taken in
-(kind, name) order, after the points are inserted, so no lock is held while waiting on a
-conflicting insert). A series of at most `max_points` points is read raw as before; a longer one
-from the coarsest level with at least max_points / 2 buckets in its x range (fewer than 2 x
-max_points buckets, since levels are a factor 4 apart), expanded to each bucket's first, lowest,
-highest and last points and reduced with LTTB. Its global lowest and highest points are kept.
+and highest point. A batch's new points are summarised in memory and merged into the stored rows
+by one upsert per table whose ON CONFLICT arithmetic is `merge_stats` / `merge_acc` in SQL:
+nothing is read back, and two batches touching the same bucket at once (the row lock of the
+upsert orders them, taken in key order) both count. A series of at most `max_points` points
+is read raw as before; a longer one from the coarsest level with at least max_points / 2 buckets
+in its x range (fewer than 2 x max_points buckets, since levels are a factor 4 apart), expanded
+to each bucket's first, lowest, highest and last points and reduced with LTTB. Its global lowest
+and highest points are kept.
 
 Ties on x: "first" is the earliest-stored point at the lowest x, "last" the latest-stored at the
 highest x (the raw order is x, attempt, seq; stored order is seq within a batch, batch arrival
@@ -23,11 +28,10 @@ across batches: the same unless an attempt's batches arrive out of order). Rollu
 floats: steps beyond 2**53 come back rounded on the rollup path.
 """
 
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
-from math import floor, isfinite
+from math import floor
 from operator import itemgetter
 from typing import Any
 
@@ -46,7 +50,6 @@ LEVELS = (4, 6, 8, 10, 12, 14, 16)  # bucket widths 16 .. 65,536 steps or second
 BIGINT_MAX = 2**63 - 1  # seq and step are stored in bigint columns
 BUCKET_LIMIT = 2**62  # time buckets of absurd timestamps are clamped to fit a bigint
 DEFAULT_ATTEMPT_MAX_METRIC_POINTS = 5_000_000
-INSERT_CHUNK = 1000  # rows per INSERT: 8,000 parameters, under SQLite's limit
 ROLLUP_FIELDS = (
     "count",
     "first_x",
@@ -70,6 +73,88 @@ class AppendResult:
     dropped: int = 0  # fresh points past the attempt's cap, not stored
 
 
+POINT_COLUMNS = "job_id, attempt, seq, kind, name, step, value, ts"
+
+
+def _pick(column: str, test: str) -> str:
+    """SET `column` to the batch's value (`excluded`) where `test` holds, else keep the row's."""
+    return f"{column} = CASE WHEN {test} THEN excluded.{column} ELSE {{t}}.{column} END"
+
+
+# ON CONFLICT clauses merging a batch's summary (`excluded`, the later part) into the stored
+# row ({t}, the earlier one), as merge_stats and merge_acc do; the SET expressions all read the
+# row as it was, so their order does not matter.
+SERIES_COLUMNS = (
+    ("kind", "text"),
+    ("name", "text"),
+    ("count", "bigint"),
+    ("min_step", "bigint"),
+    ("max_step", "bigint"),
+    ("min_ts", "float8"),
+    ("max_ts", "float8"),
+)
+SERIES_MERGE = "ON CONFLICT (job_id, kind, name) DO UPDATE SET " + ", ".join(
+    [
+        "count = {t}.count + excluded.count",
+        *(
+            _pick(column, f"{{t}}.{column} IS NULL OR excluded.{column} {op} {{t}}.{column}")
+            for column, op in (
+                ("min_step", "<"),
+                ("max_step", ">"),
+                ("min_ts", "<"),
+                ("max_ts", ">"),
+            )
+        ),
+    ]
+).format(t=MetricSeries._meta.db_table)
+ROLLUP_COLUMNS = (
+    ("kind", "text"),
+    ("name", "text"),
+    ("axis", "text"),
+    ("level", "smallint"),
+    ("bucket", "bigint"),
+    ("count", "bigint"),
+    *((field, "float8") for field in ROLLUP_FIELDS[1:]),
+)
+ROLLUP_MERGE = "ON CONFLICT (job_id, kind, name, axis, level, bucket) DO UPDATE SET " + ", ".join(
+    [
+        "count = {t}.count + excluded.count",
+        _pick("first_x", "excluded.first_x < {t}.first_x"),
+        _pick("first_y", "excluded.first_x < {t}.first_x"),
+        _pick("last_x", "excluded.last_x >= {t}.last_x"),
+        _pick("last_y", "excluded.last_x >= {t}.last_x"),
+        _pick("min_x", "excluded.min_y < {t}.min_y"),
+        _pick("min_y", "excluded.min_y < {t}.min_y"),
+        _pick("max_x", "excluded.max_y > {t}.max_y"),
+        _pick("max_y", "excluded.max_y > {t}.max_y"),
+    ]
+).format(t=MetricRollup._meta.db_table)
+
+
+@dataclass
+class Batch:
+    """A batch's valid points as columns, one per seq (a seq sent twice keeps its last point),
+    in seq order: the order they are stored and rolled up in."""
+
+    seq: list[int]
+    kind: list[str]
+    name: list[str]
+    step: list[int]
+    value: list[float]
+    ts: list[float]
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def only(self, keep: Iterable[int]) -> "Batch":
+        """The points at the indices `keep`, in their order."""
+        rows = list(keep)
+        return Batch(*([column[i] for i in rows] for column in self.columns()))
+
+    def columns(self) -> tuple[list, ...]:
+        return self.seq, self.kind, self.name, self.step, self.value, self.ts
+
+
 def max_points() -> int:
     return getattr(settings, "SF_ATTEMPT_MAX_METRIC_POINTS", DEFAULT_ATTEMPT_MAX_METRIC_POINTS)
 
@@ -79,35 +164,29 @@ def append(job_id: int, attempt: int, points: list[Any]) -> AppendResult:
 
     An attempt keeps at most SF_ATTEMPT_MAX_METRIC_POINTS points: fresh points past it (the
     highest seqs of the batch first) are dropped, and the first drop writes one NOTE event.
-    The attempt's `MetricStream` row, locked first, counts them: two queries per batch.
+    The attempt's `MetricStream` row, locked first, counts them and orders its batches.
     Raises BadRequest naming the first point that is not valid; nothing is stored then.
     """
-    by_seq = {point["seq"]: point for point in _checked(points)}  # a repeat inside the batch
-    if not by_seq:
+    batch = _checked(points)
+    if not batch:
         return AppendResult(0, len(points))
     with transaction.atomic():
         counter = _locked_counter(job_id, attempt)
-        stored = set(
-            MetricPoint.objects.filter(
-                job_id=job_id, attempt=attempt, seq__range=(min(by_seq), max(by_seq))
-            ).values_list("seq", flat=True)
-        )
-        fresh = [_fields(by_seq[seq]) for seq in sorted(by_seq) if seq not in stored]
+        fresh = _unstored(job_id, attempt, batch)
         room = max(0, max_points() - counter.points)
-        fresh, over = fresh[:room], fresh[room:]
-        # ON CONFLICT DO NOTHING covers a concurrent resend between the read and the write;
-        # RETURNING says which rows this transaction stored, and only those are rolled up.
-        inserted = _insert(job_id, attempt, fresh)
-        new = [point for point in fresh if point["seq"] in inserted]
-        if new:
-            _roll_up(job_id, new)
-        if new or over:
+        over = max(0, len(fresh) - room)
+        if over:
+            fresh = fresh.only(range(room))
+        if fresh:
+            _insert(job_id, attempt, fresh)
+            _roll_up(job_id, fresh)
+        if fresh or over:
             if over and not counter.dropped:
                 _cap_event(job_id, attempt)
             MetricStream.objects.filter(pk=counter.pk).update(
-                points=counter.points + len(new), dropped=counter.dropped + len(over)
+                points=counter.points + len(fresh), dropped=counter.dropped + over
             )
-    return AppendResult(len(new), len(points) - len(new) - len(over), len(over))
+    return AppendResult(len(fresh), len(points) - len(fresh) - over, over)
 
 
 def _locked_counter(job_id: int, attempt: int) -> MetricStream:
@@ -135,89 +214,73 @@ def _cap_event(job_id: int, attempt: int) -> None:
     )
 
 
-def _insert(job_id: int, attempt: int, points: list[dict]) -> set[int]:
+def _unstored(job_id: int, attempt: int, batch: Batch) -> Batch:
+    """The points of `batch` not stored yet: exact, as every writer of the attempt's points
+    holds its counter's lock (a resend racing its original waits for it)."""
+    stored = set(
+        MetricPoint.objects.filter(
+            job_id=job_id, attempt=attempt, seq__range=(batch.seq[0], batch.seq[-1])
+        ).values_list("seq", flat=True)
+    )
+    if not stored:
+        return batch
+    return batch.only(i for i, seq in enumerate(batch.seq) if seq not in stored)
+
+
+def _insert(job_id: int, attempt: int, batch: Batch) -> None:
+    """Insert points known to be fresh: COPY on PostgreSQL, a prepared INSERT on SQLite."""
     table = MetricPoint._meta.db_table
-    inserted: set[int] = set()
+    rows = ((job_id, attempt, *point) for point in zip(*batch.columns(), strict=True))
     with connection.cursor() as cursor:
-        for start in range(0, len(points), INSERT_CHUNK):
-            chunk = points[start : start + INSERT_CHUNK]
-            values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
-            params: list = []
-            for p in chunk:
-                params += [job_id, attempt, p["seq"], p["kind"], p["name"], p["step"]]
-                params += [p["value"], p["ts"]]
-            cursor.execute(
-                f"INSERT INTO {table} (job_id, attempt, seq, kind, name, step, value, ts) "
-                f"VALUES {values} ON CONFLICT (job_id, attempt, seq) DO NOTHING RETURNING seq",
-                params,
-            )
-            inserted.update(row[0] for row in cursor.fetchall())
-    return inserted
-
-
-def _roll_up(job_id: int, points: list[dict]) -> None:
-    """Add newly stored points (in stored order) to their MetricSeries and MetricRollup rows."""
-    stats, rollups = aggregate(
-        (p["kind"], p["name"], p["step"], p["ts"], p["value"]) for p in points
-    )
-    MetricSeries.objects.bulk_create(
-        [MetricSeries(job_id=job_id, kind=kind, name=name) for kind, name in stats],
-        ignore_conflicts=True,
-    )
-    wanted = Q()
-    for kind, name in stats:
-        wanted |= Q(kind=kind, name=name)
-    locked = (
-        MetricSeries.objects.select_for_update()
-        .filter(wanted, job_id=job_id)
-        .order_by("kind", "name")
-    )
-    changed = []
-    for row in locked:
-        merged = merge_stats(_stats_of(row), stats[(row.kind, row.name)])
-        row.count, row.min_step, row.max_step, row.min_ts, row.max_ts = merged
-        changed.append(row)
-    MetricSeries.objects.bulk_update(
-        changed, ["count", "min_step", "max_step", "min_ts", "max_ts"], batch_size=500
-    )
-    for key, acc in _stored_rollups(job_id, rollups).items():
-        rollups[key] = merge_acc(acc, rollups[key])
-    write_rollups(MetricRollup, job_id, rollups)
-
-
-def _stats_of(row: Any) -> list:
-    return [row.count, row.min_step, row.max_step, row.min_ts, row.max_ts]
-
-
-def _stored_rollups(job_id: int, rollups: dict[RollupKey, Acc]) -> dict[RollupKey, Acc]:
-    """The stored buckets among `rollups`' keys, a few queries of bounded size."""
-    groups: dict[tuple[str, str, str, int], list[int]] = defaultdict(list)
-    for kind, name, axis, level, bucket in rollups:
-        groups[(kind, name, axis, level)].append(bucket)
-    terms: list[tuple[Q, int]] = []
-    for (kind, name, axis, level), buckets in groups.items():
-        lo, hi = min(buckets), max(buckets)
-        if hi - lo < 4 * len(buckets) + 16:  # compact: a range reads few extra rows
-            where, size = Q(bucket__range=(lo, hi)), 2
+        if connection.vendor == "postgresql":
+            with cursor.cursor.copy(f"COPY {table} ({POINT_COLUMNS}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
         else:
-            where, size = Q(bucket__in=buckets), len(buckets)
-        terms.append((Q(kind=kind, name=name, axis=axis, level=level) & where, size + 4))
-    found: dict[RollupKey, Acc] = {}
-    start = 0
-    while start < len(terms):
-        wanted, params = Q(), 0
-        while start < len(terms) and (params == 0 or params + terms[start][1] <= 10_000):
-            wanted |= terms[start][0]
-            params += terms[start][1]
-            start += 1
-        rows = MetricRollup.objects.filter(wanted, job_id=job_id).values_list(
-            "kind", "name", "axis", "level", "bucket", *ROLLUP_FIELDS
-        )
-        for row in rows:
-            key = row[:5]
-            if key in rollups:
-                found[key] = list(row[5:])
-    return found
+            marks = ", ".join(["%s"] * 8)
+            cursor.executemany(
+                f"INSERT INTO {table} ({POINT_COLUMNS}) VALUES ({marks})", list(rows)
+            )
+
+
+def _roll_up(job_id: int, batch: Batch) -> None:
+    """Add newly stored points to their MetricSeries and MetricRollup rows.
+
+    One upsert per table whose ON CONFLICT arithmetic merges the batch's summaries into the
+    stored rows: no read-modify-write, so a concurrent batch cannot lose an update. The rows
+    go in key order, so two batches lock the rows they share in the same order.
+    """
+    stats, rollups = aggregate(
+        zip(batch.kind, batch.name, batch.step, batch.ts, batch.value, strict=True)
+    )
+    _upsert(
+        MetricSeries,
+        SERIES_COLUMNS,
+        SERIES_MERGE,
+        [(*key, *stats[key]) for key in sorted(stats)],
+        job_id,
+    )
+    rows = [(*key, acc[0], *map(float, acc[1:])) for key, acc in sorted(rollups.items())]
+    _upsert(MetricRollup, ROLLUP_COLUMNS, ROLLUP_MERGE, rows, job_id)
+
+
+def _upsert(
+    model: Any, columns: tuple[tuple[str, str], ...], merge: str, rows: list[tuple], job_id: int
+) -> None:
+    """Insert `rows` (values of `columns`, key columns first) of one job, merging conflicts."""
+    table = model._meta.db_table
+    names = ", ".join(["job_id", *(name for name, _ in columns)])
+    head = f"INSERT INTO {table} ({names})"
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            arrays = ", ".join(f"%s::{kind}[]" for _, kind in columns)
+            columns_of_rows = [list(column) for column in zip(*rows, strict=True)]
+            cursor.execute(
+                f"{head} SELECT %s, * FROM unnest({arrays}) {merge}", [job_id, *columns_of_rows]
+            )
+        else:
+            marks = ", ".join(["%s"] * (len(columns) + 1))
+            cursor.executemany(f"{head} VALUES ({marks}) {merge}", [(job_id, *row) for row in rows])
 
 
 def aggregate(
@@ -226,38 +289,42 @@ def aggregate(
     """Series stats and rollup buckets of (kind, name, step, ts, value) points, in stored order.
 
     Stats are [count, min_step, max_step, min_ts, max_ts] per (kind, name). Pure: also used by
-    the migration that builds the rollups of points stored before them.
+    the migration that builds the rollups of points stored before them. The finest level is
+    built point by point, per series and axis; each coarser one from the level below it.
     """
     stats: dict[tuple[str, str], list] = {}
-    finest: dict[RollupKey, Acc] = {}
-    first_level = LEVELS[0]
+    finest: dict[tuple[str, str], tuple[dict[int, Acc], dict[int, Acc]]] = {}
+    level = LEVELS[0]
     for kind, name, step, ts, value in points:
         st = stats.get((kind, name))
         if st is None:
             stats[(kind, name)] = [1, step, step, ts, ts]
+            by_step, by_time = finest[(kind, name)] = ({}, {})
         else:
             st[0] += 1
-            st[1], st[2] = min(st[1], step), max(st[2], step)
-            st[3], st[4] = min(st[3], ts), max(st[4], ts)
-        for axis, x in (("step", step), ("time", ts)):
-            key = (kind, name, axis, first_level, bucket_of(x, first_level))
-            acc = finest.get(key)
-            if acc is None:
-                finest[key] = [1, x, value, x, value, x, value, x, value]
-            else:
-                _add_point(acc, x, value)
-    rollups = dict(finest)
-    below, below_level = finest, first_level
-    for level in LEVELS[1:]:
-        shift = level - below_level
-        above: dict[RollupKey, Acc] = {}
-        for key in sorted(below, key=itemgetter(0, 1, 2, 4)):  # x order inside each series
-            kind, name, axis, _, bucket = key
-            up = (kind, name, axis, level, bucket >> shift)
-            acc = above.get(up)
-            above[up] = list(below[key]) if acc is None else merge_acc(acc, below[key])
-        rollups.update(above)
-        below, below_level = above, level
+            if step < st[1]:
+                st[1] = step
+            elif step > st[2]:
+                st[2] = step
+            if ts < st[3]:
+                st[3] = ts
+            elif ts > st[4]:
+                st[4] = ts
+            by_step, by_time = finest[(kind, name)]
+        _add_point(by_step, step >> level, step, value)
+        _add_point(by_time, bucket_of(ts, level), ts, value)
+    rollups: dict[RollupKey, Acc] = {}
+    for (kind, name), axes in finest.items():
+        for axis, below in zip(("step", "time"), axes, strict=True):
+            below_level = level
+            rollups.update(((kind, name, axis, level, b), acc) for b, acc in below.items())
+            for above_level in LEVELS[1:]:
+                shift, above = above_level - below_level, dict[int, Acc]()
+                for b in sorted(below):  # x order
+                    acc = above.get(b >> shift)
+                    above[b >> shift] = list(below[b]) if acc is None else merge_acc(acc, below[b])
+                rollups.update(((kind, name, axis, above_level, b), a) for b, a in above.items())
+                below, below_level = above, above_level
     return stats, rollups
 
 
@@ -267,7 +334,11 @@ def bucket_of(x: float, level: int) -> int:
     return max(-BUCKET_LIMIT, min(BUCKET_LIMIT, floor(x / 2**level)))
 
 
-def _add_point(acc: Acc, x: float, y: float) -> None:
+def _add_point(buckets: dict[int, Acc], bucket: int, x: float, y: float) -> None:
+    acc = buckets.get(bucket)
+    if acc is None:
+        buckets[bucket] = [1, x, y, x, y, x, y, x, y]
+        return
     acc[0] += 1
     if x < acc[1]:
         acc[1], acc[2] = x, y
@@ -307,7 +378,8 @@ def merge_stats(earlier: list, later: list) -> list:
 
 
 def write_rollups(model: Any, job_id: int, rollups: dict[RollupKey, Acc]) -> None:
-    """Upsert rollup buckets (already merged with what is stored) for one job."""
+    """Upsert rollup buckets (already merged with what is stored) for one job: the migration's
+    backfill, which builds each bucket whole."""
     rows = [
         model(
             job_id=job_id,
@@ -329,47 +401,59 @@ def write_rollups(model: Any, job_id: int, rollups: dict[RollupKey, Acc]) -> Non
     )
 
 
-def _checked(points: list[Any]) -> list[dict]:
+def _checked(points: list[Any]) -> Batch:
+    """The valid batch of `points`, or BadRequest naming the first point that is not valid.
+
+    One pass over the points, straight into columns; only a batch with a repeated seq or seqs
+    out of order is reordered afterwards.
+    """
+    batch = Batch([], [], [], [], [], [])
+    in_order, last = True, -1
     for i, point in enumerate(points):
+        try:
+            seq, kind, name, step = point["seq"], point["kind"], point["name"], point["step"]
+            value, ts = _finite(point["value"]), _finite(point["ts"])
+        except (KeyError, TypeError, ValueError, OverflowError):  # not a dict, or a bad number
+            raise _bad_point(i) from None
         if not (
-            isinstance(point, dict)
-            and type(point.get("seq")) is int
-            and 0 <= point["seq"] <= BIGINT_MAX
-            and point.get("kind") in KINDS
-            and isinstance(point.get("name"), str)
-            and 0 < len(point["name"]) <= MAX_NAME
-            and "\x00" not in point["name"]  # PostgreSQL text cannot hold NUL
-            and type(point.get("step")) is int
-            and 0 <= point["step"] <= BIGINT_MAX
-            and _finite(point.get("value"))
-            and _finite(point.get("ts"))
+            type(seq) is int
+            and 0 <= seq <= BIGINT_MAX
+            and kind in KINDS
+            and type(name) is str
+            and 0 < len(name) <= MAX_NAME
+            and "\x00" not in name  # PostgreSQL text cannot hold NUL
+            and type(step) is int
+            and 0 <= step <= BIGINT_MAX
         ):
-            raise BadRequest(
-                f"point {i} must have seq (int >= 0), kind (train|validation|system), name (1 to "
-                f"{MAX_NAME} characters, no NUL), step (int >= 0), value and ts (finite numbers); "
-                f"seq and step are at most {BIGINT_MAX}"
-            )
-    return points
+            raise _bad_point(i)
+        in_order, last = in_order and seq > last, seq
+        batch.seq.append(seq)
+        batch.kind.append(kind)
+        batch.name.append(name)
+        batch.step.append(step)
+        batch.value.append(value)
+        batch.ts.append(ts)
+    if not in_order:  # the last point sent of each seq, in seq order
+        index = {seq: i for i, seq in enumerate(batch.seq)}
+        batch = batch.only(index[seq] for seq in sorted(index))
+    return batch
 
 
-def _finite(value: object) -> bool:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return isfinite(value)
-    except OverflowError:  # an int beyond a float's range
-        return False
+def _finite(value: object) -> float:
+    """`value` as a float; ValueError (or OverflowError) unless it is a finite int or float."""
+    if type(value) is float or type(value) is int:  # not bool, whose type is bool
+        number = float(value)
+        if number - number == 0.0:  # false for NaN and the infinities
+            return number
+    raise ValueError(value)
 
 
-def _fields(point: dict) -> dict:
-    return {
-        "seq": point["seq"],
-        "kind": point["kind"],
-        "name": point["name"],
-        "step": point["step"],
-        "value": float(point["value"]),
-        "ts": float(point["ts"]),
-    }
+def _bad_point(i: int) -> BadRequest:
+    return BadRequest(
+        f"point {i} must have seq (int >= 0), kind (train|validation|system), name (1 to "
+        f"{MAX_NAME} characters, no NUL), step (int >= 0), value and ts (finite numbers); "
+        f"seq and step are at most {BIGINT_MAX}"
+    )
 
 
 def series(
