@@ -5,10 +5,14 @@ any Slurm the worker host is a client of. Each attempt gets a directory under `w
 (visible to the nodes) named deterministically from run_id + attempt: the runner's files
 (`exit.json`, `console.log`), Slurm's output files and `slurm_job_id`, the id sbatch returned.
 
-At most once per attempt (docs/ARCHITECTURE.md, invariant 4): `submit` runs under a lock file in
-`work_dir` and adopts the job already known under the attempt's name (its recorded id, or a
-Slurm job of that name) instead of submitting a second one. Workers that launch on the same
-cluster must therefore share `work_dir` (as the nodes do).
+At most once per attempt (docs/ARCHITECTURE.md, invariant 4) is the ledger's: the launcher
+claims an attempt before it calls `submit`, and a launcher taking over a dead one's claim
+first asks `find`, which asks Slurm for a job of the attempt's name (squeue, then sacct), never
+a worker's disk. Workers on other hosts therefore need not share `work_dir`: only the nodes and
+the worker that polls read the runner's files there. `submit` on its own is idempotent on one
+host: under a lock in the attempt dir, an attempt this host submitted before (its
+`slurm_job_id` is there) is adopted from Slurm by name, so submits of many attempts run in
+parallel and two of the same one never both reach sbatch.
 
 The job's environment is an allow-list (docs/ARCHITECTURE.md, invariant 8): `base_env` (HOME is the
 attempt's run dir unless `home` is set, PATH the `path` setting with the interpreter's dir
@@ -246,27 +250,30 @@ class SlurmExecutor:
     # -- interface ---------------------------------------------------------------------------
     def submit(self, spec: LaunchSpec) -> str:
         attempt_dir = self.work_dir / spec.name
+        submitted = attempt_dir / "slurm_job_id"
         try:
-            with self._lock():
-                # The attempt dir is made under this lock before sbatch runs: while it does not
-                # exist, no worker sharing work_dir has submitted the attempt, and Slurm need
-                # not be asked. Once it does, the recorded id or Slurm's job of that name wins.
-                adopted = self.find(spec.name) if attempt_dir.exists() else None
-                if adopted:
-                    return adopted  # submitted before (perhaps by a worker that crashed)
-                attempt_dir.mkdir(parents=True, exist_ok=True)
+            with file_lock(attempt_dir / ".submit.lock"):
+                # Only the file's presence counts: the job can write to its attempt dir.
+                if submitted.exists() and (adopted := self.find(spec.name)):
+                    return adopted
                 job_id = self._sbatch(spec, attempt_dir)
-                (attempt_dir / "slurm_job_id").write_text(job_id)
+                submitted.write_text(job_id)
                 return job_id
         except SlurmError as exc:
             raise LaunchError(str(exc), permanent=not _transient(str(exc))) from exc
 
     def find(self, name: str) -> str | None:
-        recorded = self.work_dir / name / "slurm_job_id"
-        if recorded.exists():
-            return recorded.read_text().strip() or None
+        """The first Slurm job of this name: squeue while slurmctld keeps it (MinJobAge), then
+        accounting (where there is: without slurmdbd sacct fails, and nothing is found)."""
         out = self._slurm(["squeue", "-h", "--all", "-t", "all", "-n", name, "-O", "JobID:|"])
-        ids = sorted((line.strip("|") for line in out.splitlines() if line.strip()), key=int)
+        ids = [line.strip("|") for line in out.splitlines() if line.strip()]
+        if not ids:
+            args = ["sacct", "-n", "-P", "-X", "-a", "-S", "now-7days", "-o", "JobID"]
+            try:
+                ids = self._slurm([*args, f"--name={name}"]).split()
+            except SlurmError:
+                ids = []
+        ids = sorted((i for i in ids if i.isdigit()), key=int)
         return ids[0] if ids else None
 
     def poll(self, job_refs: list[str]) -> dict[str, Observation]:
@@ -346,10 +353,6 @@ class SlurmExecutor:
         )
 
     # -- submit ------------------------------------------------------------------------------
-    def _lock(self):
-        """Serialise submits to this cluster from workers that share `work_dir`."""
-        return file_lock(self.work_dir / ".submit.lock")
-
     def _sbatch(self, spec: LaunchSpec, attempt_dir: Path) -> str:
         args = [
             "sbatch",

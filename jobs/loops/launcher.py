@@ -1,21 +1,38 @@
-"""Launching attempts: SUBMITTED → executor submit (idempotent by name) → PENDING with job_ref.
+"""Launching attempts: SUBMITTED → claim → executor submit → PENDING with job_ref.
+
+At most once per attempt (docs/ARCHITECTURE.md, invariant 4), from workers on any hosts, with
+nothing shared between them but the ledger: a launcher first claims its attempts (`_claim`: one
+short transaction that locks the rows, skips those another launcher is claiming, and stamps
+`launch_claimed_at`), and only the claimer calls the engine. A claim older than CLAIM_LEASE_S
+is a dead launcher's, perhaps one that died between the engine's answer and recording it: the
+next launcher (a redelivered task, the reconciler's launch repair) takes it over and first
+asks the engine for an object of the attempt's deterministic name, adopting it rather than
+submitting a second one. A launcher that cannot reach the engine well within its own claim
+(a sick engine queueing its calls) gives the attempt back unlaunched instead of racing the
+launcher that might take it over.
+
+The claimed attempts are launched LAUNCH_THREADS at a time, so a batch takes about as long as
+its slowest engine calls, not their sum. The pool's threads only talk to the engine; this
+thread records their outcomes as they come (every RECORD_EVERY, or after RECORD_AFTER_S), so a
+job launched early in a long batch shows PENDING, and gets polled, within a second.
 
 `launch_attempts` is safe to run twice for the same attempts (a duplicated Celery delivery, a
 second beat, the reconciler repairing a crash mid-launch): an attempt that already has a
-job_ref, or whose job moved on, is skipped, and the executor adopts an existing backend
-object of the same deterministic name instead of creating a second one.
+job_ref, whose job moved on, or that another launcher holds, is skipped.
 """
 
 import datetime as dt
 import json
 import logging
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
 from pathlib import PurePosixPath
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from jobs.executors import LaunchError, LaunchSpec, executor_for
@@ -28,6 +45,10 @@ from jobs.models import Attempt, Job
 from jobs.states import JobStatus
 
 log = logging.getLogger(__name__)
+LAUNCH_THREADS = 16
+# Longer than any launch's engine calls (a few Slurm commands of COMMAND_TIMEOUT_S each, an
+# HTTP exchange or two): a live claimer is never taken over.
+CLAIM_LEASE_S = 120
 RECORD_EVERY = 25
 RECORD_AFTER_S = 0.5
 
@@ -38,46 +59,88 @@ class LaunchOutcome:
     job_ref: str = ""
     error: str = ""
     permanent: bool = False
+    late: bool = False  # the engine was not called within the claim: given back, unlaunched
 
 
 def launch_attempts(attempt_ids: list[int]) -> list[LaunchOutcome]:
-    attempts = (
-        Attempt.objects.filter(pk__in=attempt_ids, job_ref="", end_time__isnull=True)
-        .select_related("job", "job__cluster", "job__team")
-        .order_by("pk")
-    )
+    claimed_at, claimed = _claim(attempt_ids)
+    if not claimed:
+        return []
+    call_by = time.monotonic() + CLAIM_LEASE_S / 2
     outcomes: list[LaunchOutcome] = []
     unrecorded: list[LaunchOutcome] = []
+    running: set[Future[LaunchOutcome]] = set()
     since = time.monotonic()
-    for attempt in attempts:
-        if not _still_wanted(attempt):
-            continue
-        unrecorded.append(_launch_one(attempt))
-        # Record as we go: a job launched early in a long batch shows PENDING (and gets
-        # polled) within a second, not when the last launch of the batch returns.
-        if len(unrecorded) >= RECORD_EVERY or time.monotonic() - since > RECORD_AFTER_S:
-            _record(unrecorded)
-            outcomes += unrecorded
-            unrecorded, since = [], time.monotonic()
+    with ThreadPoolExecutor(min(LAUNCH_THREADS, len(claimed)), "launch") as pool:
+        for attempt in claimed:
+            try:
+                spec = launch_spec(attempt.job, attempt)
+            except Exception as exc:  # noqa: BLE001 - one bad attempt never stops the batch
+                unrecorded.append(_failure(attempt, exc))
+                continue
+            running.add(pool.submit(_on_pool_thread, attempt, spec, call_by))
+        while running:
+            done, running = wait(running, timeout=RECORD_AFTER_S, return_when=FIRST_COMPLETED)
+            unrecorded += [future.result() for future in done]
+            if len(unrecorded) >= RECORD_EVERY or time.monotonic() - since > RECORD_AFTER_S:
+                _record(unrecorded)
+                outcomes += unrecorded
+                unrecorded, since = [], time.monotonic()
     _record(unrecorded)
-    return outcomes + unrecorded
+    outcomes += unrecorded
+    # Fresh ones that never reached the engine: the next launcher may take them as fresh
+    # (unless one took them over meanwhile). One taken over stays claimed until its lease ends.
+    fresh = {a.pk for a in claimed if a.launch_claimed_at is None}
+    late = [o.attempt_id for o in outcomes if o.late and o.attempt_id in fresh]
+    Attempt.objects.filter(pk__in=late, launch_claimed_at=claimed_at).update(launch_claimed_at=None)
+    return outcomes
 
 
-def _still_wanted(attempt: Attempt) -> bool:
-    job = attempt.job
-    return job.status == JobStatus.SUBMITTED and job.current_attempt_id == attempt.pk
+def _claim(attempt_ids: list[int]) -> tuple[dt.datetime, list[Attempt]]:
+    """The attempts this launcher may launch, claimed: still wanted, not launched, and not
+    held by a live claimer. Each keeps the claim it had before in `launch_claimed_at` (None:
+    no engine was ever asked to launch it)."""
+    now = timezone.now()
+    expired = now - dt.timedelta(seconds=CLAIM_LEASE_S)
+    with transaction.atomic():
+        attempts = list(
+            Attempt.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(pk__in=attempt_ids, job_ref="", end_time__isnull=True)
+            .filter(job__status=JobStatus.SUBMITTED, job__current_attempt=F("pk"))
+            .filter(Q(launch_claimed_at__isnull=True) | Q(launch_claimed_at__lt=expired))
+            .select_related("job", "job__cluster", "job__team")
+            .order_by("pk")
+        )
+        Attempt.objects.filter(pk__in=[a.pk for a in attempts]).update(launch_claimed_at=now)
+    return now, attempts
 
 
-def _launch_one(attempt: Attempt) -> LaunchOutcome:
-    job = attempt.job
+def _on_pool_thread(attempt: Attempt, spec: LaunchSpec, call_by: float) -> LaunchOutcome:
     try:
-        ref = executor_for(job.cluster).submit(launch_spec(job, attempt))
-    except LaunchError as exc:
+        return _launch_one(attempt, spec, call_by)
+    finally:
+        connection.close()  # this thread's own, should an executor ever open one
+
+
+def _launch_one(attempt: Attempt, spec: LaunchSpec, call_by: float) -> LaunchOutcome:
+    """One engine call (two for a claim taken over)."""
+    try:
+        if time.monotonic() > call_by:
+            return LaunchOutcome(attempt.pk, late=True)
+        executor = executor_for(attempt.job.cluster)
+        taken_over = attempt.launch_claimed_at is not None
+        ref = (executor.find(spec.name) if taken_over else None) or executor.submit(spec)
+        return LaunchOutcome(attempt.pk, job_ref=ref)
+    except Exception as exc:  # noqa: BLE001 - recorded as the attempt's launch failure
+        return _failure(attempt, exc)
+
+
+def _failure(attempt: Attempt, exc: Exception) -> LaunchOutcome:
+    if isinstance(exc, LaunchError):
         return LaunchOutcome(attempt.pk, error=str(exc), permanent=exc.permanent)
-    except Exception as exc:  # an executor bug or an unreachable engine: try again later
-        log.exception("launch of %s failed", attempt.backend_name)
-        return LaunchOutcome(attempt.pk, error=f"{type(exc).__name__}: {exc}")
-    return LaunchOutcome(attempt.pk, job_ref=ref)
+    # an executor bug or an unreachable engine: try again later
+    log.error("launch of %s failed", attempt.backend_name, exc_info=exc)
+    return LaunchOutcome(attempt.pk, error=f"{type(exc).__name__}: {exc}")
 
 
 def _record(outcomes: list[LaunchOutcome]) -> None:

@@ -152,11 +152,12 @@ def test_submitting_the_same_attempt_again_adopts_the_first_slurm_job(
     first = executor.submit(spec)
     assert commands == ["sbatch"]  # a fresh attempt (no attempt dir yet) asks nothing first
     assert executor.submit(spec) == first
-    assert commands == ["sbatch"]  # its recorded id answers
-    (attempt_dir(executor, spec) / "slurm_job_id").unlink()  # crash before the id was recorded
+    assert commands == ["sbatch", "squeue"]  # Slurm's job of that name answers
+    (attempt_dir(executor, spec) / "slurm_job_id").write_text("1")  # the job's own words
     assert executor.find(spec.name) == first
-    assert executor.submit(spec) == first
-    assert commands == ["sbatch", "squeue", "squeue"]  # Slurm's job of that name answers
+    elsewhere = {**cluster_settings, "work_dir": str(attempt_dir(executor, spec).parent / "x")}
+    other_host = SlurmExecutor(Cluster(name="slurm-test", kind="slurm", settings=elsewhere))
+    assert other_host.find(spec.name) == first  # by name, from any worker's disk
     listed = slurm("squeue", "-h", "-t", "all", "-n", spec.name, "-o", "%i", conf=slurm_conf)
     assert listed.split() == [first]
     assert executor.find(f"sf-{token}never-a1") is None
