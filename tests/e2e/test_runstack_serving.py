@@ -1,0 +1,171 @@
+"""`manage.py runstack` serves HTTP from gunicorn's workers and the live pages' websockets from
+the ASGI server on a port of its own, which takes handshakes from the console's pages only."""
+
+import asyncio
+import http.cookiejar
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import psutil
+import pytest
+import websockets
+
+from tests.e2e.stack import ROOT, free_port, sf_command, stack_env, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    var = tmp_path_factory.mktemp("var")
+    port, ws_port = free_port(), free_port()
+    with open(var / "stack.log", "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runstack", "--workers", "2"],
+            cwd=ROOT,
+            env=stack_env(var, port, ws_port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        banner = wait_until(
+            lambda: re.search(r"--token (\S+)", (var / "stack.log").read_text()),
+            90,
+            "the runstack banner",
+            lambda: (var / "stack.log").read_text()[-3000:],
+        )
+        yield {
+            "proc": proc,
+            "url": f"http://127.0.0.1:{port}",
+            "port": port,
+            "ws_port": ws_port,
+            "token": banner.group(1),
+            "password": (var / "demo-password").read_text().strip(),
+            "var": var,
+        }
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def listening(port: int) -> psutil.Process:
+    """A process holding the listening socket of `port` (psutil names one of those sharing it)."""
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return psutil.Process(conn.pid)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def gunicorn(process: psutil.Process | None) -> bool:
+    return process is not None and "gunicorn" in " ".join(process.cmdline())
+
+
+def signed_in(stack) -> http.cookiejar.CookieJar:
+    """A console session of the demo user, signed in through the login form."""
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    form = opener.open(f"{stack['url']}/accounts/login/", timeout=30).read().decode()
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form).group(1)
+    body = urllib.parse.urlencode(
+        {"csrfmiddlewaretoken": csrf, "username": "demo", "password": stack["password"]}
+    ).encode()
+    request = urllib.request.Request(
+        f"{stack['url']}/accounts/login/", data=body, headers={"Referer": stack["url"]}
+    )
+    opener.open(request, timeout=30).read()
+    assert any(c.name == "sessionid" for c in jar), "the demo user could not sign in"
+    return jar
+
+
+def cookie_header(jar: http.cookiejar.CookieJar) -> str:
+    return "; ".join(f"{c.name}={c.value}" for c in jar)
+
+
+async def first_line(url: str, origin: str, cookie: str, timeout: float) -> str:
+    """The text of the first log line the job's stream pushes."""
+    async with websockets.connect(
+        url, origin=origin, additional_headers={"Cookie": cookie}, open_timeout=10
+    ) as ws:
+        deadline = time.monotonic() + timeout
+        while True:
+            message = json.loads(
+                await asyncio.wait_for(ws.recv(), max(0.1, deadline - time.monotonic()))
+            )
+            if message.get("type") == "job.lines" and message.get("lines"):
+                return message["lines"][0]["text"]
+
+
+def handshake_refused(url: str, origin: str, cookie: str) -> bool:
+    async def attempt() -> bool:
+        try:
+            async with websockets.connect(
+                url, origin=origin, additional_headers={"Cookie": cookie}, open_timeout=10
+            ):
+                return False
+        except websockets.InvalidStatus as refused:
+            return refused.response.status_code == 403
+
+    return asyncio.run(attempt())
+
+
+def test_http_is_served_by_gunicorn_workers(stack):
+    web = listening(stack["port"])
+    assert gunicorn(web)
+    master = web.parent() if gunicorn(web.parent()) else web
+    assert len([p for p in master.children() if gunicorn(p)]) == 2  # --workers 2
+    request = urllib.request.Request(
+        f"{stack['url']}/api/v1/me", headers={"Authorization": f"Bearer {stack['token']}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.headers["Server"].startswith("gunicorn")
+        assert json.loads(answer.read())["username"] == "demo"
+    assert "uvicorn" in " ".join(listening(stack["ws_port"]).cmdline())
+
+
+def test_the_embedded_ledger_lets_several_workers_read_while_one_writes(stack):
+    with sqlite3.connect(stack["var"] / "starforge.sqlite3") as ledger:
+        assert ledger.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_a_live_page_streams_a_log_line_over_the_websocket_server(stack, tmp_path):
+    jar = signed_in(stack)
+    sf = sf_command(tmp_path, tmp_path / "sf.json")
+    sf("login", "--url", stack["url"], "--token", stack["token"])
+    code = "import time\nfor i in range(120):\n    print(f'live {i}', flush=True); time.sleep(0.5)"
+    (tmp_path / "live.py").write_text(code)
+    job = json.loads(sf("submit", "--gpus", "0", "--json", "--", "python", "live.py").stdout)
+    try:
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        page = opener.open(f"{stack['url']}/jobs/{job['id']}/", timeout=30).read().decode()
+        assert f'<meta name="sf-websocket-port" content="{stack["ws_port"]}">' in page
+        url = f"ws://127.0.0.1:{stack['ws_port']}/ws/jobs/{job['id']}/"
+        line = asyncio.run(first_line(url, stack["url"], cookie_header(jar), timeout=60))
+        assert line.startswith("live ")
+    finally:
+        sf("job", "stop", str(job["id"]), check=False)
+
+
+def test_a_websocket_from_any_origin_but_the_consoles_is_refused(stack):
+    jar = signed_in(stack)
+    url = f"ws://127.0.0.1:{stack['ws_port']}/ws/jobs/"
+    cookie = cookie_header(jar)
+    assert not handshake_refused(url, stack["url"], cookie)
+    for origin in (
+        "http://evil.example",
+        f"http://127.0.0.1:{stack['ws_port']}",  # the websocket server serves no pages
+        f"https://127.0.0.1:{stack['port']}",
+        f"http://localhost:{stack['port']}",  # another name than the handshake's Host
+    ):
+        assert handshake_refused(url, origin, cookie), origin
