@@ -3,7 +3,7 @@ on the Ray head of `.ci/ray.sh` (started when none answers, and stopped afterwar
 
 Each job is the job-side runner running `python -c pass`, offline (no API server), with no
 GPUs. Starforge: `submit_job` in a process of its own, the `launch` task's `launch_attempts()` on
-a worker thread, beat's ticks on the main thread (`slurm_bench._through_starforge`, the same
+a worker thread, beat's two ticks on two threads (`slurm_bench._through_starforge`, the same
 loop as the Slurm comparison). Jobs API: a thread submits with
 `ray.job_submission.JobSubmissionClient.submit_job`, the main thread lists the jobs once per
 loop with the same LOOP_SLEEP_S sleep. A job is done when its loop first sees it so. Three runs
