@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
@@ -19,6 +19,7 @@ from jobs import throttle
 from jobs.errors import ApiError, BadRequest, NotFound
 from jobs.job_tokens import BOOTSTRAP_SALT, JOB_TOKEN_SALT, attempt_of
 from jobs.models import ApiToken, Attempt
+from jobs.reads.prepared import Prepared
 
 LAST_USED_RESOLUTION = dt.timedelta(minutes=1)
 NAME_MAX = ApiToken._meta.get_field("name").max_length or 100
@@ -144,12 +145,7 @@ class UserToken(HttpBearer):
     gets 429 for those alone (`jobs.throttle`)."""
 
     def authenticate(self, request, token: str) -> User | None:
-        # get(), not first(): the hash is unique, and first()'s ORDER BY is one more thing to
-        # build for every API request.
-        try:
-            row = ApiToken.objects.select_related("user").get(key_hash=hash_token(token))
-        except ApiToken.DoesNotExist:
-            row = None
+        row = _token_row(hash_token(token))
         if row is None or not row.user.is_active:
             throttle.check_token_address(request)
             throttle.record_bad_token(request)
@@ -160,6 +156,28 @@ class UserToken(HttpBearer):
             ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
         request.sf_api_token = row
         return row.user
+
+
+TOKEN_FIELDS = tuple(f.attname for f in ApiToken._meta.concrete_fields)
+USER_FIELDS = tuple(f.attname for f in User._meta.concrete_fields)
+# Read on every API request: its SQL is built once (jobs.reads.prepared).
+TOKEN_WITH_USER = Prepared(
+    lambda shape, key_hash: ApiToken.objects.filter(key_hash=key_hash).values_list(
+        *TOKEN_FIELDS, *(f"user__{name}" for name in USER_FIELDS)
+    )
+)
+
+
+def _token_row(key_hash: str) -> ApiToken | None:
+    """The token of that hash with its user, as `select_related("user")` would load them."""
+    rows = TOKEN_WITH_USER.rows(key_hash=key_hash)
+    if not rows:
+        return None
+    (row,) = rows  # the hash is unique
+    split = len(TOKEN_FIELDS)
+    token = ApiToken.from_db(DEFAULT_DB_ALIAS, TOKEN_FIELDS, row[:split])
+    token.user = User.from_db(DEFAULT_DB_ALIAS, USER_FIELDS, row[split:])
+    return token
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,12 @@ from collections.abc import Iterable
 from typing import Literal, NamedTuple
 
 from django.contrib.auth.models import User
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs.errors import NotFound
 from jobs.models import Cluster
+from jobs.reads.prepared import Prepared, reader
 from jobs.teams import visible_teams
 from metering.records import usage_rows
 
@@ -54,14 +56,23 @@ class UsageLine(NamedTuple):
     gpu_us: int
 
 
+def _team_names(shape: tuple, user_id: int = 0, name: str = "") -> QuerySet:
+    staff, named = shape
+    teams = visible_teams(reader(user_id, staff))
+    return (teams.filter(name=name) if named else teams).values_list("pk", "name")
+
+
+TEAM_NAMES = Prepared(_team_names)  # on every usage answer: its SQL is built once
+
+
 def usage_teams(user: User, name: str | None = None) -> dict[int, str]:
     """Team id → name of the teams a usage answer covers: all visible ones, or the one named.
 
     Staff see every team; anyone else the teams they are a member of, viewers included."""
-    teams = visible_teams(user)
+    values: dict[str, int | str] = {} if user.is_staff else {"user_id": user.pk}
     if name:
-        teams = teams.filter(name=name)
-    found = dict(teams.values_list("pk", "name"))
+        values["name"] = name
+    found = dict(TEAM_NAMES.rows((user.is_staff, bool(name)), **values))
     if name and not found:
         raise NotFound(f"team {name} does not exist or you are not in it")
     return found

@@ -44,10 +44,20 @@ def get_visible_job(user: User, job_id: int) -> Job:
 
 def retry_unavailable_reason(job: Job) -> str:
     """Why `retry` would be refused right now, or "" when it would be accepted."""
-    if job.status not in (S.FAILED, S.STOPPED):
-        return f"only FAILED or STOPPED jobs can be retried; this one is {job.status}"
-    snapshot = job.snapshot
-    if snapshot is None or snapshot_stored(snapshot.sha256):
+    snapshot = job.snapshot if job.status in (S.FAILED, S.STOPPED) else None
+    return retry_refusal(
+        job.status,
+        snapshot.sha256 if snapshot else None,
+        snapshot.deleted_reason if snapshot else "",
+    )
+
+
+def retry_refusal(status: str, snapshot: str | None, deleted_reason: str) -> str:
+    """`retry_unavailable_reason` from a job's columns: its status, the sha256 of its snapshot
+    (None: none) and the snapshot's `deleted_reason`."""
+    if status not in (S.FAILED, S.STOPPED):
+        return f"only FAILED or STOPPED jobs can be retried; this one is {status}"
+    if snapshot is None or snapshot_stored(snapshot):
         return ""
-    how = snapshot.deleted_reason or "outside Starforge (the file is missing)"
+    how = deleted_reason or "outside Starforge (the file is missing)"
     return f"the working-directory snapshot was deleted {how}; submit again"

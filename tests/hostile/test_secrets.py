@@ -165,7 +165,7 @@ def test_the_banner_prints_the_password_with_the_sf_login_line(var):
     demo = ensure_demo()
     out = io.StringIO()
     command = RunStack(stdout=out)
-    command._banner("127.0.0.1", 8000, demo)
+    command._banner("127.0.0.1", 8000, 8001, 4, demo)
     lines = out.getvalue().splitlines()
     login = next(n for n, line in enumerate(lines) if "sf login --url" in line)
     near = "\n".join(lines[max(0, login - 3) : login + 1])

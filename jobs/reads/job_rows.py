@@ -1,0 +1,177 @@
+"""The API's hot reads of jobs as plain rows: one job, a page of jobs, a job's timeline.
+
+Each reads only the columns its answer shows, joined in one query whose SQL is built once per
+process (`jobs.reads.prepared`), and instantiates no model: a page of 50 jobs used to build
+some 200 model objects and decode every cluster's settings 50 times. Who sees what is
+`visible_jobs`, as everywhere else.
+"""
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass
+
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
+
+from jobs.models import Attempt
+from jobs.reads.prepared import Prepared, reader
+from jobs.reads.visible import visible_jobs
+
+# What JobOut shows, as `values_list` paths; the current attempt's columns come joined.
+JOB_COLUMNS = (
+    "id",
+    "run_id",
+    "name",
+    "team__name",
+    "user__username",
+    "cluster__name",
+    "cluster__kind",
+    "cluster__gpus_virtual",
+    "status",
+    "status_reason",
+    "gpus",
+    "nodes",
+    "gpu_type",
+    "cpus",
+    "memory_mb",
+    "image",
+    "entrypoint",
+    "priority",
+    "window__name",
+    "window_policy",
+    "attempt_count",
+    "retry_count",
+    "submitted_at",
+    "snapshot_id",
+    "snapshot__deleted_reason",
+    "max_retries",
+    "retry_cooldown_s",
+    "next_attempt_at",
+    "parent_id",
+    "follow_on_name",
+    "then",
+    "current_attempt__ranks",
+    "current_attempt__job_ref",
+    "current_attempt__start_time",
+    "current_attempt__end_time",
+    "current_attempt__exit_code",
+)
+ID_MAX = 2**63 - 1  # the largest id a 64-bit integer column holds
+EVENT_COLUMNS = ("time", "kind", "from_status", "to_status", "reason", "actor", "attempt", "data")
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Which jobs a page lists; None or False: that filter does not apply."""
+
+    status: str | None = None  # a JobStatus value
+    team: str | None = None
+    user: str | None = None  # a username
+    mine: bool = False
+    before: int | None = None
+    limit: int = 50
+
+
+def _one_job(shape: tuple, job_id: int, user_id: int = 0) -> QuerySet:
+    (staff,) = shape
+    return visible_jobs(reader(user_id, staff)).filter(pk=job_id).values_list(*JOB_COLUMNS)
+
+
+def _page(shape: tuple, user_id: int = 0, **values: int | str) -> QuerySet:
+    staff, status, team, user, mine, before, limit = shape
+    jobs = visible_jobs(reader(user_id, staff))
+    if status:
+        jobs = jobs.filter(status=values["status"])
+    if team:
+        jobs = jobs.filter(team__name=values["team"])
+    if mine:
+        jobs = jobs.filter(user_id=user_id)
+    elif user:
+        jobs = jobs.filter(user__username=values["user"])
+    if before:
+        jobs = jobs.filter(pk__lt=values["before"])
+    return jobs.order_by("-pk").values_list(*JOB_COLUMNS)[:limit]
+
+
+def _started_attempts(shape: tuple, job_id: int) -> QuerySet:
+    return _billable(Attempt.objects.filter(job_id=job_id))
+
+
+def _billable(attempts: QuerySet) -> QuerySet:
+    """What a job's GPU-seconds are summed from: its attempts that started."""
+    return attempts.filter(start_time__isnull=False).values_list(
+        "job_id", "start_time", "end_time", "gpus"
+    )
+
+
+def _timeline(shape: tuple, job_id: int, user_id: int = 0) -> QuerySet:
+    # One query for the check and the events: a visible job without events is one row of
+    # NULLs (the join is an outer one), an invisible job no row at all.
+    (staff,) = shape
+    jobs = visible_jobs(reader(user_id, staff)).filter(pk=job_id)
+    return jobs.order_by("events__id").values_list(*(f"events__{c}" for c in EVENT_COLUMNS))
+
+
+ONE_JOB = Prepared(_one_job)
+PAGE = Prepared(_page)
+STARTED_ATTEMPTS = Prepared(_started_attempts)
+TIMELINE = Prepared(_timeline)
+
+Started = tuple[dt.datetime, dt.datetime | None, int]  # start, end, GPUs of a started attempt
+
+
+def _reader_values(user: User) -> dict[str, int | str]:
+    """The reader's parameter: staff see every job, so their reads have none."""
+    return {} if user.is_staff else {"user_id": user.pk}
+
+
+def job_row(user: User, job_id: int) -> tuple[dict, list[Started]] | None:
+    """The job as JobOut's columns, with its started attempts; None when the user cannot see
+    it (or it does not exist)."""
+    if abs(job_id) > ID_MAX:  # no row has it, and the database cannot be sent it
+        return None
+    rows = ONE_JOB.rows((user.is_staff,), job_id=job_id, **_reader_values(user))
+    if not rows:
+        return None
+    started = STARTED_ATTEMPTS.rows(job_id=job_id)
+    return dict(zip(JOB_COLUMNS, rows[0], strict=True)), [tuple(a[1:]) for a in started]
+
+
+def job_page(user: User, jobs: JobFilter) -> tuple[list[dict], dict[int, list[Started]]]:
+    """Up to `jobs.limit` jobs, newest first, and the started attempts of each."""
+    values: dict[str, int | str] = {"user_id": user.pk} if jobs.mine else _reader_values(user)
+    for name in ("status", "team"):
+        if getattr(jobs, name):
+            values[name] = getattr(jobs, name)
+    if jobs.before:
+        values["before"] = min(jobs.before, ID_MAX)  # every id is below a larger one
+    if jobs.user and not jobs.mine:
+        values["user"] = jobs.user
+    shape = (
+        user.is_staff,
+        bool(jobs.status),
+        bool(jobs.team),
+        "user" in values,
+        jobs.mine,
+        bool(jobs.before),
+        jobs.limit,
+    )
+    page = [dict(zip(JOB_COLUMNS, row, strict=True)) for row in PAGE.rows(shape, **values)]
+    started: dict[int, list[Started]] = defaultdict(list)
+    if page:
+        # Built per call: the ids vary in number, and one build serves the whole page.
+        for job_id, *attempt in _billable(
+            Attempt.objects.filter(job_id__in=[j["id"] for j in page])
+        ):
+            started[job_id].append(tuple(attempt))
+    return page, started
+
+
+def job_timeline(user: User, job_id: int) -> list[dict] | None:
+    """The job's events in order, as EventOut's columns; None when the user cannot see it."""
+    if abs(job_id) > ID_MAX:
+        return None
+    rows = TIMELINE.rows((user.is_staff,), job_id=job_id, **_reader_values(user))
+    if not rows:
+        return None
+    return [dict(zip(EVENT_COLUMNS, row, strict=True)) for row in rows if row[0] is not None]

@@ -1,0 +1,90 @@
+"""Hot reads whose SQL is built once per process, not once per request.
+
+Django turns a QuerySet into SQL anew each time one is evaluated. For the API's small reads that
+costs far more than running the SQL: a job read spent ~0.6 ms building its query and 0.05 ms
+running it. A `Prepared` read builds its QuerySet once per shape, with a stand-in value where
+each request's parameter goes, keeps the SQL and the row converters Django chose for this
+database, and runs that SQL with the request's values put where the stand-ins were. The query
+is still written with the ORM, so the SQL is the one Django would send for the same QuerySet.
+
+Parameters are ints or strs, the types whose database value is the value itself; every
+stand-in must reach the SQL as a parameter (not a LIMIT, which Django writes inline), or
+building the read fails.
+"""
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from django.contrib.auth.models import User
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.models import QuerySet
+from django.db.models.sql.compiler import SQLCompiler
+
+# Far from any id or name a request carries, and distinct per parameter.
+_INT_STAND_IN = -7_310_000_000
+_STR_STAND_IN = "\x00starforge-parameter-"
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    sql: str
+    params: tuple
+    slots: tuple[tuple[int, str], ...]  # (index in params, parameter name)
+    compiler: SQLCompiler
+    converters: dict
+
+
+class Prepared:
+    """One read: `build(shape, **stand_ins)` returns its QuerySet (a `.values_list()` of the
+    columns wanted); `rows(shape, **values)` runs it. `shape` is what changes the SQL itself
+    (which filters apply, a LIMIT), `values` what changes only its parameters; the same shape
+    is always given the same parameter names."""
+
+    def __init__(self, build: Callable[..., QuerySet]):
+        self._build = build
+        self._compiled: dict[Hashable, _Compiled] = {}
+
+    def rows(self, shape: Hashable = (), /, **values: int | str) -> list[list]:
+        compiled = self._compiled.get(shape)
+        if compiled is None:
+            compiled = self._compiled[shape] = self._compile(shape, values)
+        params = list(compiled.params)
+        for index, name in compiled.slots:
+            params[index] = values[name]
+        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+            cursor.execute(compiled.sql, params)
+            fetched = cursor.fetchall()
+        return list(compiled.compiler.apply_converters(fetched, compiled.converters))
+
+    def _compile(self, shape: Hashable, values: dict[str, int | str]) -> _Compiled:
+        stand_ins = {name: _stand_in(i, value) for i, (name, value) in enumerate(values.items())}
+        queryset = self._build(shape, **stand_ins)
+        if queryset.db != DEFAULT_DB_ALIAS:
+            raise ValueError(f"a prepared read runs on {DEFAULT_DB_ALIAS}, not {queryset.db}")
+        compiler = queryset.query.get_compiler(using=queryset.db)
+        sql, params = compiler.as_sql()
+        by_value = {value: name for name, value in stand_ins.items()}
+        slots = tuple(
+            (i, by_value[p])
+            for i, p in enumerate(params)
+            if type(p) in (int, str) and p in by_value
+        )
+        missing = set(stand_ins) - {name for _, name in slots}
+        if missing:
+            raise ValueError(f"parameters {sorted(missing)} do not reach the SQL as parameters")
+        fields = [column[0] for column in compiler.select[: compiler.col_count]]
+        return _Compiled(sql, tuple(params), slots, compiler, compiler.get_converters(fields))
+
+
+def _stand_in(index: int, value: int | str) -> int | str:
+    if type(value) is int:
+        return _INT_STAND_IN - index
+    if type(value) is str:
+        return f"{_STR_STAND_IN}{index}"
+    raise TypeError(f"a prepared read takes ints and strs, not {type(value).__name__}")
+
+
+def reader(user_id: int, staff: bool) -> User:
+    """A user to build a prepared read for: the visibility rules (`visible_jobs`,
+    `visible_teams`) read only the user's pk and is_staff."""
+    return User(pk=user_id, is_staff=staff)
