@@ -1,17 +1,15 @@
 """Several launch workers on the same attempts at once, each with its own database session
 (as Celery workers on different hosts have): every attempt reaches the engine once."""
 
-import threading
 import time
 
 import pytest
-from django.db import connection
 
-from jobs.loops.launcher import launch_attempts
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job
+from tests.launching import launch_at_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WORKERS = 4
@@ -30,21 +28,7 @@ def test_workers_launching_the_same_attempts_at_once_submit_each_once(
         return submit(spec)
 
     monkeypatch.setattr(backend, "submit", slow_submit)
-    start = threading.Barrier(WORKERS)
-    launched: list[int] = []
-
-    def worker() -> None:
-        try:
-            start.wait()
-            launched.extend(o.attempt_id for o in launch_attempts(attempt_ids) if o.job_ref)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=worker) for _ in range(WORKERS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    launched = [o.attempt_id for o in launch_at_once(attempt_ids, WORKERS) if o.job_ref]
     names = Attempt.objects.filter(pk__in=attempt_ids).values_list("backend_name", flat=True)
     assert sorted(backend.submitted) == sorted(names)  # each once, by whichever worker
     assert sorted(launched) == sorted(attempt_ids)

@@ -1,16 +1,13 @@
 """Launch workers launching the same attempts at once on a real Ray: Ray refuses a second job
 of a submission id anyway, so the check is that only one submit per attempt reaches it."""
 
-import threading
-
 import pytest
-from django.db import connection
 
 from jobs.executors.ray import RayExecutor
-from jobs.loops.launcher import launch_attempts
 from jobs.models import Attempt, Cluster, Job
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job, with_attempt
+from tests.launching import launch_at_once
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db(transaction=True)]
 WORKERS = 4
@@ -37,20 +34,7 @@ def test_workers_launching_the_same_attempts_at_once_submit_each_to_ray_once(
         return request(self, method, path, body)
 
     monkeypatch.setattr(RayExecutor, "_request", counting)
-    start = threading.Barrier(WORKERS)
-
-    def worker() -> None:
-        try:
-            start.wait()
-            launch_attempts(attempt_ids)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=worker) for _ in range(WORKERS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    launch_at_once(attempt_ids, WORKERS)
     names = Attempt.objects.filter(pk__in=attempt_ids).values_list("backend_name", flat=True)
     assert sorted(posts) == sorted(names)
     assert Job.objects.filter(status=JobStatus.PENDING).count() == ATTEMPTS

@@ -3,18 +3,16 @@ one Slurm job per attempt. Each executor gets a work_dir of its own (no disk sha
 the workers, so no lock file or attempt dir keeps them apart): only the ledger's claim does.
 """
 
-import threading
 import uuid
 
 import pytest
-from django.db import connection
 
 from jobs.executors.slurm import SlurmExecutor
-from jobs.loops.launcher import launch_attempts
 from jobs.models import Attempt, Cluster, Job
 from jobs.states import JobStatus
 from tests.engines.slurm.conftest import slurm
 from tests.jobs.factories import queued_job, with_attempt
+from tests.launching import launch_at_once
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db(transaction=True)]
 WORKERS = 4
@@ -47,21 +45,7 @@ def test_workers_launching_the_same_attempts_at_once_make_one_slurm_job_each(
         Job.objects.filter(pk=job.pk).update(run_id=f"{token}{i}")  # cleaned up by its name
         job.refresh_from_db()
         attempt_ids.append(with_attempt(job, JobStatus.SUBMITTED).pk)
-    start = threading.Barrier(WORKERS)
-    errors: list[str] = []
-
-    def worker() -> None:
-        try:
-            start.wait()
-            errors.extend(o.error for o in launch_attempts(attempt_ids) if o.error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=worker) for _ in range(WORKERS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    errors = [o.error for o in launch_at_once(attempt_ids, WORKERS) if o.error]
     assert errors == []
     for attempt in Attempt.objects.filter(pk__in=attempt_ids):
         listed = slurm(
