@@ -61,6 +61,20 @@ def stack_env(var: Path, port: int, ws_port: int | None = None, **extra: str) ->
     return env
 
 
+def spawn_logged(log: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
+    """`python ARGS` in the repository, a process group of its own, its output appended to
+    `log` (a restarted process appends)."""
+    with open(log, "a") as out:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 def wait_until(
     check: Callable[[], T | None],
     timeout: float,
@@ -281,12 +295,4 @@ class Stack:
         return done
 
     def _spawn(self, name: str, *args: str) -> None:
-        with open(self.var / f"{name}.log", "a") as log:  # a restarted worker appends
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, *args],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.procs[name] = spawn_logged(self.var / f"{name}.log", self.env, *args)

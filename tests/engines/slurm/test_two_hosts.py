@@ -31,7 +31,15 @@ import psycopg
 import pytest
 
 from starforge.serving import web_server_argv
-from tests.e2e.stack import REDIS_URL, ROOT, free_port, kill_group, sf_command, wait_until
+from tests.e2e.stack import (
+    REDIS_URL,
+    ROOT,
+    free_port,
+    kill_group,
+    sf_command,
+    spawn_logged,
+    wait_until,
+)
 from tests.engines.slurm.conftest import slurm
 from tests.s3 import s3_url
 
@@ -148,15 +156,7 @@ class Host:
         )
 
     def _spawn(self, what: str, *args: str) -> None:
-        with open(self.var / f"{what}.log", "a") as log:
-            self.procs[what] = subprocess.Popen(
-                [sys.executable, *args],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.procs[what] = spawn_logged(self.var / f"{what}.log", self.env, *args)
 
 
 @pytest.fixture
