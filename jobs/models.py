@@ -461,13 +461,17 @@ class LogChunk(models.Model):
     """Bytes [start, start + length) of an attempt's log, with object storage only (which
     cannot append): each batch is a chunk holding its bytes (`data`) in the ledger until
     compaction moves a run of them into one object of the store and one chunk without data
-    (jobs.stores.logstore). The chunks of a stream tile [0, size) without gaps or overlaps.
+    (jobs.stores.logstore). The chunks of a stream tile [0, size) without gaps or overlaps;
+    `start` and `length` count the log's own bytes, whatever form `data` keeps them in.
     """
 
     stream = models.ForeignKey(LogStream, on_delete=models.CASCADE, related_name="chunks")
     start = models.BigIntegerField()
     length = models.BigIntegerField()
     data = models.BinaryField(null=True)  # None: in the store, under the key of [start, end)
+    # `data` is the bytes compressed with zlib (every chunk written since 0020; those before
+    # hold them as they are).
+    zlib = models.BooleanField(default=False)
 
     class Meta:
         constraints = [
@@ -489,8 +493,18 @@ class MetricPoint(models.Model):
         SYSTEM = "system"  # sampled by the runner: process CPU/memory, NVML GPU telemetry
 
     # No index of its own: both below lead with job, and every point would write a third one.
+    # No constraint in the database either: its check, a lookup of the job row per point at
+    # commit, was a fifth of a batch's ingest. Ingest has just looked the job's attempt up, and
+    # every delete of a job goes through the ORM (jobs.actions.control.delete_job, which the
+    # API and the admin call), whose collector deletes the points (CASCADE); no raw SQL deletes
+    # jobs. A batch committing while its finished job is deleted can leave points behind, of a
+    # job id never reused: unreachable, they only take space.
     job = models.ForeignKey(
-        Job, on_delete=models.CASCADE, related_name="metric_points", db_index=False
+        Job,
+        on_delete=models.CASCADE,
+        related_name="metric_points",
+        db_index=False,
+        db_constraint=False,
     )
     attempt = models.PositiveIntegerField()
     seq = models.BigIntegerField()

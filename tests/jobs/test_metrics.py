@@ -178,6 +178,39 @@ def test_a_token_of_another_job_writes_only_its_own_job(api, job_id):
     assert stored(job_id) == [] and len(stored(other)) == 2
 
 
+def test_deleting_the_job_deletes_its_points_and_leaves_another_jobs_alone(api, job_id):
+    """MetricPoint.job has no constraint in the database: the ORM's delete must remove them."""
+    other = submit(api)
+    attach_attempt(other, 1)
+    assert send_points(runner(job_id), make_points(0, 5)).status_code == 200
+    assert send_points(runner(other), make_points(0, 3)).status_code == 200
+    finish(job_id)
+    assert api.client.delete(f"/api/v1/jobs/{job_id}").status_code == 204
+    assert stored(job_id) == []
+    assert not MetricSeries.objects.filter(job_id=job_id).exists()
+    assert not MetricRollup.objects.filter(job_id=job_id).exists()
+    assert [seq for _, seq, *_ in stored(other)] == [0, 1, 2]
+
+
+@pytest.mark.postgres
+def test_the_resend_check_reads_the_seq_index_while_the_job_looks_empty(api, job_id):
+    """Planned with the statistics of a job that had no points yet, the check must still probe
+    (job, attempt, seq), not filter every point of the job through the series index."""
+    other = submit(api)
+    attach_attempt(other, 1)
+    for first in range(0, 20_000, 2000):
+        metrics.append(other, 1, make_points(first, first + 2000))
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {MetricPoint._meta.db_table}")
+    with CaptureQueriesContext(connection) as queries:
+        metrics.append(job_id, 1, make_points(0, 2000))
+    (check,) = [q["sql"] for q in queries if q["sql"].startswith('SELECT "jobs_metricpoint"."seq"')]
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN {check}")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "using one_metric_point_per_seq" in plan and "Filter" not in plan, plan
+
+
 def test_a_user_token_cannot_ingest(api, job_id):
     response = api.client.post(
         "/api/v1/ingest/metrics",

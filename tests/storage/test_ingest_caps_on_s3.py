@@ -22,7 +22,9 @@ def test_below_the_cap_a_batch_is_one_insert_more_than_on_disk(job_id):
     with CaptureQueriesContext(connection) as queries:
         logstore.append(job_id, 1, make_lines(10, 1010))
     sql = [q["sql"] for q in queries.captured_queries]
-    assert sum(s.startswith("UPDATE") for s in sql) == 1
-    assert sum("FOR UPDATE" in s for s in sql) == 1
-    assert sum(s.startswith("INSERT") for s in sql) == 1
-    assert len([s for s in sql if not s.startswith(("SAVEPOINT", "RELEASE"))]) == 3
+    read, chunk, write = [s for s in sql if not s.startswith(("SAVEPOINT", "RELEASE"))]
+    assert read.startswith("SELECT") and '"jobs_logstream"' in read
+    assert chunk.startswith('INSERT INTO "jobs_logchunk"')
+    assert write.startswith('UPDATE "jobs_logstream"')
+    if connection.features.has_select_for_update:  # SQLite locks the whole file instead
+        assert "FOR UPDATE" in read

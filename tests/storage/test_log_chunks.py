@@ -4,12 +4,13 @@ that stay the same before, during and after it (real commits, a real S3 server).
 import datetime as dt
 import json
 import threading
+import zlib
 
 import pytest
 from django.utils import timezone
 
 from jobs.models import Attempt, LogChunk, LogStream
-from jobs.stores import logstore
+from jobs.stores import logstore, objects
 from tests.jobs.api_helpers import submit
 from tests.jobs.test_log_ingest import attach_attempt, make_lines
 from tests.jobs.threads import looping
@@ -58,6 +59,28 @@ def test_each_batch_is_a_chunk_in_the_ledger_and_no_object_until_compaction(job_
     assert chunk_kinds(job_id) == ["ledger", "ledger"]
     assert bucket() == {}
     assert texts(job_id) == expected(0, 100)
+
+
+def test_a_chunk_keeps_its_batch_compressed_and_the_object_holds_the_log_bytes(job_id):
+    append_batches(job_id, 50)
+    (chunk,) = LogChunk.objects.filter(stream__job_id=job_id)
+    original = zlib.decompress(chunk.data)
+    assert chunk.zlib and len(chunk.data) < len(original) == chunk.length == stream(job_id).size
+    assert original.startswith(b'{"attempt":1,"seq":0,') and original.endswith(b'line 49"}\n')
+    logstore.compact(stream(job_id).pk, whole=True)
+    key = f"{job_id}/1/0-{chunk.length}"
+    assert objects.store("logs").read_range(key, 0, chunk.length) == original
+
+
+def test_a_chunk_stored_uncompressed_before_0020_still_reads_and_compacts(job_id):
+    append_batches(job_id, 100)
+    first = LogChunk.objects.filter(stream__job_id=job_id).order_by("start").first()
+    LogChunk.objects.filter(pk=first.pk).update(data=zlib.decompress(first.data), zlib=False)
+    page = logstore.read(job_id, None, 60)
+    assert texts(job_id) == expected(0, 100)
+    logstore.compact(stream(job_id).pk, whole=True)
+    assert chunk_kinds(job_id) == ["object"]
+    assert texts(job_id, page.cursor) == expected(60, 100)
 
 
 def test_pending_chunks_compact_into_one_object_keyed_by_their_byte_range(job_id, bucket):
