@@ -1,9 +1,10 @@
-"""API benchmarks against the real ASGI server: log ingest, `sf job logs` replay, `sf job status`.
+"""API benchmarks against the real web server: log ingest, `sf job logs` replay, `sf job status`.
 
-The server is `python -m uvicorn starforge.asgi:application` on a free port, pointed at this
-child's own database and a temporary SF_VAR_DIR. Ledger rows are set up here through the ORM
-on the same database; everything measured goes over HTTP (ingest) or through the real `sf`
-console script as a whole process (replay, status).
+The server is gunicorn as `make run` and production start it (`starforge.serving`, two sync
+workers) on a free port, pointed at this child's own database and a temporary SF_VAR_DIR, and
+at a real S3 server (`rclone serve s3`) with SF_BENCH_STORAGE=s3 (the `api-s3` benchmark).
+Ledger rows are set up here through the ORM on the same database; everything measured goes
+over HTTP (ingest) or through the real `sf` console script as a whole process (replay, status).
 """
 
 from __future__ import annotations
@@ -105,21 +106,12 @@ class Server:
             "SF_VAR_DIR": str(self.var_dir),
             "PYTHONUNBUFFERED": "1",
         }
-        log = open(self.var_dir / "uvicorn.log", "wb")
+        from starforge.serving import web_server_argv
+
+        log = open(self.var_dir / "web.log", "wb")
         t = time.perf_counter()
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "starforge.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "warning",
-            ],
+            web_server_argv("127.0.0.1", self.port, workers=2),
             cwd=common.ROOT,
             env=env,
             stdout=log,
@@ -145,7 +137,7 @@ class Server:
             self.proc.wait()
 
     def log_tail(self) -> str:
-        return (self.var_dir / "uvicorn.log").read_text(errors="replace")[-2000:]
+        return (self.var_dir / "web.log").read_text(errors="replace")[-2000:]
 
 
 # --- ingest --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 AREAS = [
     ("Scheduler", ["sched-fit", "sched-quota", "sched-gang", "tick-10k", "tick-100k"]),
-    ("Log ingest, replay and the CLI", ["api"]),
+    ("Log ingest, replay and the CLI", ["api", "api-s3"]),
     ("API throughput vs the framework's floor", ["http"]),
     ("Console", ["console", "live"]),
     ("Metrics", ["metrics"]),
@@ -124,19 +124,23 @@ def _sched_rows(results: dict) -> list[Row]:
 
 
 def _api_rows(results: dict) -> list[Row]:
+    return _api_rows_of(results, "api", "") + _api_rows_of(results, "api-s3", ", on S3")
+
+
+def _api_rows_of(results: dict, bench: str, where: str) -> list[Row]:
     from sf.runner import BATCH_LINES
 
-    api, out = results.get("api", {}), []
+    api, out = results.get(bench, {}), []
     for key, r in api.items():
         if key.startswith("ingest_"):
             # The aim is for the batches the runner sends; smaller ones show the per-request cost.
             runners = r["batch"] == BATCH_LINES
             out.append(
                 Row(
-                    "api",
+                    bench,
                     f"ingest 1M lines, batch {r['batch']}"
                     + (" (the runner's)" if runners else "")
-                    + f", {r['threads']} thread(s)",
+                    + f", {r['threads']} thread(s){where}",
                     f"{r['lines_per_s']:,} lines/s ({r['seconds']:.1f} s, {r['mb_per_s']} MB/s)",
                     ">= 100,000 lines/s" if runners else "-",
                     r["lines_per_s"] >= 100_000 if runners else None,
@@ -147,8 +151,8 @@ def _api_rows(results: dict) -> list[Row]:
         r = api["replay"]
         out.append(
             Row(
-                "api",
-                "sf job logs -n 0 --no-follow, 1M lines",
+                bench,
+                f"sf job logs -n 0 --no-follow, 1M lines{where}",
                 f"{r['seconds']:.2f} s median of 3 (server alone {r['server_pages_s']:.2f} s: "
                 f"page 1 {r['server_first_page_ms']} ms, last {r['server_last_full_page_ms']} ms)",
                 "< 5 s",
@@ -160,8 +164,8 @@ def _api_rows(results: dict) -> list[Row]:
         r = api["status"]
         out.append(
             Row(
-                "api",
-                f"sf job status, {r['runs']} runs",
+                bench,
+                f"sf job status, {r['runs']} runs{where}",
                 f"median {r['median_ms']:.0f} ms, p95 {r['p95_ms']:.0f} ms "
                 f"(sf --version {r['sf_version_median_ms']:.0f} ms, "
                 f"GET alone {r['http_get_job_median_ms']:.0f} ms)",
