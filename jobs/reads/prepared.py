@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from django.contrib.auth.models import User
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.utils import CursorWrapper
 from django.db.models import QuerySet
 from django.db.models.sql.compiler import SQLCompiler
 
@@ -51,7 +52,7 @@ class Prepared:
         params = list(compiled.params)
         for index, name in compiled.slots:
             params[index] = values[name]
-        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        with _cursor() as cursor:
             cursor.execute(compiled.sql, params)
             fetched = cursor.fetchall()
         return list(compiled.compiler.apply_converters(fetched, compiled.converters))
@@ -74,6 +75,26 @@ class Prepared:
             raise ValueError(f"parameters {sorted(missing)} do not reach the SQL as parameters")
         fields = [column[0] for column in compiler.select[: compiler.col_count]]
         return _Compiled(sql, tuple(params), slots, compiler, compiler.get_converters(fields))
+
+
+def _cursor():
+    """A cursor for a prepared read. On PostgreSQL it binds parameters on the server, so that
+    psycopg prepares the statement after a few executions and PostgreSQL plans it once per
+    connection: planning the page read's join of eight tables took ~4 ms a request, running it
+    ~0.1 ms. (Django's own cursors bind on the client, which PostgreSQL must plan every time.)
+    It is the cursor Django uses with the `server_side_binding` option, wrapped as Django wraps
+    its cursors (errors are translated the same way). While queries are being logged (DEBUG, a
+    test capturing them) Django's own cursor runs the same SQL and parameters instead: Django
+    cannot show the text of a prepared statement's run."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    if connection.vendor != "postgresql" or connection.queries_logged:
+        return connection.cursor()
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        raw = ServerBindingCursor(connection.connection)  # type: ignore[call-arg]
+        return CursorWrapper(raw, connection)
 
 
 def _stand_in(index: int, value: int | str) -> int | str:
