@@ -497,6 +497,16 @@ def markdown(results: dict, failed: dict[str, str], command: str, note: str) -> 
         "`bench/README.md`. To reproduce one row, run the command in its last column (PostgreSQL "
         "on 127.0.0.1:5432 and `REDIS_URL` set, as `make bench` does).",
         "",
+    ]
+    if meta.get("remeasured"):
+        again = ", ".join(
+            f"`{n}` at `{r['git']}` ({r['date']})" for n, r in meta["remeasured"].items()
+        )
+        out += [
+            f"Measured again afterwards (`--only … --merge`), on the same machine: {again}.",
+            "",
+        ]
+    out += [
         "## Machine",
         "",
         "| | |",

@@ -253,6 +253,11 @@ def main() -> int:
     parser.add_argument(
         "--note", default="", help="a line for the top of RESULTS.md (a partial run, a busy box)"
     )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other benchmarks of the last results and replace only these (with --only)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -265,6 +270,10 @@ def main() -> int:
     names = args.only or list(BENCHES)
     results: dict = {"meta": {**_meta(), "repeat": args.repeat}}
     runs: dict[str, list[dict]] = {}
+    if args.merge:
+        if not args.only or not RESULTS.exists():
+            parser.error("--merge needs --only and an earlier bench/results/latest.json")
+        results, runs = _kept(json.loads(RESULTS.read_text()), names, results["meta"])
     failed: dict[str, str] = {}
     started = time.perf_counter()
     for name in names:
@@ -299,16 +308,28 @@ def main() -> int:
     return 1 if failed else 0
 
 
+def _kept(earlier: dict, names: list[str], meta: dict) -> tuple[dict, dict]:
+    """The earlier results without `names`, whose machine and revision stay the report's, and
+    the revision and date each of `names` is measured again at."""
+    runs = {name: r for name, r in earlier.pop("runs", {}).items() if name not in names}
+    results = {name: r for name, r in earlier.items() if name not in names}
+    again = {name: {"git": meta["git"], "date": meta["date"]} for name in names}
+    results["meta"]["remeasured"] = {**results["meta"].get("remeasured", {}), **again}
+    return results, runs
+
+
 def _write(results: dict, runs: dict, failed: dict, started: float, note: str) -> None:
     from bench import report
 
-    results["meta"]["total_s"] = round(time.perf_counter() - started, 1)
-    results["meta"]["load_end"] = round(os.getloadavg()[0], 2)
+    meta = results["meta"]
+    if "remeasured" not in meta:  # a merged report keeps the first run's command and time
+        meta["total_s"] = round(time.perf_counter() - started, 1)
+        meta["load_end"] = round(os.getloadavg()[0], 2)
+        meta["command"] = shlex.join(["bench/run.py", *sys.argv[1:]])
     results["runs"] = runs
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    command = shlex.join(["bench/run.py", *sys.argv[1:]])
-    MARKDOWN.write_text(report.markdown(results, failed, command, note))
+    MARKDOWN.write_text(report.markdown(results, failed, meta["command"], note))
 
 
 if __name__ == "__main__":
