@@ -255,6 +255,10 @@ SF_PENDING_DEADLINE_S = _env_int("SF_PENDING_DEADLINE_S", 1800)
 SF_LOST_GRACE_S = _env_int("SF_LOST_GRACE_S", 60)
 SF_RETRY_COOLDOWN_CAP_S = _env_int("SF_RETRY_COOLDOWN_CAP_S", 3600)
 SF_LAUNCH_STUCK_S = _env_int("SF_LAUNCH_STUCK_S", 30)
+# A launcher's claim on an attempt (jobs.loops.launcher): longer than any launch's engine calls
+# (a few Slurm commands of their timeout each, an HTTP exchange or two), so a live launcher is
+# never taken over; a launch its worker died in is taken over once it passed.
+SF_LAUNCH_CLAIM_S = _env_int("SF_LAUNCH_CLAIM_S", 120)
 SF_LOG_BATCH_MAX_LINES = _env_int("SF_LOG_BATCH_MAX_LINES", 20000)
 SF_METRIC_BATCH_MAX_POINTS = _env_int("SF_METRIC_BATCH_MAX_POINTS", 20000)
 # A runner's batch in bytes: beyond it, 413 (Django's own 2.5 MB cap would answer a 500).

@@ -3,13 +3,13 @@
 At most once per attempt (docs/ARCHITECTURE.md, invariant 4), from workers on any hosts, with
 nothing shared between them but the ledger: a launcher first claims its attempts (`_claim`: one
 short transaction that locks the rows, skips those another launcher is claiming, and stamps
-`launch_claimed_at`), and only the claimer calls the engine. A claim older than CLAIM_LEASE_S
-is a dead launcher's, perhaps one that died between the engine's answer and recording it: the
-next launcher (a redelivered task, the reconciler's launch repair) takes it over and first
-asks the engine for an object of the attempt's deterministic name, adopting it rather than
-submitting a second one. A launcher that cannot reach the engine well within its own claim
-(a sick engine queueing its calls) gives the attempt back unlaunched instead of racing the
-launcher that might take it over.
+`launch_claimed_at`), and only the claimer calls the engine. A claim older than the lease
+(SF_LAUNCH_CLAIM_S) is a dead launcher's, perhaps one that died between the engine's answer and
+recording it: the next launcher (a redelivered task, the reconciler's launch repair) takes it
+over and first asks the engine for an object of the attempt's deterministic name, adopting it
+rather than submitting a second one. A launcher that cannot reach the engine well within its
+own claim (a sick engine queueing its calls) gives the attempt back unlaunched instead of
+racing the launcher that might take it over.
 
 The claimed attempts are launched LAUNCH_THREADS at a time, so a batch takes about as long as
 its slowest engine calls, not their sum. The pool's threads only talk to the engine; this
@@ -46,9 +46,6 @@ from jobs.states import JobStatus
 
 log = logging.getLogger(__name__)
 LAUNCH_THREADS = 16
-# Longer than any launch's engine calls (a few Slurm commands of COMMAND_TIMEOUT_S each, an
-# HTTP exchange or two): a live claimer is never taken over.
-CLAIM_LEASE_S = 120
 RECORD_EVERY = 25
 RECORD_AFTER_S = 0.5
 
@@ -66,7 +63,7 @@ def launch_attempts(attempt_ids: list[int]) -> list[LaunchOutcome]:
     claimed_at, claimed = _claim(attempt_ids)
     if not claimed:
         return []
-    call_by = time.monotonic() + CLAIM_LEASE_S / 2
+    call_by = time.monotonic() + settings.SF_LAUNCH_CLAIM_S / 2
     outcomes: list[LaunchOutcome] = []
     unrecorded: list[LaunchOutcome] = []
     running: set[Future[LaunchOutcome]] = set()
@@ -101,7 +98,7 @@ def _claim(attempt_ids: list[int]) -> tuple[dt.datetime, list[Attempt]]:
     held by a live claimer. Each keeps the claim it had before in `launch_claimed_at` (None:
     no engine was ever asked to launch it)."""
     now = timezone.now()
-    expired = now - dt.timedelta(seconds=CLAIM_LEASE_S)
+    expired = now - dt.timedelta(seconds=settings.SF_LAUNCH_CLAIM_S)
     with transaction.atomic():
         attempts = list(
             Attempt.objects.select_for_update(skip_locked=True, of=("self",))

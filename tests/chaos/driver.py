@@ -205,7 +205,9 @@ class ChaosStack(Stack):
     """`Stack` on a PostgreSQL ledger and a private Redis, able to kill and restart any process."""
 
     def __init__(self, var: Path, database_url: str, redis_url: str) -> None:
-        super().__init__(var, REDIS_URL=redis_url, SF_LOCAL_GPU_SLOTS="4")
+        # Workers are killed every few seconds: a launch one died in is taken over after 15 s,
+        # not production's two minutes, so the round settles within its time.
+        super().__init__(var, REDIS_URL=redis_url, SF_LOCAL_GPU_SLOTS="4", SF_LAUNCH_CLAIM_S="15")
         self.env["DATABASE_URL"] = database_url
         self.argv: dict[str, tuple[str, ...]] = {}
 

@@ -5,6 +5,7 @@ import math
 import threading
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from jobs.executors import LaunchError
@@ -162,11 +163,9 @@ def test_an_attempt_another_launcher_holds_is_left_to_it(backend, team, alice):
 
 
 def test_a_dead_launchers_claim_is_taken_over_and_its_job_adopted(backend, team, alice):
-    from jobs.loops import launcher
-
     job, attempt = admitted(team, alice)
     backend.existing.add(attempt.backend_name)  # it submitted, then died before recording
-    expired = timezone.now() - dt.timedelta(seconds=launcher.CLAIM_LEASE_S + 1)
+    expired = timezone.now() - dt.timedelta(seconds=settings.SF_LAUNCH_CLAIM_S + 1)
     Attempt.objects.filter(pk=attempt.pk).update(launch_claimed_at=expired)
     [outcome] = launch_attempts([attempt.pk])
     assert (outcome.job_ref, backend.submitted) == (attempt.backend_name, [])
@@ -174,26 +173,22 @@ def test_a_dead_launchers_claim_is_taken_over_and_its_job_adopted(backend, team,
 
 
 def test_a_dead_launchers_claim_with_nothing_on_the_engine_is_launched(backend, team, alice):
-    from jobs.loops import launcher
-
     job, attempt = admitted(team, alice)
-    expired = timezone.now() - dt.timedelta(seconds=launcher.CLAIM_LEASE_S + 1)
+    expired = timezone.now() - dt.timedelta(seconds=settings.SF_LAUNCH_CLAIM_S + 1)
     Attempt.objects.filter(pk=attempt.pk).update(launch_claimed_at=expired)
     launch_attempts([attempt.pk])
     assert backend.submitted == [attempt.backend_name]
     assert Job.objects.get(pk=job.pk).status == S.PENDING
 
 
-def test_an_attempt_not_launched_within_its_claim_is_given_back(backend, team, alice, monkeypatch):
-    from jobs.loops import launcher
-
+def test_an_attempt_not_launched_within_its_claim_is_given_back(backend, team, alice, settings):
     job, attempt = admitted(team, alice)
-    monkeypatch.setattr(launcher, "CLAIM_LEASE_S", 0)  # the engine calls queued too long
+    settings.SF_LAUNCH_CLAIM_S = 0  # the engine calls queued too long
     [outcome] = launch_attempts([attempt.pk])
     assert outcome.late and backend.submitted == []
     attempt.refresh_from_db()
     assert attempt.launch_claimed_at is None  # the next launcher takes it as a fresh one
     assert Job.objects.get(pk=job.pk).status == S.SUBMITTED
-    monkeypatch.undo()
+    settings.SF_LAUNCH_CLAIM_S = 120
     launch_attempts([attempt.pk])
     assert backend.submitted == [attempt.backend_name]
