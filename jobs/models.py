@@ -76,9 +76,7 @@ class Cluster(models.Model):
     def virtual_gpus(self) -> bool:
         """Counted GPU slots, not devices: as last seen, else what the kind has out of the box
         (the local executor counts slots on a host without an NVIDIA driver)."""
-        if self.gpus_virtual is not None:
-            return self.gpus_virtual
-        return self.kind in (self.Kind.LOCAL, self.Kind.NOOP)
+        return virtual_gpus(self.kind, self.gpus_virtual)
 
     def clean(self) -> None:
         from django.core.exceptions import ValidationError
@@ -348,7 +346,19 @@ class Job(models.Model):
 
     @property
     def gpus_per_node(self) -> int:
-        return self.gpus // max(self.nodes, 1)
+        return gpus_per_node(self.gpus, self.nodes)
+
+
+def virtual_gpus(kind: str, gpus_virtual: bool | None) -> bool:
+    """`Cluster.virtual_gpus` of a cluster's columns (the API's row reads have no model)."""
+    if gpus_virtual is not None:
+        return gpus_virtual
+    return kind in (Cluster.Kind.LOCAL, Cluster.Kind.NOOP)
+
+
+def gpus_per_node(gpus: int, nodes: int) -> int:
+    """`Job.gpus_per_node` of a job's columns: `gpus` is the total over its nodes."""
+    return gpus // max(nodes, 1)
 
 
 def new_token_nonce() -> str:

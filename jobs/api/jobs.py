@@ -3,7 +3,6 @@ token) and the console (its session). The runner's side is `jobs.api.ingest`."""
 
 import asyncio
 import datetime as dt
-import functools
 import json
 import time
 
@@ -20,7 +19,7 @@ from jobs.actions import control
 from jobs.actions.submit import submit_job
 from jobs.auth import ConsoleSession, UserToken
 from jobs.errors import BadRequest, NotFound
-from jobs.models import Cluster, Job, Membership
+from jobs.models import Job, Membership, gpus_per_node, virtual_gpus
 from jobs.reads import diagnostics
 from jobs.reads.job_rows import JobFilter, Started, job_page, job_row, job_timeline
 from jobs.reads.visible import get_visible_job, retry_refusal
@@ -61,11 +60,6 @@ def rank_rows(ranks: object) -> list[dict]:
     ]
 
 
-@functools.cache
-def _virtual_gpus(kind: str, gpus_virtual: bool | None) -> bool:
-    return Cluster(kind=kind, gpus_virtual=gpus_virtual).virtual_gpus
-
-
 def job_out(job: dict, started: list[Started], now: dt.datetime) -> dict:
     """JobOut of a `jobs.reads.job_rows` row and the job's started attempts."""
     has_attempt = job["current_attempt__job_ref"] is not None
@@ -86,13 +80,13 @@ def job_out(job: dict, started: list[Started], now: dt.datetime) -> dict:
         "terminal": job["status"] in JobStatus.terminal(),
         "gpus": job["gpus"],
         "nodes": job["nodes"],
-        "gpus_per_node": job["gpus"] // max(job["nodes"], 1),
+        "gpus_per_node": gpus_per_node(job["gpus"], job["nodes"]),
         "gpu_type": job["gpu_type"],
         "cpus": job["cpus"],
         "memory_mb": job["memory_mb"],
         "image": job["image"],
         "ranks": rank_rows(job["current_attempt__ranks"]),
-        "virtual_gpus": _virtual_gpus(job["cluster__kind"], job["cluster__gpus_virtual"]),
+        "virtual_gpus": virtual_gpus(job["cluster__kind"], job["cluster__gpus_virtual"]),
         "entrypoint": job["entrypoint"],
         "priority": job["priority"],
         "window": job["window__name"],
