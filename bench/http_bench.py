@@ -4,7 +4,11 @@ One run measures, one after another on this machine:
 
 - the floor: a pristine Django project (`django-admin startproject`, its default settings and
   middleware with DEBUG off) whose one view reads one row by primary key from its SQLite
-  database, under gunicorn with one sync worker per core;
+  database, under gunicorn with one sync worker per core; the ratios' denominator;
+- the same floor on PostgreSQL (its own database on the same server, with the persistent
+  connections Starforge's production settings use: a pristine project's CONN_MAX_AGE=0 would
+  open a connection per request and flatter Starforge), which says how much of the PostgreSQL
+  figures is the database's own cost on these cores;
 - Starforge as `make run` starts it: `manage.py runstack` on the embedded SQLite ledger;
 - Starforge as production starts it: `starforge.settings_prod` on this child's PostgreSQL
   database, the web and websocket servers of `starforge.serving`, a Celery worker and beat.
@@ -13,9 +17,11 @@ Both Starforges run SF_WEB_WORKERS sync workers (one per core, at least 4), the 
 core; the Celery worker and beat tick beside them, as they do in use.
 
 Each Starforge holds JOBS jobs of one team on a `noop` cluster, half admitted and launched so
-their timelines have events. wrk drives CONNECTIONS connections for DURATION_S (after an
-unmeasured warm-up) on a job read alone (the floor: its one read) and on the mix, a Lua script
-that rotates job list, job read, events, usage and submit with the user's API token. Figures:
+their timelines have events, the other half held QUEUED by the team's quota (every tick reads
+them; wrk's submits ask for no GPUs, so they are admitted all the same). wrk drives CONNECTIONS
+connections for DURATION_S (after an unmeasured warm-up) on a job read alone (the floor: its one
+read) and on the mix, a Lua script that rotates job list, job read, events, usage and submit with
+the user's API token. Figures:
 requests/s, p50, p99 and max latency, errors (answers of 400 and over, socket errors,
 timeouts), each rate over the floor's, and `cpu_ms_per_request`: the CPU time the servers'
 processes spent during the measured run, by role (web, websocket, worker, beat, redis), over
@@ -49,6 +55,7 @@ CONNECTIONS = 50
 DURATION_S = 10
 WARM_UP_S = 2
 JOBS = 2_000
+FLOOR_DB = "sf_bench_http_floor"
 # One rotation of the mix, what a console and a few CLIs polling mostly do: read.
 MIX = ["list", "read", "list", "events", "read", "list", "usage", "read", "events", "submit"]
 FLOOR_URLS = textwrap.dedent(
@@ -87,6 +94,7 @@ def run() -> dict:
     with tempfile.TemporaryDirectory(prefix="sf-http-") as tmp:
         work = Path(tmp)
         floor = _floor(work / "floor", wrk, cores)
+        floor_postgres = _floor(work / "floor-postgres", wrk, cores, postgres=True)
         sqlite = _embedded(work / "embedded", wrk)
         postgres = _production(work / "production", wrk, settings.SF_WEB_WORKERS)
     out = {
@@ -97,6 +105,7 @@ def run() -> dict:
         "jobs": JOBS,
         "mix": {kind: MIX.count(kind) for kind in dict.fromkeys(MIX)},
         "floor": floor,
+        "floor_postgres": floor_postgres,
     }
     for name, figures in (("sqlite", sqlite), ("postgres", postgres)):
         out[name] = {
@@ -104,6 +113,9 @@ def run() -> dict:
             "read_vs_floor": round(figures["read"]["per_s"] / floor["read"]["per_s"], 3),
             "mix_vs_floor": round(figures["mix"]["per_s"] / floor["read"]["per_s"], 3),
         }
+    same_db = floor_postgres["read"]["per_s"]
+    out["postgres"]["read_vs_postgres_floor"] = round(postgres["read"]["per_s"] / same_db, 3)
+    out["postgres"]["mix_vs_postgres_floor"] = round(postgres["mix"]["per_s"] / same_db, 3)
     return out
 
 
@@ -212,25 +224,36 @@ end
 # --- the floor -------------------------------------------------------------------------------
 
 
-def _floor(work: Path, wrk: str, workers: int) -> dict:
+def _floor(work: Path, wrk: str, workers: int, *, postgres: bool = False) -> dict:
     work.mkdir()
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "floor.settings", "PYTHONUNBUFFERED": "1"}
     python = [sys.executable]
     subprocess.run([*python, "-m", "django", "startproject", "floor", str(work)], check=True)
     with open(work / "floor" / "settings.py", "a") as settings:
         settings.write('\nDEBUG = False\nALLOWED_HOSTS = ["127.0.0.1"]\n')
+        if postgres:
+            common.create_db(FLOOR_DB)
+            database = {"ENGINE": "django.db.backends.postgresql", "NAME": FLOOR_DB}
+            database.update(HOST="127.0.0.1", PORT=5432, USER="postgres", CONN_MAX_AGE=600)
+            settings.write(f"DATABASES = {{'default': {database!r}}}\n")
     (work / "floor" / "urls.py").write_text(FLOOR_URLS)
     manage = [*python, "manage.py"]
-    subprocess.run([*manage, "migrate", "-v", "0"], cwd=work, env=env, check=True)
-    create = "from django.contrib.auth.models import User; User.objects.create(username='floor')"
-    subprocess.run([*manage, "shell", "-v", "0", "-c", create], cwd=work, env=env, check=True)
-    port = common.free_port()
-    argv = [*python, "-m", "gunicorn", "floor.wsgi:application", "--bind", f"127.0.0.1:{port}"]
-    argv += ["--workers", str(workers), "--worker-class", "sync", "--log-level", "warning"]
-    with _started({"floor": (argv, env, work)}, work, port) as servers:
-        _expect(f"http://127.0.0.1:{port}/read/1", {}, 200)
-        script = _script(work / "read.lua", 'request = function() return wrk.format("GET") end')
-        return {"read": _measure(wrk, f"http://127.0.0.1:{port}/read/1", script, servers)}
+    try:
+        subprocess.run([*manage, "migrate", "-v", "0"], cwd=work, env=env, check=True)
+        create = "from django.contrib.auth.models import User; User.objects.create(username='x')"
+        subprocess.run([*manage, "shell", "-v", "0", "-c", create], cwd=work, env=env, check=True)
+        port = common.free_port()
+        argv = [*python, "-m", "gunicorn", "floor.wsgi:application"]
+        argv += ["--bind", f"127.0.0.1:{port}", "--workers", str(workers)]
+        argv += ["--worker-class", "sync", "--log-level", "warning"]
+        with _started({"floor": (argv, env, work)}, work, port) as servers:
+            url = f"http://127.0.0.1:{port}/read/1"
+            _expect(url, {}, 200)
+            script = _script(work / "read.lua", 'request = function() return wrk.format("GET") end')
+            return {"read": _measure(wrk, url, script, servers)}
+    finally:
+        if postgres:
+            common.drop_db(FLOOR_DB)
 
 
 # --- Starforge -------------------------------------------------------------------------------
@@ -317,7 +340,7 @@ def seed() -> dict:
     from jobs.auth import issue_token
     from jobs.loops.launcher import launch_attempts
     from jobs.loops.scheduler import admit_queued_jobs
-    from jobs.models import Job, Team
+    from jobs.models import Job
 
     user = common.make_user()
     cluster = common.make_cluster(gpus=100_000)
@@ -326,7 +349,6 @@ def seed() -> dict:
     admitted = admit_queued_jobs().admitted
     for i in range(0, len(admitted), 200):
         launch_attempts(admitted[i : i + 200])
-    Team.objects.filter(pk=team.pk).update(gpu_quota=JOBS * 10)  # room for what wrk submits
     common.analyze()
     return {
         "token": issue_token(user, name="bench"),

@@ -197,16 +197,31 @@ def _http_rows(results: dict) -> list[Row]:
             ("floor", "read", "per_s"),
         )
     ]
+    if "floor_postgres" in r:
+        same = r["floor_postgres"]["read"]
+        out.append(
+            Row(
+                "http",
+                "the same floor on PostgreSQL (persistent connections, as production)",
+                f"{same['per_s']:,.0f} req/s, p50 {same['p50_ms']:.0f} ms, "
+                f"p99 {same['p99_ms']:.0f} ms, {same['errors']} error(s)",
+                "-",
+                None,
+                ("floor_postgres", "read", "per_s"),
+            )
+        )
     for ledger, how in (("sqlite", "`make run` (SQLite)"), ("postgres", "production (PostgreSQL)")):
         for load, what in (("read", "job read"), ("mix", "API mix")):
             e, ratio = r[ledger][load], r[ledger][f"{load}_vs_floor"]
+            same_db = r[ledger].get(f"{load}_vs_postgres_floor")
+            also = f" ({same_db:.2f}x the PostgreSQL floor)" if same_db is not None else ""
             out.append(
                 Row(
                     "http",
                     f"{what}, {how}, {r['web_workers']} workers, wrk {r['connections']} "
                     "connections",
-                    f"{e['per_s']:,.0f} req/s = {ratio:.2f}x floor, p50 {e['p50_ms']:.0f} ms, "
-                    f"p99 {e['p99_ms']:.0f} ms, {e['errors']} error(s)",
+                    f"{e['per_s']:,.0f} req/s = {ratio:.2f}x floor{also}, "
+                    f"p50 {e['p50_ms']:.0f} ms, p99 {e['p99_ms']:.0f} ms, {e['errors']} error(s)",
                     f">= {HTTP_AIMS[load]}x floor, p99 <= 100 ms, 0 errors",
                     ratio >= HTTP_AIMS[load] and e["p99_ms"] <= 100 and e["errors"] == 0,
                     (ledger, f"{load}_vs_floor"),
@@ -500,12 +515,17 @@ def markdown(results: dict, failed: dict[str, str], command: str, note: str) -> 
     ]
     if meta.get("remeasured"):
         again = ", ".join(
-            f"`{n}` at `{r['git']}` ({r['date']})" for n, r in meta["remeasured"].items()
+            f"`{n}` at `{r['git']}` ({r['date']}"
+            + (
+                ""
+                if r.get("cpu_model", meta.get("cpu_model")) == meta.get("cpu_model")
+                else f", on another machine: {r['cpu_model']}; compare its rows with each "
+                "other, not with the rest"
+            )
+            + ")"
+            for n, r in meta["remeasured"].items()
         )
-        out += [
-            f"Measured again afterwards (`--only … --merge`), on the same machine: {again}.",
-            "",
-        ]
+        out += [f"Measured again afterwards (`--only … --merge`): {again}.", ""]
     out += [
         "## Machine",
         "",

@@ -313,7 +313,10 @@ def _kept(earlier: dict, names: list[str], meta: dict) -> tuple[dict, dict]:
     the revision and date each of `names` is measured again at."""
     runs = {name: r for name, r in earlier.pop("runs", {}).items() if name not in names}
     results = {name: r for name, r in earlier.items() if name not in names}
-    again = {name: {"git": meta["git"], "date": meta["date"]} for name in names}
+    again = {
+        name: {"git": meta["git"], "date": meta["date"], "cpu_model": meta.get("cpu_model")}
+        for name in names
+    }
     results["meta"]["remeasured"] = {**results["meta"].get("remeasured", {}), **again}
     return results, runs
 

@@ -7,15 +7,14 @@ unreachable never fails a tick and never fails a scrape: tick figures are left o
 are served as summed, without their high water.
 """
 
-import functools
 import logging
 import time
 from dataclasses import dataclass
 
 import redis
 from django.conf import settings
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+
+from jobs.redis_client import client
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +23,6 @@ HIGH_WATER_PREFIX = "starforge:metrics:high-water:"
 # Upper bounds (seconds) of the histogram buckets; a tick normally takes well under a second
 # and beat fires every 2 s, so the interesting range is 10 ms to a few beats.
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-TIMEOUT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -34,17 +32,6 @@ class TickStats:
     count: int
     total_seconds: float
     buckets: dict[float, int]  # upper bound -> ticks at or under it (cumulative)
-
-
-@functools.cache
-def client(url: str) -> redis.Redis:
-    # No retries: a tick or a scrape waits at most one short timeout for a Redis that is down.
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=TIMEOUT_S,
-        socket_connect_timeout=TIMEOUT_S,
-        retry=Retry(NoBackoff(), 0),
-    )
 
 
 def record(loop: str, seconds: float, ended: float | None = None) -> None:

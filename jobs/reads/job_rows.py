@@ -112,9 +112,14 @@ def _timeline(shape: tuple, job_id: int, user_id: int = 0) -> QuerySet:
     return jobs.order_by("events__id").values_list(*(f"events__{c}" for c in EVENT_COLUMNS))
 
 
+def _started_of(shape: tuple, **ids: int) -> QuerySet:
+    return _billable(Attempt.objects.filter(job_id__in=list(ids.values())))
+
+
 ONE_JOB = Prepared(_one_job)
 PAGE = Prepared(_page)
 STARTED_ATTEMPTS = Prepared(_started_attempts)
+STARTED_OF_PAGE = Prepared(_started_of)  # one shape per number of jobs on the page
 TIMELINE = Prepared(_timeline)
 
 Started = tuple[dt.datetime, dt.datetime | None, int]  # start, end, GPUs of a started attempt
@@ -159,10 +164,8 @@ def job_page(user: User, jobs: JobFilter) -> tuple[list[dict], dict[int, list[St
     page = [dict(zip(JOB_COLUMNS, row, strict=True)) for row in PAGE.rows(shape, **values)]
     started: dict[int, list[Started]] = defaultdict(list)
     if page:
-        # Built per call: the ids vary in number, and one build serves the whole page.
-        for job_id, *attempt in _billable(
-            Attempt.objects.filter(job_id__in=[j["id"] for j in page])
-        ):
+        ids = {f"job{i}": job["id"] for i, job in enumerate(page)}
+        for job_id, *attempt in STARTED_OF_PAGE.rows((len(ids),), **ids):
             started[job_id].append(tuple(attempt))
     return page, started
 
