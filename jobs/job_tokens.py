@@ -17,12 +17,14 @@ spec and so one credential, and it is spent once per rank (`spend_bootstrap`).
 import hmac
 
 from django.core import signing
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 from sf.contract import BOOTSTRAP_TOKEN_VAR, JOB_TOKEN_VAR, RECORD_KEY_VAR
 
 from jobs.executors.base import executor_class, record_key
-from jobs.models import Attempt
+from jobs.models import Attempt, Job
+from jobs.reads.prepared import Prepared
 
 JOB_TOKEN_SALT = "starforge.job-token"
 BOOTSTRAP_SALT = "starforge.job-bootstrap"
@@ -60,10 +62,31 @@ def attempt_of(token: str, salt: str = JOB_TOKEN_SALT) -> Attempt | None:
         key = {"job_id": int(job_id), "number": int(number)}
     except (signing.BadSignature, ValueError):
         return None
-    attempt = Attempt.objects.select_related("job").filter(**key).first()
-    if attempt is None or not hmac.compare_digest(attempt.token_nonce, nonce):
+    rows = _ATTEMPT_WITH_JOB.rows(**key)
+    if not rows or not hmac.compare_digest(rows[0][_NONCE], nonce):
         return None
+    width = len(_ATTEMPT_FIELDS)
+    attempt = Attempt.from_db(DEFAULT_DB_ALIAS, _ATTEMPT_FIELDS, rows[0][:width])
+    attempt.job = Job.from_db(DEFAULT_DB_ALIAS, _JOB_FIELDS, rows[0][width:])
     return attempt
+
+
+# Every ingest request reads its attempt and job: one prepared read of both rows' columns, made
+# into the models as a select_related query would (that query's build and plan were ~3 ms of a
+# metric batch's ~20 on the runner's path).
+_ATTEMPT_FIELDS = tuple(f.attname for f in Attempt._meta.concrete_fields)
+_JOB_FIELDS = tuple(f.attname for f in Job._meta.concrete_fields)
+_NONCE = _ATTEMPT_FIELDS.index("token_nonce")
+
+
+def _attempt_with_job(shape: tuple, job_id: int, number: int) -> QuerySet:
+    job_columns = (f"job__{name}" for name in _JOB_FIELDS)
+    return Attempt.objects.filter(job_id=job_id, number=number).values_list(
+        *_ATTEMPT_FIELDS, *job_columns
+    )
+
+
+_ATTEMPT_WITH_JOB = Prepared(_attempt_with_job)
 
 
 def spend_bootstrap(attempt: Attempt, rank: int) -> bool:

@@ -21,8 +21,9 @@ from django.db.backends.utils import CursorWrapper
 from django.db.models import QuerySet
 from django.db.models.sql.compiler import SQLCompiler
 
-# Far from any id or name a request carries, and distinct per parameter.
-_INT_STAND_IN = -7_310_000_000
+# Distinct per parameter and from any constant a read's own SQL holds; the int ones inside the
+# range of every integer column (Django refuses to build a lookup of an out-of-range value).
+_INT_STAND_IN = 2_140_000_000
 _STR_STAND_IN = "\x00starforge-parameter-"
 
 
@@ -30,7 +31,9 @@ _STR_STAND_IN = "\x00starforge-parameter-"
 class _Compiled:
     sql: str
     params: tuple
-    slots: tuple[tuple[int, str], ...]  # (index in params, parameter name)
+    # (index in params, parameter name, the type Django gave the stand-in: on PostgreSQL an
+    # int column's value comes typed, e.g. psycopg's Int4, and each request's is typed alike)
+    slots: tuple[tuple[int, str, type], ...]
     compiler: SQLCompiler
     converters: dict
 
@@ -50,8 +53,8 @@ class Prepared:
         if compiled is None:
             compiled = self._compiled[shape] = self._compile(shape, values)
         params = list(compiled.params)
-        for index, name in compiled.slots:
-            params[index] = values[name]
+        for index, name, kind in compiled.slots:
+            params[index] = kind(values[name])
         with _cursor() as cursor:
             cursor.execute(compiled.sql, params)
             fetched = cursor.fetchall()
@@ -66,11 +69,11 @@ class Prepared:
         sql, params = compiler.as_sql()
         by_value = {value: name for name, value in stand_ins.items()}
         slots = tuple(
-            (i, by_value[p])
+            (i, by_value[p], type(p))
             for i, p in enumerate(params)
-            if type(p) in (int, str) and p in by_value
+            if isinstance(p, int | str) and not isinstance(p, bool) and p in by_value
         )
-        missing = set(stand_ins) - {name for _, name in slots}
+        missing = set(stand_ins) - {name for _, name, _ in slots}
         if missing:
             raise ValueError(f"parameters {sorted(missing)} do not reach the SQL as parameters")
         fields = [column[0] for column in compiler.select[: compiler.col_count]]

@@ -42,6 +42,7 @@ from django.db.models import Q
 
 from jobs.errors import BadRequest
 from jobs.models import JobEvent, MetricPoint, MetricRollup, MetricSeries, MetricStream
+from jobs.reads.prepared import Prepared
 
 KINDS = tuple(MetricPoint.Kind.values)
 MAX_NAME = 100
@@ -176,9 +177,9 @@ def append(job_id: int, attempt: int, points: list[Any]) -> AppendResult:
     if not batch:
         return AppendResult(0, len(points))
     with transaction.atomic():
-        counter = _locked_counter(job_id, attempt)
+        counter, stored, dropped = _locked_counter(job_id, attempt)
         fresh = _unstored(job_id, attempt, batch)
-        room = max(0, max_points() - counter.points)
+        room = max(0, max_points() - stored)
         over = max(0, len(fresh) - room)
         if over:
             fresh = fresh.only(range(room))
@@ -186,22 +187,47 @@ def append(job_id: int, attempt: int, points: list[Any]) -> AppendResult:
             _insert(job_id, attempt, fresh)
             _roll_up(job_id, fresh)
         if fresh or over:
-            if over and not counter.dropped:
+            if over and not dropped:
                 _cap_event(job_id, attempt)
-            MetricStream.objects.filter(pk=counter.pk).update(
-                points=counter.points + len(fresh), dropped=counter.dropped + over
-            )
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {MetricStream._meta.db_table} SET points = %s, dropped = %s "
+                    "WHERE id = %s",
+                    [stored + len(fresh), dropped + over, counter],
+                )
     return AppendResult(len(fresh), len(points) - len(fresh) - over, over)
 
 
-def _locked_counter(job_id: int, attempt: int) -> MetricStream:
-    """The attempt's counter row, locked; made by the first batch (one query after that)."""
-    locked = MetricStream.objects.select_for_update()
-    counter = locked.filter(job_id=job_id, attempt=attempt).first()
-    if counter is None:
+# The reads of every batch, their SQL built once per process (`jobs.reads.prepared`).
+def _counter_row(shape: tuple, job_id: int, attempt: int) -> Any:
+    counters = MetricStream.objects.select_for_update().filter(job_id=job_id, attempt=attempt)
+    return counters.values_list("pk", "points", "dropped")
+
+
+def _stored_seqs(shape: tuple, job_id: int, attempt: int, low: int, high: int) -> Any:
+    # Ordered by seq so that only the unique (job, attempt, seq) index fits the plan: while a
+    # job's statistics still say it has no points, the series index looks as cheap, and read
+    # through it the query would filter every point the job has stored, batch after batch.
+    return (
+        MetricPoint.objects.filter(job_id=job_id, attempt=attempt, seq__range=(low, high))
+        .order_by("seq")
+        .values_list("seq")
+    )
+
+
+COUNTER_ROW = Prepared(_counter_row)
+STORED_SEQS = Prepared(_stored_seqs)
+
+
+def _locked_counter(job_id: int, attempt: int) -> tuple[int, int, int]:
+    """The id, points and drops of the attempt's counter row, locked; made by the first batch
+    (one query after that)."""
+    rows = COUNTER_ROW.rows(job_id=job_id, attempt=attempt)
+    if not rows:
         MetricStream.objects.get_or_create(job_id=job_id, attempt=attempt)  # two first batches
-        counter = locked.get(job_id=job_id, attempt=attempt)
-    return counter
+        rows = COUNTER_ROW.rows(job_id=job_id, attempt=attempt)
+    counter, stored, dropped = rows[0]
+    return counter, stored, dropped
 
 
 def _cap_event(job_id: int, attempt: int) -> None:
@@ -222,16 +248,12 @@ def _cap_event(job_id: int, attempt: int) -> None:
 def _unstored(job_id: int, attempt: int, batch: Batch) -> Batch:
     """The points of `batch` not stored yet: exact, as every writer of the attempt's points
     holds its counter's lock (a resend racing its original waits for it)."""
-    # Ordered by seq so that only the unique (job, attempt, seq) index fits the plan: while a
-    # job's statistics still say it has no points, the series index looks as cheap, and read
-    # through it the query would filter every point the job has stored, batch after batch.
-    stored = set(
-        MetricPoint.objects.filter(
-            job_id=job_id, attempt=attempt, seq__range=(batch.seq[0], batch.seq[-1])
+    stored = {
+        seq
+        for (seq,) in STORED_SEQS.rows(
+            job_id=job_id, attempt=attempt, low=batch.seq[0], high=batch.seq[-1]
         )
-        .order_by("seq")
-        .values_list("seq", flat=True)
-    )
+    }
     if not stored:
         return batch
     return batch.only(i for i, seq in enumerate(batch.seq) if seq not in stored)
@@ -312,7 +334,11 @@ def aggregate(
     stats: dict[tuple[str, str], list] = {}
     finest: dict[tuple[str, str], tuple[dict[int, Acc], dict[int, Acc]]] = {}
     level = LEVELS[0]
+    scale = 2.0**-level  # exact: ts * scale == ts / 2**level
     for kind, name, step, ts, value in points:
+        # The loop of every stored point, its bucket updates written out inline (calls were a
+        # third of its time): first and last by x (the first stored of equal x, the last), the
+        # lowest and highest y (the first stored of equal y). Tested against the definitions.
         st = stats.get((kind, name))
         if st is None:
             stats[(kind, name)] = [1, step, step, ts, ts]
@@ -328,8 +354,36 @@ def aggregate(
             elif ts > st[4]:
                 st[4] = ts
             by_step, by_time = finest[(kind, name)]
-        _add_point(by_step, step >> level, step, value)
-        _add_point(by_time, bucket_of(ts, level), ts, value)
+        bucket = step >> level
+        acc = by_step.get(bucket)
+        if acc is None:
+            by_step[bucket] = [1, step, value, step, value, step, value, step, value]
+        else:
+            acc[0] += 1
+            if step < acc[1]:
+                acc[1], acc[2] = step, value
+            if step >= acc[3]:
+                acc[3], acc[4] = step, value
+            if value < acc[6]:
+                acc[5], acc[6] = step, value
+            if value > acc[8]:
+                acc[7], acc[8] = step, value
+        bucket = floor(ts * scale)
+        if not -BUCKET_LIMIT <= bucket <= BUCKET_LIMIT:
+            bucket = max(-BUCKET_LIMIT, min(BUCKET_LIMIT, bucket))
+        acc = by_time.get(bucket)
+        if acc is None:
+            by_time[bucket] = [1, ts, value, ts, value, ts, value, ts, value]
+        else:
+            acc[0] += 1
+            if ts < acc[1]:
+                acc[1], acc[2] = ts, value
+            if ts >= acc[3]:
+                acc[3], acc[4] = ts, value
+            if value < acc[6]:
+                acc[5], acc[6] = ts, value
+            if value > acc[8]:
+                acc[7], acc[8] = ts, value
     rollups: dict[RollupKey, Acc] = {}
     for (kind, name), axes in finest.items():
         for axis, below in zip(("step", "time"), axes, strict=True):
@@ -349,22 +403,6 @@ def bucket_of(x: float, level: int) -> int:
     if isinstance(x, int):
         return x >> level  # steps: exact, floor division
     return max(-BUCKET_LIMIT, min(BUCKET_LIMIT, floor(x / 2**level)))
-
-
-def _add_point(buckets: dict[int, Acc], bucket: int, x: float, y: float) -> None:
-    acc = buckets.get(bucket)
-    if acc is None:
-        buckets[bucket] = [1, x, y, x, y, x, y, x, y]
-        return
-    acc[0] += 1
-    if x < acc[1]:
-        acc[1], acc[2] = x, y
-    if x >= acc[3]:
-        acc[3], acc[4] = x, y
-    if y < acc[6]:
-        acc[5], acc[6] = x, y
-    if y > acc[8]:
-        acc[7], acc[8] = x, y
 
 
 def merge_acc(earlier: Acc, later: Acc) -> Acc:

@@ -454,3 +454,55 @@ def test_lttb_keeps_a_lone_spike():
     ys[4321] = 100.0
     kept = lttb(list(range(10_000)), ys, 50)
     assert 4321 in kept
+
+
+def reference_aggregate(points: list[tuple]) -> tuple[dict, dict]:
+    """The rollups by their definitions, point by point: per series, axis and level, each bucket
+    summarises its points taken in x order of their finest buckets, stored order within one:
+    the first of the lowest x, the last of the highest, the first of the lowest y, the first of
+    the highest y."""
+    stats: dict = {}
+    for kind, name, step, ts, _ in points:
+        st = stats.setdefault((kind, name), [0, step, step, ts, ts])
+        st[:] = [st[0] + 1, min(st[1], step), max(st[2], step), min(st[3], ts), max(st[4], ts)]
+
+    def bucket(x, level):  # a coarser bucket holds whole finest ones, clamped or not
+        finest = metrics.LEVELS[0]
+        if isinstance(x, int):
+            return x >> level
+        clamped = max(-metrics.BUCKET_LIMIT, min(metrics.BUCKET_LIMIT, math.floor(x / 2**finest)))
+        return clamped >> (level - finest)
+
+    rollups: dict = {}
+    for axis, at in (("step", 2), ("time", 3)):
+        series: dict = {}
+        for point in points:
+            series.setdefault(point[:2], []).append((point[at], point[4]))
+        for (kind, name), xy in series.items():
+            finest = sorted(range(len(xy)), key=lambda i: bucket(xy[i][0], metrics.LEVELS[0]))
+            for level in metrics.LEVELS:
+                groups: dict = {}
+                for i in finest:
+                    groups.setdefault(bucket(xy[i][0], level), []).append(xy[i])
+                for b, group in groups.items():
+                    first = min(group, key=lambda p: p[0])
+                    last = max(reversed(group), key=lambda p: p[0])
+                    low = min(group, key=lambda p: p[1])
+                    high = max(group, key=lambda p: p[1])
+                    acc = [len(group), *first, *last, *low, *high]
+                    rollups[(kind, name, axis, level, b)] = acc
+    return stats, rollups
+
+
+def test_the_rollups_follow_their_definitions_under_ties_and_disorder():
+    import random
+
+    rng = random.Random(7)
+    points = []
+    for _ in range(3000):
+        step = rng.choice([rng.randrange(0, 200), rng.randrange(0, 100_000)])
+        ts = T0 + rng.choice([step, rng.randrange(-50, 5000) * 0.5])  # equal x, and out of order
+        value = rng.choice([0.5, 1.0, -2.0, rng.random()])  # many equal values
+        points.append((rng.choice(["train", "system"]), rng.choice(["a", "b"]), step, ts, value))
+    points.append(("train", "far", 3, 1e300, 1.0))  # a time bucket clamped to fit a bigint
+    assert metrics.aggregate(points) == reference_aggregate(points)
