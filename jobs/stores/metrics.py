@@ -17,9 +17,10 @@ and highest point. A batch's new points are summarised in memory and merged into
 by one upsert per table whose ON CONFLICT arithmetic is `merge_stats` / `merge_acc` in SQL:
 nothing is read back, and two batches touching the same bucket at once (the row lock of the
 upsert orders them, taken in key order) both count. A series of at most `max_points` points
-is read raw as before; a longer one from the coarsest level with at least max_points / 2 buckets
-in its x range (fewer than 2 x max_points buckets, since levels are a factor 4 apart), expanded
-to each bucket's first, lowest, highest and last points and reduced with LTTB. Its global lowest
+is read raw as before; a longer one from the coarsest level with at least max_points / 3 buckets
+in its x range (fewer than 4/3 x max_points buckets, since levels are a factor 4 apart), expanded
+to each bucket's first, lowest, highest and last points (three or four distinct ones wherever a
+series moves; a finer level is read when they fall short) and reduced with LTTB. Its global lowest
 and highest points are kept.
 
 Ties on x: "first" is the earliest-stored point at the lowest x, "last" the latest-stored at the
@@ -563,15 +564,17 @@ def series(
 def _levels(lo: float | None, hi: float | None, total: int, max_points: int) -> list[int]:
     """The rollup levels worth reading for a series, coarsest first; [] means read it raw.
 
-    Starts at the coarsest level with at least max_points / 2 buckets in the x range (each
-    bucket gives up to 4 points); finer ones follow in case the buckets turn out too sparse.
+    Starts at the coarsest level with at least max_points / 3 buckets in the x range (each
+    bucket gives up to 4 points, 3 or 4 where the series moves); finer ones follow in case the
+    buckets turn out too sparse. (At max_points / 2, a series of 250,000 steps was read from
+    four times the buckets: 15,600 instead of 3,900, most of a 1M-point chart's time.)
     """
     if lo is None or hi is None:
         return []
     for i in range(len(LEVELS) - 1, -1, -1):
         level = LEVELS[i]
         buckets = min(bucket_of(hi, level) - bucket_of(lo, level) + 1, total)
-        if 2 * buckets >= max_points:
+        if 3 * buckets >= max_points:
             return list(LEVELS[i::-1])
     return []
 
