@@ -219,6 +219,36 @@ def test_paging_composes_with_filters(api):
     assert second["next_before"] is None
 
 
+def test_a_page_read_while_jobs_are_submitted_bills_every_job_it_shows(api, monkeypatch):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from jobs.reads import job_rows
+
+    jobs = [submit(api) for _ in range(3)]
+    start = timezone.now() - dt.timedelta(seconds=100)
+    for job_id in jobs:  # each ran 100 s on one GPU
+        attempt = Attempt.objects.create(
+            job_id=job_id, number=1, gpus=1, backend_name=f"b{job_id}", start_time=start,
+            end_time=start + dt.timedelta(seconds=100),
+        )  # fmt: skip
+        Job.objects.filter(pk=job_id).update(current_attempt=attempt, attempt_count=1)
+    read_page = job_rows.PAGE.rows
+
+    def then_submits(*args, **kwargs):  # between the page's read and its attempts' read
+        rows = read_page(*args, **kwargs)
+        submit(api), submit(api)  # enough to push the page's own jobs off a newest-first read
+        return rows
+
+    monkeypatch.setattr(job_rows.PAGE, "rows", then_submits)
+    page = api.get("/jobs", limit=2).json()
+    assert [(i["id"], i["gpu_seconds"]) for i in page["items"]] == [
+        (jobs[2], 100.0),
+        (jobs[1], 100.0),
+    ]
+
+
 def test_reading_changes_nothing_in_the_ledger(api):
     job_id = submit(api)
     before = (list(Job.objects.values()), JobEvent.objects.count())
