@@ -566,8 +566,8 @@ def _levels(lo: float | None, hi: float | None, total: int, max_points: int) -> 
 
     Starts at the coarsest level with at least max_points / 3 buckets in the x range (each
     bucket gives up to 4 points, 3 or 4 where the series moves); finer ones follow in case the
-    buckets turn out too sparse. (At max_points / 2, a series of 250,000 steps was read from
-    four times the buckets: 15,600 instead of 3,900, most of a 1M-point chart's time.)
+    buckets turn out too sparse. (At max_points / 2, a chart of four series of 250,000 steps
+    read four times the buckets, 15,600 instead of 3,900: most of its time.)
     """
     if lo is None or hi is None:
         return []
