@@ -75,7 +75,11 @@ class EngineProof:
     # -- the proof, step by step ------------------------------------------------------------
     def succeeds_with_gpus(self, gpus: int, expect_devices: str | None) -> dict:
         """The example training job runs on `gpus` GPUs to SUCCEEDED, metered from RUNNING."""
-        job = self.submit("--gpus", str(gpus), "--", "python", "train.py", "--steps", "8")
+        # 8 steps of 0.25 s: Kubernetes times an end to the second, so a run that starts and
+        # ends inside one second is billed 0 s (its end bounded by its start) and start < end
+        # below would fail by chance; at 2 s it cannot.
+        train = ["python", "train.py", "--steps", "8", "--sleep", "0.25"]
+        job = self.submit("--gpus", str(gpus), "--", *train)
         done = self.wait_status(job["id"], "SUCCEEDED")  # the events below show it RUNNING
         lines = self.logs(job["id"])
         assert steps_printed(lines) == list(range(1, 9)) and lines[-1] == "done", lines
