@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -517,7 +518,17 @@ def test_retry_after_is_honoured_up_to_its_cap(
     from sf.http import ApiError
 
     slept: list[float] = []
-    monkeypatch.setattr(runner.time, "sleep", slept.append)
+    real_sleep, here = time.sleep, threading.get_ident()
+
+    def sleep(seconds: float) -> None:
+        # runner.time is the time module: other threads of the suite's process (a fixture's
+        # poller) must still sleep, and their sleeps are not the download's.
+        if threading.get_ident() == here:
+            slept.append(seconds)
+        else:
+            real_sleep(seconds)
+
+    monkeypatch.setattr(runner.time, "sleep", sleep)
     errors = [ApiError(429, "wait.", retry_after=7.0), ApiError(503, "wait.", retry_after=3600.0)]
     client = FailingThenOk(errors)
     runner._download(client, str(tmp_path / "a.tgz"))  # type: ignore[arg-type]
