@@ -4,6 +4,7 @@ token) and the console (its session). The runner's side is `jobs.api.ingest`."""
 import asyncio
 import datetime as dt
 import json
+import os
 import time
 
 from asgiref.sync import sync_to_async
@@ -99,7 +100,7 @@ def job_out(job: dict, started: list[Started], now: dt.datetime) -> dict:
         "ended_at": job["current_attempt__end_time"],
         "exit_code": job["current_attempt__exit_code"],
         "gpu_seconds": float(round(gpu_seconds, 3)),
-        "output_dir": str(settings.SF_OUTPUT_ROOT / job["run_id"]),
+        "output_dir": os.path.join(settings.SF_OUTPUT_ROOT, job["run_id"]),
         "snapshot": job["snapshot_id"],
         "max_retries": job["max_retries"],
         "retries_left": max(0, job["max_retries"] - job["retry_count"]),

@@ -15,10 +15,12 @@ the poll marked as left behind (`jobs.executors.base.Executor`).
 import datetime as dt
 import logging
 from collections import defaultdict
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Case, F, Q, QuerySet, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from sf.contract import INGEST_FAILED, RANK_STATES
 
@@ -33,6 +35,9 @@ from jobs.stores import logstore
 log = logging.getLogger(__name__)
 S = JobStatus
 ORPHAN_SWEEP = dt.timedelta(minutes=10)
+# How stale an attempt's last_seen_at may be; a vanished object is declared lost a grace after
+# it (so between SF_LOST_GRACE_S and that plus this after its real last sighting).
+SEEN_RESOLUTION = dt.timedelta(seconds=10)
 FAILURE_WORDS = {
     "oom": "out of memory",
     "lost": "lost on backend",
@@ -65,36 +70,74 @@ def record_poll_health(cluster: Cluster, error: str, now: dt.datetime) -> None:
         Cluster.objects.filter(pk=cluster.pk).update(poll_failing_since=None, poll_error="")
 
 
+class OpenRow(NamedTuple):
+    """What a tick needs to know of an open attempt to tell whether the poll changed anything:
+    read as one row, not as two models (a thousand PENDING jobs are read every tick)."""
+
+    pk: int
+    job_id: int
+    job_ref: str
+    backend_name: str
+    native_state: str
+    native_message: str
+    nodes: int
+    status: str
+    pending_since: dt.datetime
+    pending_deadline_s: int | None
+    sighting_due: bool  # last_seen_at is older than SEEN_RESOLUTION, or unset
+
+
+OPEN_COLUMNS = (
+    "pk",
+    "job_id",
+    "job_ref",
+    "backend_name",
+    "native_state",
+    "native_message",
+    "nodes",
+    "job__status",
+    "pending_since",
+    "job__pending_deadline_s",
+    "sighting_due",
+)
+
+
 def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
     now = now or timezone.now()
     executor = executor_for(cluster)
-    open_attempts = list(
-        Attempt.objects.filter(
-            job__cluster=cluster,
-            job__status__in=S.active(),
-            job__current_attempt=F("pk"),
-            end_time__isnull=True,
-        ).select_related("job")
-    )
+    open_attempts = _open(Attempt.objects.filter(job__cluster=cluster))
+    stale = Q(last_seen_at__isnull=True) | Q(last_seen_at__lt=now - SEEN_RESOLUTION)
+    rows = [
+        OpenRow(*values)
+        for values in open_attempts.annotate(
+            pending_since=Coalesce("pending_at", "submitted_at"),
+            sighting_due=Case(When(stale, then=True), default=False),
+        ).values_list(*OPEN_COLUMNS)
+    ]
     closed = list(
         Attempt.objects.filter(job__cluster=cluster, end_time__gte=now - ORPHAN_SWEEP)
         .exclude(job_ref="")
         .exclude(job__status__in=S.active(), job__current_attempt=F("pk"))
     )
-    refs = [a.job_ref for a in open_attempts + closed if a.job_ref]
+    refs = [a.job_ref for a in rows + closed if a.job_ref]
     try:
         observations = executor.poll(refs) if refs else {}
     except Exception as exc:
         raise PollFailed(f"{type(exc).__name__}: {exc}") from exc
     record_poll_health(cluster, "", now)
-    mine = _observed(open_attempts + closed, observations)
-    seen = [a.pk for a in open_attempts if a.pk in mine]
+    mine = _observed(rows + closed, observations)
+    # The sighting is noted at most once per SEEN_RESOLUTION (_maybe_lost allows for it): a
+    # thousand waiting jobs are not a thousand row writes every tick.
+    seen = [a.pk for a in rows if a.sighting_due and a.pk in mine]
     Attempt.objects.filter(pk__in=seen).update(last_seen_at=now)
-    running = [a.pk for a in open_attempts if _maps_to(executor, mine.get(a.pk)) == S.RUNNING]
+    running = [a.pk for a in rows if _maps_to(executor, mine.get(a.pk)) == S.RUNNING]
     clocks.seen_alive(running, now)
-    _record_native(executor, open_attempts, mine)
-    _record_ranks(open_attempts, mine)
-    for attempt in open_attempts:
+    # Only an attempt whose poll says something new is read whole and acted on.
+    changed = [a.pk for a in rows if not _steady(executor, a, mine.get(a.pk), now)]
+    attempts = list(_open(Attempt.objects.filter(pk__in=changed)).select_related("job"))
+    _record_native(executor, attempts, mine)
+    _record_ranks(attempts, mine)
+    for attempt in attempts:
         try:
             _reconcile_attempt(executor, attempt, mine.get(attempt.pk), now)
         except TransitionRefused as exc:  # the job moved on (a user stop) since we read it
@@ -107,14 +150,42 @@ def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
     # signed exit; local: the processes of a job whose runner died) is ended now, after the
     # ledger has taken the poll's answer: a poll only looks. Only objects carrying their own
     # attempt's name are handed on (see _observed).
-    executor.reap_stale({a.job_ref: mine[a.pk] for a in open_attempts if a.pk in mine})
+    executor.reap_stale({a.job_ref: mine[a.pk] for a in rows if a.pk in mine})
+
+
+def _open(attempts: QuerySet[Attempt]) -> QuerySet[Attempt]:
+    """The current, unclosed attempts of active jobs among `attempts`."""
+    return attempts.filter(
+        job__status__in=S.active(), job__current_attempt=F("pk"), end_time__isnull=True
+    )
+
+
+def _steady(executor: Executor, row: OpenRow, obs: Observation | None, now: dt.datetime) -> bool:
+    """True when this tick has nothing to do for the attempt but note the sighting: the poll
+    says what the ledger already holds, and no deadline has passed. What _reconcile_attempt,
+    _record_native and _record_ranks would do nothing with."""
+    if obs is None or not row.job_ref or obs.native_state != row.native_state:
+        return False
+    if "ranks" in obs.details:  # a multi-node attempt's ranks are compared with the models
+        return False
+    target = executor.STATE_TABLE.get(obs.native_state)
+    if target is None:  # unmapped, and recorded when it first appeared
+        return True
+    if target == S.RUNNING:
+        return row.status == S.RUNNING
+    if target != S.PENDING or obs.message != row.native_message:
+        return False
+    if row.status == S.RUNNING:
+        return True  # no step back to PENDING, no deadline
+    deadline = row.pending_deadline_s or settings.SF_PENDING_DEADLINE_S
+    return row.status == S.PENDING and (now - row.pending_since).total_seconds() <= deadline
 
 
 def _maps_to(executor: Executor, obs: Observation | None) -> JobStatus | None:
     return executor.STATE_TABLE.get(obs.native_state) if obs is not None else None
 
 
-def _observed(attempts: list[Attempt], observations: dict[str, Observation]) -> dict:
+def _observed(attempts: list, observations: dict[str, Observation]) -> dict:
     """{attempt pk: its observation}, leaving out an object that carries another attempt's
     name: after a controller crash Slurm hands out job ids again, and one attempt's end (or a
     sweep's cancel) must not land on the attempt that got its id. Unseen, it is lost later."""
@@ -169,7 +240,10 @@ def _repair_launch(executor: Executor, attempt: Attempt, now: dt.datetime) -> No
 
 
 def _maybe_lost(attempt: Attempt, now: dt.datetime) -> None:
-    last = attempt.last_seen_at or attempt.pending_at or attempt.submitted_at
+    if attempt.last_seen_at:  # the last sighting was up to SEEN_RESOLUTION after it
+        last = attempt.last_seen_at + SEEN_RESOLUTION
+    else:
+        last = attempt.pending_at or attempt.submitted_at
     if (now - last).total_seconds() < settings.SF_LOST_GRACE_S:
         return
     reason = (

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from jobs.executors import Observation
 from jobs.loops import launcher
-from jobs.loops.reconciler import reconcile_all
+from jobs.loops.reconciler import SEEN_RESOLUTION, reconcile_all
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job, with_attempt
@@ -85,6 +85,60 @@ def test_vanished_backend_object_fails_only_after_the_grace_period(backend, pend
     job.refresh_from_db()
     assert job.status == S.FAILED and job.status_reason.startswith("lost on backend")
     assert Attempt.objects.get(pk=attempt.pk).end_time is not None
+
+
+def test_an_object_that_vanishes_is_lost_a_grace_after_it_was_last_seen(backend, pending, settings):
+    """Sightings are written at most every SEEN_RESOLUTION; the grace still counts from the
+    last one, never less."""
+    job, attempt = pending
+    settings.SF_LOST_GRACE_S = 60
+    backend.states["ref-1"] = Observation("QUEUED")
+    t0 = timezone.now()
+    reconcile_all(now=t0)
+    assert Attempt.objects.get(pk=attempt.pk).last_seen_at == t0
+    reconcile_all(now=t0 + dt.timedelta(seconds=5))  # seen again, not written
+    assert Attempt.objects.get(pk=attempt.pk).last_seen_at == t0
+    del backend.states["ref-1"]
+    reconcile_all(now=t0 + dt.timedelta(seconds=5 + 59))  # 59 s after the last sighting
+    assert status(job) == S.PENDING
+    later = t0 + SEEN_RESOLUTION + dt.timedelta(seconds=61)
+    reconcile_all(now=later)
+    job.refresh_from_db()
+    assert job.status == S.FAILED and job.status_reason.startswith("lost on backend")
+
+
+def test_sightings_are_written_again_once_older_than_the_resolution(backend, pending):
+    _, attempt = pending
+    backend.states["ref-1"] = Observation("QUEUED")
+    t0 = timezone.now()
+    reconcile_all(now=t0)
+    reconcile_all(now=t0 + SEEN_RESOLUTION + dt.timedelta(seconds=1))
+    seen = Attempt.objects.get(pk=attempt.pk).last_seen_at
+    assert seen == t0 + SEEN_RESOLUTION + dt.timedelta(seconds=1)
+
+
+def test_a_steady_tick_costs_the_same_queries_for_one_waiting_job_as_for_fifty(
+    backend, team, alice, django_assert_num_queries
+):
+    """A poll that says what the ledger holds reads rows, not models, and writes nothing."""
+
+    def waiting(n: int) -> None:
+        for _ in range(n):
+            job = queued_job(team, alice)
+            ref = f"ref-{job.pk}"
+            with_attempt(job, S.PENDING, job_ref=ref, pending_at=timezone.now())
+            backend.states[ref] = Observation("QUEUED", message="Priority")
+        reconcile_all()  # takes the native state and message in: not steady yet
+
+    waiting(1)
+    with django_assert_num_queries(3) as one:
+        reconcile_all()
+    waiting(49)
+    with django_assert_num_queries(3) as fifty:
+        reconcile_all()
+    assert not any(q["sql"].startswith("UPDATE") for q in one.captured_queries)
+    assert not any(q["sql"].startswith("UPDATE") for q in fifty.captured_queries)
+    assert Attempt.objects.filter(native_message="Priority").count() == 50
 
 
 def test_poll_error_changes_nothing(backend, pending, settings):
