@@ -4,9 +4,14 @@ that asks (submit, resume, retry, follow-on creation) never imports the loops.
 Kicks are coalesced through Redis, shared by every server process on every host: a burst of
 submits asks for one tick at once and for one trailing tick shortly after, not for a tick each
 (a tick reads the whole queue, so under a few hundred submits a second one per submit kept the
-worker and the database busy with ticks that admitted a job each). What a kick promises holds
-all the same: some tick starts after it, at most TRAIL_S later, and ticks run at most about
-four times a second however fast jobs are submitted (beat adds one every 2 s).
+worker and the database busy with ticks that admitted a job each).
+
+The window a kick coalesces over, the pace, follows what a tick costs: each tick records
+PACE_PER_TICK times its own duration, from MIN_PACE_MS (a short queue: ticks up to four times
+a second) to MAX_PACE_MS (beat's interval: a long backlog of jobs that cannot start yet). At
+most two kicked ticks run per pace, so kicked ticks take at most a tenth of a worker's core
+however fast jobs are submitted. What a kick promises holds all the same: some tick starts
+after it, at most the pace plus TRAIL_MARGIN_S later.
 """
 
 import logging
@@ -20,13 +25,22 @@ log = logging.getLogger(__name__)
 SCHEDULE_TICK = "jobs.tasks.schedule_tick"
 LEAD_KEY = "starforge:kick:schedule:lead"
 TRAIL_KEY = "starforge:kick:schedule:trail"
-# At most one tick sent at once per LEAD_MS, and one trailing tick per TRAIL_KEY_MS. A kick that
-# finds the trailing key set is covered by that tick: it was sent less than TRAIL_KEY_MS ago to
-# run TRAIL_S after, so it starts after this kick, with TRAIL_S - TRAIL_KEY_MS to spare for the
-# clocks of the sending and the running hosts.
-LEAD_MS = 500
-TRAIL_KEY_MS = 500
-TRAIL_S = 0.6
+PACE_KEY = "starforge:kick:schedule:pace"
+MIN_PACE_MS = 500
+MAX_PACE_MS = 2000
+PACE_PER_TICK = 20
+PACE_TTL_S = 60  # a pace nobody refreshed (no ticks) falls back to MIN_PACE_MS
+# A trailing tick runs its pace plus this after it was sent: a kick that finds the trailing key
+# set (it lives one pace) is covered by that tick, which starts after it, with this to spare
+# for the clocks of the sending and the running hosts.
+TRAIL_MARGIN_S = 0.1
+# One round trip: 0 send a tick now; n > 0 send one n ms (the pace) from now; -1 covered.
+COALESCE = """
+local pace = tonumber(redis.call('GET', KEYS[3])) or tonumber(ARGV[1])
+if redis.call('SET', KEYS[1], '1', 'NX', 'PX', pace) then return 0 end
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', pace) then return pace end
+return -1
+"""
 
 
 def scheduler() -> None:
@@ -34,9 +48,21 @@ def scheduler() -> None:
     same."""
     try:
         redis = client(settings.REDIS_URL)
-        if redis.set(LEAD_KEY, 1, nx=True, px=LEAD_MS):
+        keys = [LEAD_KEY, TRAIL_KEY, PACE_KEY]
+        answer = redis.register_script(COALESCE)(keys=keys, args=[MIN_PACE_MS])
+        if answer == 0:
             current_app.send_task(SCHEDULE_TICK, retry=False)
-        elif redis.set(TRAIL_KEY, 1, nx=True, px=TRAIL_KEY_MS):
-            current_app.send_task(SCHEDULE_TICK, retry=False, countdown=TRAIL_S)
+        elif answer > 0:
+            countdown = answer / 1000 + TRAIL_MARGIN_S
+            current_app.send_task(SCHEDULE_TICK, retry=False, countdown=countdown)
     except Exception as exc:
         log.warning("could not kick the scheduler (%s); beat's next tick will admit the job", exc)
+
+
+def record_tick(seconds: float) -> None:
+    """A schedule tick took `seconds`: the kicks' pace from now on. Best effort, as kicks are."""
+    pace = min(MAX_PACE_MS, max(MIN_PACE_MS, round(seconds * 1000 * PACE_PER_TICK)))
+    try:
+        client(settings.REDIS_URL).set(PACE_KEY, pace, ex=PACE_TTL_S)
+    except Exception as exc:
+        log.warning("could not record the scheduler's pace (%s)", exc)

@@ -5,6 +5,7 @@ import time
 from celery import shared_task
 from django.utils import timezone
 
+from jobs import kick
 from jobs.loops import tickstats
 from jobs.loops.launcher import launch_attempts
 from jobs.loops.reconciler import reconcile_all
@@ -18,7 +19,9 @@ LAUNCH_CHUNK = 200
 def schedule_tick() -> int:
     started = time.monotonic()
     result = admit_queued_jobs()
-    tickstats.record("schedule", time.monotonic() - started)
+    took = time.monotonic() - started
+    tickstats.record("schedule", took)
+    kick.record_tick(took)
     for start in range(0, len(result.admitted), LAUNCH_CHUNK):
         launch.delay(result.admitted[start : start + LAUNCH_CHUNK])
     if len(result.admitted) >= MAX_ADMIT_PER_TICK:

@@ -1,5 +1,6 @@
 """The scheduler kick, coalesced through a real Redis: a burst of kicks sends one tick at once and
-one trailing tick, and every kick still has a tick that starts after it."""
+one trailing tick, every kick still has a tick that starts after it, and the window follows
+what a tick costs."""
 
 import time
 
@@ -15,7 +16,8 @@ def sent(settings, monkeypatch):
     """The ticks the kicks send, as (seconds after the first kick, countdown), with the kick's
     keys cleared before and after in the tests' Redis database."""
     conn = client(settings.REDIS_URL)
-    conn.delete(kick.LEAD_KEY, kick.TRAIL_KEY)
+    keys = (kick.LEAD_KEY, kick.TRAIL_KEY, kick.PACE_KEY)
+    conn.delete(*keys)
     ticks: list[tuple[float, float | None]] = []
     start = time.monotonic()
 
@@ -25,34 +27,73 @@ def sent(settings, monkeypatch):
 
     monkeypatch.setattr(current_app, "send_task", send_task)
     yield ticks
-    conn.delete(kick.LEAD_KEY, kick.TRAIL_KEY)
+    conn.delete(*keys)
+
+
+def trail_s(pace_ms: int) -> float:
+    return pace_ms / 1000 + kick.TRAIL_MARGIN_S
 
 
 def test_a_burst_of_kicks_sends_one_tick_now_and_one_trailing_tick(sent):
     for _ in range(100):
         kick.scheduler()
-    assert [countdown for _, countdown in sent] == [None, kick.TRAIL_S]
+    assert [countdown for _, countdown in sent] == [None, trail_s(kick.MIN_PACE_MS)]
 
 
-def test_every_kick_has_a_tick_that_starts_after_it(sent):
+def kick_for(seconds: float, sent: list) -> list[float]:
+    """Kick every 10 ms for `seconds`; check each kick has a tick starting after it within the
+    pace and the margin; the kicks' times."""
     kicks = []
-    deadline = time.monotonic() + 1.2
+    deadline = time.monotonic() + seconds
     start = time.monotonic()
     while time.monotonic() < deadline:
         kicks.append(time.monotonic() - start)
         kick.scheduler()
         time.sleep(0.01)
+    return kicks
+
+
+def lateness(kicks: list[float], sent: list) -> tuple[list, float]:
+    """Kicks no tick starts after, and the longest wait of a kick for the next tick's start."""
     starts = sorted(at + (countdown or 0.0) for at, countdown in sent)
     uncovered = [at for at in kicks if not any(s >= at for s in starts)]
-    late = [at for at in kicks if min(s for s in starts if s >= at) - at > kick.TRAIL_S + 0.05]
-    assert (uncovered, late) == ([], [])
-    # ~100 kicks in 1.2 s: one tick at once per LEAD_MS and one trailing per TRAIL_KEY_MS.
+    waits = [min(s for s in starts if s >= at) - at for at in kicks if at not in uncovered]
+    return uncovered, max(waits)
+
+
+def test_every_kick_has_a_tick_that_starts_after_it(sent):
+    kicks = kick_for(1.2, sent)
+    uncovered, longest = lateness(kicks, sent)
+    assert uncovered == [] and longest <= trail_s(kick.MIN_PACE_MS) + 0.05
+    # ~100 kicks in 1.2 s: one tick at once and one trailing per pace of 500 ms.
     assert 3 <= len(sent) <= 8, sent
+
+
+def test_a_slow_tick_widens_the_window_and_every_kick_is_still_covered(sent):
+    kick.record_tick(0.05)  # a 50 ms tick: a pace of 1 s
+    kicks = kick_for(2.1, sent)
+    uncovered, longest = lateness(kicks, sent)
+    assert uncovered == [] and longest <= trail_s(1000) + 0.05
+    assert [countdown for _, countdown in sent][:2] == [None, trail_s(1000)]
+    # ~200 kicks in 2.1 s: two ticks per second at most, not four
+    assert 3 <= len(sent) <= 6, sent
+
+
+@pytest.mark.parametrize(
+    ("tick_s", "pace_ms"),
+    [(0.001, kick.MIN_PACE_MS), (0.04, 800), (0.5, kick.MAX_PACE_MS), (30, kick.MAX_PACE_MS)],
+)
+def test_the_pace_is_twenty_ticks_long_within_its_bounds(sent, settings, tick_s, pace_ms):
+    kick.record_tick(tick_s)
+    assert int(client(settings.REDIS_URL).get(kick.PACE_KEY)) == pace_ms
+    kick.scheduler()
+    kick.scheduler()
+    assert [countdown for _, countdown in sent] == [None, trail_s(pace_ms)]
 
 
 def test_a_kick_after_a_quiet_spell_is_sent_at_once(sent):
     kick.scheduler()
-    time.sleep((kick.LEAD_MS + 50) / 1000)
+    time.sleep((kick.MIN_PACE_MS + 50) / 1000)
     kick.scheduler()
     assert [countdown for _, countdown in sent] == [None, None]
 
@@ -62,3 +103,5 @@ def test_without_redis_a_kick_is_only_a_warning(settings, monkeypatch, caplog):
     monkeypatch.setattr(current_app, "send_task", lambda *a, **k: pytest.fail("sent"))
     kick.scheduler()
     assert "beat's next tick will admit the job" in caplog.text
+    kick.record_tick(0.1)
+    assert "could not record the scheduler's pace" in caplog.text
