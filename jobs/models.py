@@ -5,6 +5,7 @@
 
 import datetime as dt
 import secrets
+from pathlib import PurePosixPath
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -354,6 +355,14 @@ def virtual_gpus(kind: str, gpus_virtual: bool | None) -> bool:
     if gpus_virtual is not None:
         return gpus_virtual
     return kind in (Cluster.Kind.LOCAL, Cluster.Kind.NOOP)
+
+
+def run_output_dir(output_root: object, run_id: str) -> PurePosixPath:
+    """A run's output directory as its job sees it: under the cluster's `output_root` setting
+    (where that cluster mounts run outputs), else SF_OUTPUT_ROOT; named by the run id, so every
+    attempt and retry of the run writes to it. The launcher hands it to the job, the API shows
+    it."""
+    return PurePosixPath(str(output_root or settings.SF_OUTPUT_ROOT)) / run_id
 
 
 def gpus_per_node(gpus: int, nodes: int) -> int:

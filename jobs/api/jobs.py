@@ -4,7 +4,6 @@ token) and the console (its session). The runner's side is `jobs.api.ingest`."""
 import asyncio
 import datetime as dt
 import json
-import os
 import time
 
 from asgiref.sync import sync_to_async
@@ -20,7 +19,7 @@ from jobs.actions import control
 from jobs.actions.submit import submit_job
 from jobs.auth import ConsoleSession, UserToken
 from jobs.errors import BadRequest, NotFound
-from jobs.models import Job, Membership, gpus_per_node, virtual_gpus
+from jobs.models import Job, Membership, gpus_per_node, run_output_dir, virtual_gpus
 from jobs.reads import diagnostics
 from jobs.reads.job_rows import JobFilter, Started, job_page, job_row, job_timeline
 from jobs.reads.visible import get_visible_job, retry_refusal
@@ -100,7 +99,7 @@ def job_out(job: dict, started: list[Started], now: dt.datetime) -> dict:
         "ended_at": job["current_attempt__end_time"],
         "exit_code": job["current_attempt__exit_code"],
         "gpu_seconds": float(round(gpu_seconds, 3)),
-        "output_dir": os.path.join(settings.SF_OUTPUT_ROOT, job["run_id"]),
+        "output_dir": str(run_output_dir(job["cluster__settings__output_root"], job["run_id"])),
         "snapshot": job["snapshot_id"],
         "max_retries": job["max_retries"],
         "retries_left": max(0, job["max_retries"] - job["retry_count"]),

@@ -28,7 +28,6 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
-from pathlib import PurePosixPath
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -41,7 +40,7 @@ from jobs.ledger import clocks
 from jobs.ledger.halt import cancel_attempt
 from jobs.ledger.lifecycle import after_failure
 from jobs.ledger.transitions import Change, TransitionRefused, apply_transitions, transition
-from jobs.models import Attempt, Job
+from jobs.models import Attempt, Job, run_output_dir
 from jobs.states import JobStatus
 
 log = logging.getLogger(__name__)
@@ -235,8 +234,8 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
     # A cluster whose jobs see the server or the run outputs under other names says so in
     # its settings (a pod reaches the API through a service URL, not 127.0.0.1).
     cluster_settings = job.cluster.settings
-    output_root = PurePosixPath(cluster_settings.get("output_root") or settings.SF_OUTPUT_ROOT)
-    output_dir = output_root / job.run_id
+    output_root = cluster_settings.get("output_root")
+    output_dir = run_output_dir(output_root, job.run_id)
     user_env = {str(k): str(v) for k, v in job.env.items()}
     env = {
         **user_env,
@@ -256,7 +255,7 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
     if job.parent_id:  # a follow-on job reads its parent's outputs
         parent_run = Job.objects.values_list("run_id", flat=True).get(pk=job.parent_id)
         env["SF_PARENT_RUN_ID"] = parent_run
-        env["SF_PARENT_OUTPUT_DIR"] = str(output_root / parent_run)
+        env["SF_PARENT_OUTPUT_DIR"] = str(run_output_dir(output_root, parent_run))
     return LaunchSpec(
         name=attempt.backend_name,
         job_id=job.pk,

@@ -27,6 +27,7 @@ JOB_COLUMNS = (
     "cluster__name",
     "cluster__kind",
     "cluster__gpus_virtual",
+    "cluster__settings__output_root",
     "status",
     "status_reason",
     "gpus",

@@ -3,8 +3,10 @@
 import pytest
 from django.test import Client
 
-from jobs.models import Attempt, Job, JobEvent, Membership
+from jobs.loops.launcher import launch_spec
+from jobs.models import Attempt, Cluster, Job, JobEvent, Membership
 from tests.jobs.api_helpers import assert_refused, submit
+from tests.jobs.factories import with_attempt
 
 pytestmark = pytest.mark.django_db
 
@@ -45,6 +47,21 @@ def test_get_job_answers_the_ledger_row(api):
         "",
     )
     assert body["output_dir"].endswith(job.run_id)
+
+
+@pytest.mark.parametrize("root", [None, "/runs", "/mnt/outputs/"])
+def test_the_output_dir_shown_is_the_one_the_job_is_given(api, settings, root):
+    """A cluster that mounts run outputs elsewhere (`output_root`) gets them there; the job
+    page, the list and `sf job status` say so."""
+    cluster_settings = {"gpus": 16} | ({"output_root": root} if root else {})
+    Cluster.objects.create(name="mounted", kind="noop", settings=cluster_settings)
+    job_id = submit(api, cluster="mounted")
+    job = Job.objects.get(pk=job_id)
+    given = launch_spec(job, with_attempt(job, "SUBMITTED")).env["SF_OUTPUT_DIR"]
+    expected = f"{(root or str(settings.SF_OUTPUT_ROOT)).rstrip('/')}/{job.run_id}"
+    assert given == expected
+    assert api.get(f"/jobs/{job_id}").json()["output_dir"] == given
+    assert [j["output_dir"] for j in api.get("/jobs").json()["items"]] == [given]
 
 
 def test_an_unknown_job_id_is_404_with_a_sentence(api):
