@@ -31,6 +31,7 @@ from django.contrib.auth.views import LoginView
 from django.core.cache import caches
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
+from jobs.addresses import client_address
 from jobs.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -76,10 +77,6 @@ def clear(key: str) -> None:
         caches[CACHE_ALIAS].delete_many([key, f"{key}:until"])
     except Exception:
         log.warning("throttle cache unavailable; count not cleared", exc_info=True)
-
-
-def client_address(request: HttpRequest) -> str:
-    return request.META.get("REMOTE_ADDR", "") or "unknown"
 
 
 # -- bearer tokens -------------------------------------------------------------------------------

@@ -12,8 +12,11 @@ SF_METRICS_TOKEN     a scrape token for /metrics (`Authorization: Bearer <it>`),
 SF_METRICS_ALLOWED_NETS   CIDRs that may read /metrics without any credential (default: none;
                      trusting a network is a choice: every job on the local executor runs on
                      loopback)
+SF_TRUSTED_PROXIES   CIDRs of reverse proxies whose X-Forwarded-For names the client's address
+                     for the throttles and SF_METRICS_ALLOWED_NETS (default: none)
 """
 
+import ipaddress
 import os
 import secrets
 import time
@@ -34,6 +37,18 @@ def _env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError as exc:
         raise RuntimeError(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def _env_cidrs(name: str) -> list[str]:
+    """Comma-separated networks (10.0.0.0/8, 2001:db8::/32, or one address); a typo stops the
+    process at start rather than failing requests later."""
+    cidrs = [cidr.strip() for cidr in os.environ.get(name, "").split(",") if cidr.strip()]
+    for cidr in cidrs:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError as exc:
+            raise RuntimeError(f"{name}: {cidr!r} is not a network, e.g. 10.0.0.0/8") from exc
+    return cidrs
 
 
 SECRET_KEY_MIN_LENGTH = 50
@@ -288,9 +303,10 @@ SF_API_URL = os.environ.get("SF_API_URL", "http://127.0.0.1:8000")
 SF_METRICS_TOKEN = os.environ.get("SF_METRICS_TOKEN", "").strip()
 # ... and, only where an admin says so, any caller from these CIDRs (comma-separated): jobs on
 # the local executor share the server's loopback, so no network is trusted by default.
-SF_METRICS_ALLOWED_NETS = [
-    net.strip() for net in os.environ.get("SF_METRICS_ALLOWED_NETS", "").split(",") if net.strip()
-]
+SF_METRICS_ALLOWED_NETS = _env_cidrs("SF_METRICS_ALLOWED_NETS")
+# Reverse proxies (CIDRs) whose X-Forwarded-For is believed for the client's address
+# (jobs.addresses): default none, every address is the connection's.
+SF_TRUSTED_PROXIES = _env_cidrs("SF_TRUSTED_PROXIES")
 # Python that starts the job-side runner (local executor; default for Slurm and Ray clusters).
 SF_RUNNER_PYTHON = os.environ.get("SF_RUNNER_PYTHON", "")
 

@@ -7,7 +7,6 @@ The exposition is written by hand (format 0.0.4) so the server needs no client l
 
 import datetime as dt
 import hmac
-import ipaddress
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from jobs.addresses import client_address, in_networks
 from jobs.auth import UserToken
 from jobs.errors import ApiError
 from jobs.loops import tickstats
@@ -61,7 +61,7 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
     user's API token. Only the networks an admin listed in SF_METRICS_ALLOWED_NETS (none by
     default: local jobs share the server's loopback) may read without one.
     """
-    if _from_allowed_network(request.META.get("REMOTE_ADDR", "")):
+    if in_networks(client_address(request), settings.SF_METRICS_ALLOWED_NETS):
         return None
     scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
     secret = secret.strip()
@@ -103,19 +103,6 @@ def _token_user(request: HttpRequest, secret: str) -> User | None:
         raise
     except ApiError:  # a known token refused: revoked or expired
         return None
-
-
-def _from_allowed_network(remote_addr: str) -> bool:
-    try:
-        address = ipaddress.ip_address(remote_addr)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        address = address.ipv4_mapped
-    return any(
-        address in ipaddress.ip_network(net, strict=False)
-        for net in settings.SF_METRICS_ALLOWED_NETS
-    )
 
 
 def _plain(status: int, sentence: str) -> HttpResponse:
