@@ -469,6 +469,9 @@ class LogStream(models.Model):
     size = models.BigIntegerField(default=0)
     # Lines dropped past SF_ATTEMPT_MAX_LOG_BYTES (their seqs still advance next_seq).
     dropped_lines = models.BigIntegerField(default=0)
+    # With object storage: the ended attempt's log is one object, and every other object under
+    # its key prefix (left by a compaction that crashed) has been deleted.
+    objects_swept = models.BooleanField(default=False)
 
     class Meta:
         constraints = [

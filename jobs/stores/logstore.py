@@ -30,7 +30,8 @@ TOASTed costs several times the compression); offsets, objects and reads are tho
 uncompressed log. Compaction moves chunks into objects keyed by the byte range they hold,
 ``<job>/<attempt>/<start>-<end>``: a run of pending batches once SF_LOG_SEGMENT_BYTES are
 pending (a Celery task asked for after the commit), and the whole log into one object once
-the attempt's ingest has closed (`compact_ended`, from beat). Byte offsets
+the attempt's ingest has closed (`compact_ended`, from beat), which then deletes, once, any
+other object a crashed compaction left under the attempt's prefix. Byte offsets
 never change, so cursors stay valid; the bytes are immutable, so a reader that finds a chunk
 moved under it looks the chunks up again at the same offset and neither loses nor repeats a
 line.
@@ -418,6 +419,7 @@ MAX_LOOKUPS = 5  # looks at the chunk rows per read block before calling the sto
 # compacted again).
 COMPACT_AFTER_END_S = 300
 COMPACT_TASK = "jobs.tasks.compact_log"
+SWEEPS_PER_RUN = 200  # streams swept for orphaned objects per run: one LIST each
 
 
 @dataclass(frozen=True)
@@ -571,7 +573,8 @@ def _delete_objects(keys: list[str]) -> None:
 
 
 def compact_ended(now: dt.datetime) -> int:
-    """Make the log of each attempt whose ingest closed one object; returns how many moved.
+    """Make the log of each attempt whose ingest closed one object, then delete the orphans
+    under its prefix once; returns how many moved.
 
     Level-triggered: any stream of an ended attempt with a chunk in the ledger or more than
     one chunk; running it twice moves nothing the second time. One failing stream is logged
@@ -594,4 +597,27 @@ def compact_ended(now: dt.datetime) -> int:
             moved += compact(stream_id, whole=True)
         except Exception:
             log.exception("compacting log stream %s failed; the next sweep tries again", stream_id)
+    compacted = LogStream.objects.filter(Exists(ended), ~Exists(scattered), objects_swept=False)
+    for stream_id, job_id, attempt in compacted.values_list("pk", "job_id", "attempt")[
+        :SWEEPS_PER_RUN
+    ]:
+        try:
+            _sweep_orphans(stream_id, job_id, attempt)
+        except Exception:
+            log.exception("sweeping log stream %s failed; the next sweep tries again", stream_id)
     return moved
+
+
+def _sweep_orphans(stream_id: int, job_id: int, attempt: int) -> None:
+    """Delete every object under the compacted attempt's prefix but its one log object: what a
+    compaction that crashed left (its object written but never recorded, or the objects it
+    replaced, recorded but not yet deleted). Once per stream: no compaction can write there
+    any more (the attempt's ingest closed, its log is one object, and a compaction of a log
+    that is one object writes nothing)."""
+    keep = {_chunk_key(job_id, attempt, c.start, c.end) for c in _chunks(stream_id)}
+    store = objects.store("logs")
+    for key in store.keys(f"{job_id}/{attempt}/"):
+        if key not in keep:
+            log.info("deleting orphaned log object %s", key)
+            store.delete(key)
+    LogStream.objects.filter(pk=stream_id).update(objects_swept=True)

@@ -122,6 +122,27 @@ def test_an_ended_attempt_becomes_one_object_and_a_second_sweep_moves_nothing(jo
     assert logstore.compact_ended(timezone.now()) == 0
 
 
+def test_objects_a_crashed_compaction_left_are_deleted_once_the_log_is_one_object(job_id, bucket):
+    append_batches(job_id, 200)
+    store = objects.store("logs")
+    store.put_bytes(f"{job_id}/1/0-7777", b"written, then the worker died before the commit")
+    logstore.compact(stream(job_id).pk)  # a segment object, replaced below
+    segment = f"{job_id}/1/0-{stream(job_id).size}"
+    append_batches_from(job_id, 200, 230)
+    logstore.compact(stream(job_id).pk, whole=True)
+    store.put_bytes(segment, b"replaced, then died before deleting it")
+    store.put_bytes(f"{job_id}/10/0-5", b"another attempt's")  # not under attempt 1's prefix
+    end_attempt(job_id, seconds_ago=logstore.COMPACT_AFTER_END_S - 10)
+    logstore.compact_ended(timezone.now())
+    assert len(bucket()) == 4  # its ingest may still be open: nothing is swept yet
+    end_attempt(job_id, seconds_ago=logstore.COMPACT_AFTER_END_S + 1)
+    assert logstore.compact_ended(timezone.now()) == 0  # one object already: nothing moves
+    size = stream(job_id).size
+    assert bucket() == {f"logs/{job_id}/1/0-{size}": size, f"logs/{job_id}/10/0-5": 17}
+    assert stream(job_id).objects_swept
+    assert texts(job_id) == expected(0, 230)
+
+
 def test_an_attempt_whose_ingest_may_still_be_open_is_not_compacted(job_id):
     from jobs.api.ingest import INGEST_GRACE_S
 
