@@ -80,7 +80,6 @@ class OpenRow(NamedTuple):
     backend_name: str
     native_state: str
     native_message: str
-    nodes: int
     status: str
     pending_since: dt.datetime
     pending_deadline_s: int | None
@@ -94,7 +93,6 @@ OPEN_COLUMNS = (
     "backend_name",
     "native_state",
     "native_message",
-    "nodes",
     "job__status",
     "pending_since",
     "job__pending_deadline_s",
