@@ -29,7 +29,7 @@ def client_address(request: HttpRequest) -> str:
         if address is None:  # not what a proxy writes: stop at the last hop a proxy vouched for
             break
         client = str(address)
-        if not any(address in net for net in _networks(tuple(proxies))):
+        if not _within(address, proxies):
             break
     return client
 
@@ -37,7 +37,11 @@ def client_address(request: HttpRequest) -> str:
 def in_networks(text: str, networks: list[str]) -> bool:
     """Whether the address `text` is in one of the CIDRs `networks` (False when not an address)."""
     address = _address(text)
-    return address is not None and any(address in net for net in _networks(tuple(networks)))
+    return address is not None and _within(address, networks)
+
+
+def _within(address: Address, networks: list[str]) -> bool:
+    return any(address in net for net in _networks(tuple(networks)))
 
 
 def _address(text: str) -> Address | None:

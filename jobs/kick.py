@@ -14,10 +14,12 @@ however fast jobs are submitted. What a kick promises holds all the same: some t
 after it, at most the pace plus TRAIL_MARGIN_S later.
 """
 
+import functools
 import logging
 
 from celery import current_app
 from django.conf import settings
+from redis.commands.core import Script
 
 from jobs.redis_client import client
 
@@ -47,9 +49,8 @@ def scheduler() -> None:
     """Best effort: when the broker or Redis is down, beat's next tick admits the job all the
     same."""
     try:
-        redis = client(settings.REDIS_URL)
         keys = [LEAD_KEY, TRAIL_KEY, PACE_KEY]
-        answer = redis.register_script(COALESCE)(keys=keys, args=[MIN_PACE_MS])
+        answer = _coalesce(settings.REDIS_URL)(keys=keys, args=[MIN_PACE_MS])
         if answer == 0:
             current_app.send_task(SCHEDULE_TICK, retry=False)
         elif answer > 0:
@@ -57,6 +58,12 @@ def scheduler() -> None:
             current_app.send_task(SCHEDULE_TICK, retry=False, countdown=countdown)
     except Exception as exc:
         log.warning("could not kick the scheduler (%s); beat's next tick will admit the job", exc)
+
+
+@functools.cache
+def _coalesce(url: str) -> Script:
+    """COALESCE on this process's client, its digest worked out once (every submit kicks)."""
+    return client(url).register_script(COALESCE)
 
 
 def record_tick(seconds: float) -> None:
