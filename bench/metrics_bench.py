@@ -2,8 +2,9 @@
 
 `.venv/bin/python bench/metrics_bench.py` — needs PostgreSQL on 127.0.0.1:5432 (as `make bench`).
 Creates its own database `sf_bench_metrics`, loads 1,000,000 train points (4 metrics of 250,000
-steps each) and 4,000 validation points for one RUNNING job with COPY, builds their rollups as
-the migration does (`rollup_build_s`), ANALYZEs, then times `series()` (x=step and x=time, 2,000
+steps each) and 4,000 validation points for one RUNNING job as ingest stores them (chunks of one
+series and batch, written with COPY), builds their rollups as the migration's backfill does
+(`rollup_build_s`), ANALYZEs, then times `series()` (x=step and x=time, 2,000
 points per series: read from the rollups), the same series read point by point as before the
 rollups (`raw_series_*`), and `latest()`: median of 5 after one warm-up. `ingest` posts 200,000
 points of 4 metrics to `POST /api/v1/ingest/metrics` with the job token, in the runner's batches
@@ -40,22 +41,37 @@ INGEST_AIM = 100_000  # points/s
 
 
 def load(job_id: int) -> None:
-    from django.db import connection
+    """The points as ingest stores them: chunks of one series, BATCH_POINTS points per batch."""
+    from sf.runner import BATCH_POINTS
+
+    from jobs.stores import metrics
 
     t0 = 1_700_000_000.0
-    columns = "job_id, attempt, seq, kind, name, step, value, ts"
-    with connection.cursor() as cursor:
-        with cursor.cursor.copy(f"COPY jobs_metricpoint ({columns}) FROM STDIN") as copy:
-            seq = 0
-            for step in range(STEPS):
-                for i, name in enumerate(TRAIN_NAMES):
-                    value = math.exp(-step / 50_000) * (i + 1) + 0.01 * math.sin(step)
-                    copy.write_row((job_id, 1, seq, "train", name, step, value, t0 + step))
-                    seq += 1
-            for step in range(0, STEPS, STEPS // 1000):
-                for name in ("accuracy", "f1", "bleu", "perplexity"):
-                    copy.write_row((job_id, 1, seq, "validation", name, step, 0.5, t0 + step))
-                    seq += 1
+    train = [[] for _ in TRAIN_NAMES]
+    seq = 0
+    for step in range(STEPS):
+        for i, points in enumerate(train):
+            value = math.exp(-step / 50_000) * (i + 1) + 0.01 * math.sin(step)
+            points.append((seq, step, value, t0 + step))
+            seq += 1
+    validation = []
+    for step in range(0, STEPS, STEPS // 1000):
+        for name in ("accuracy", "f1", "bleu", "perplexity"):
+            validation.append((name, (seq, step, 0.5, t0 + step)))
+            seq += 1
+    per_series = BATCH_POINTS // len(TRAIN_NAMES)  # a batch holds every metric's next steps
+    chunks = [
+        metrics.chunk("train", name, *zip(*points[start : start + per_series], strict=True))
+        for name, points in zip(TRAIN_NAMES, train, strict=True)
+        for start in range(0, STEPS, per_series)
+    ]
+    chunks += [
+        metrics.chunk(
+            "validation", name, *zip(*[p for n, p in validation if n == name], strict=True)
+        )
+        for name in ("accuracy", "f1", "bleu", "perplexity")
+    ]
+    metrics.write_chunks(job_id, 1, chunks)
 
 
 def timed(fn) -> dict:
@@ -73,36 +89,59 @@ def timed(fn) -> dict:
 
 def split_series(job_id: int) -> dict:
     """series() for x=step split into its database fetch and its LTTB share."""
-    from jobs.models import MetricPoint
-    from jobs.stores.metrics import lttb
+    from jobs.models import MetricChunk
+    from jobs.stores.metrics import lttb, unpack
 
     start = time.perf_counter()
-    rows = list(
-        MetricPoint.objects.filter(job_id=job_id, kind="train")
-        .order_by("name", "step", "attempt", "seq")
-        .values_list("name", "step", "value")
+    chunks = list(
+        MetricChunk.objects.filter(job_id=job_id, kind="train", name=TRAIN_NAMES[0])
+        .order_by("first_seq")
+        .values_list("points", flat=True)
     )
     fetched = time.perf_counter()
-    xs = [r[1] for r in rows[:STEPS]]
-    ys = [r[2] for r in rows[:STEPS]]
+    xs, ys = [], []
+    for packed in chunks:
+        _, steps, values, _ = unpack(packed)
+        xs.extend(steps)
+        ys.extend(values)
     begin_lttb = time.perf_counter()
     lttb(xs, ys, 2000)
     one_lttb = time.perf_counter() - begin_lttb
     return {
-        "fetch_ms": round((fetched - start) * 1000, 1),
+        "fetch_ms_per_series": round((fetched - start) * 1000, 1),
         "lttb_ms_per_series": round(one_lttb * 1000, 1),
-        "rows": len(rows),
+        "points_per_series": len(xs),
     }
 
 
-def build_rollups() -> float:
-    """The migration's backfill over the COPYed points; returns its seconds."""
-    import importlib
-
-    from django.apps import apps
+def build_rollups(job_id: int) -> float:
+    """Series rows and rollups of the loaded points, as the migration's backfill builds them;
+    returns its seconds."""
+    from jobs.models import MetricRollup, MetricSeries
+    from jobs.stores import metrics
 
     start = time.perf_counter()
-    importlib.import_module("jobs.migrations.0005_metric_rollups").build_rollups(apps, None)
+    points = [
+        (kind, name, step, ts, value)
+        for _, _, kind, name, step, value, ts in metrics.stored_points(job_id)
+    ]
+    stats, rollups = metrics.aggregate(points)
+    MetricSeries.objects.bulk_create(
+        [
+            MetricSeries(
+                job_id=job_id,
+                kind=kind,
+                name=name,
+                count=st[0],
+                min_step=st[1],
+                max_step=st[2],
+                min_ts=st[3],
+                max_ts=st[4],
+            )
+            for (kind, name), st in stats.items()
+        ]
+    )
+    metrics.write_rollups(MetricRollup, job_id, rollups)
     return time.perf_counter() - start
 
 
@@ -154,7 +193,7 @@ def ingest(job_id: int) -> dict:
 def measure() -> dict:
     from django.db import connection
 
-    from jobs.models import MetricPoint, MetricRollup
+    from jobs.models import MetricRollup
     from jobs.stores import metrics
 
     user = common.make_user()
@@ -163,12 +202,12 @@ def measure() -> dict:
     job = common.running_job(team, user, cluster, "metrics-bench")
     setup = time.perf_counter()
     load(job.pk)
-    rollup_build_s = build_rollups()
+    rollup_build_s = build_rollups(job.pk)
     common.analyze()
     setup_s = time.perf_counter() - setup
     loss = metrics.series(job.pk, "train")["loss"]
     assert (loss["total"], len(loss["x"])) == (STEPS, 2000), loss["total"]
-    assert MetricPoint.objects.filter(job=job, kind="train").count() == STEPS * len(TRAIN_NAMES)
+    assert sum(p[2] == "train" for p in metrics.stored_points(job.pk)) == STEPS * len(TRAIN_NAMES)
     names = list(TRAIN_NAMES)
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")

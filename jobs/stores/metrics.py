@@ -3,11 +3,14 @@
 The runner numbers each attempt's points (`seq` from 0) and resends a batch it got no answer
 for. A batch is checked in one pass straight into columns (`Batch`, no object per point), then,
 under the lock of the attempt's `MetricStream` row that every writer of its points takes first,
-the seqs already stored are read and only the others stored: a binary COPY on PostgreSQL, one
-prepared INSERT on SQLite; the unique (job, attempt, seq) constraint stays as the backstop. So
-a resent batch, even one racing its original, is stored and counted once. Reads group points
-into one series per metric name and downsample each with LTTB, so a chart of a million points
-stays a few thousand points on the wire.
+the seqs already stored are read (from the chunks whose seq range meets the batch's) and only
+the others stored. So a resent batch, even one racing its original, is stored and counted once.
+Points are stored packed: one `MetricChunk` row per series and batch, its points as four binary
+columns (`pack`), written with a binary COPY on PostgreSQL and one prepared INSERT on SQLite.
+(A row per point cost PostgreSQL half of a batch's ingest: 2,000 rows and two index entries
+each, where a packed batch of four series is four rows.) Reads group points into one series per
+metric name and downsample each with LTTB, so a chart of a million points stays a few thousand
+points on the wire.
 
 Rollups. Reading a million raw points takes a second, so `append` also keeps, per series, a
 `MetricSeries` row (count, step and ts extent) and `MetricRollup` buckets: for each axis ("step":
@@ -29,23 +32,33 @@ across batches: the same unless an attempt's batches arrive out of order). Rollu
 floats: steps beyond 2**53 come back rounded on the rollup path.
 """
 
+import sys
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import groupby
+from itertools import groupby, repeat
 from math import floor
 from operator import itemgetter
 from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import Q
+from django.db import connection, models, transaction
+from django.db.models import OuterRef, Q, Subquery
+from django.db.models.functions import Length, Substr
 
 from jobs.errors import BadRequest
-from jobs.models import JobEvent, MetricPoint, MetricRollup, MetricSeries, MetricStream
+from jobs.models import (
+    JobEvent,
+    MetricChunk,
+    MetricKind,
+    MetricRollup,
+    MetricSeries,
+    MetricStream,
+)
 from jobs.reads.prepared import Prepared
 
-KINDS = tuple(MetricPoint.Kind.values)
+KINDS = tuple(MetricKind.values)
 MAX_NAME = 100
 DEFAULT_MAX_POINTS = 2000
 X_FIELDS = {"step": "step", "time": "ts"}
@@ -76,11 +89,14 @@ class AppendResult:
     dropped: int = 0  # fresh points past the attempt's cap, not stored
 
 
-POINT_COLUMNS = "job_id, attempt, seq, kind, name, step, value, ts"
+CHUNK_COLUMNS = "job_id, attempt, kind, name, first_seq, last_seq, max_step, points"
 # Their PostgreSQL types, for a binary COPY: no number goes through text on either side.
 # `_checked` made seq and step ints in bigint range, value and ts finite floats, kind and name
 # strings that fit their varchar columns.
-POINT_TYPES = ("int8", "int4", "int8", "text", "text", "int8", "float8", "float8")
+CHUNK_TYPES = ("int8", "int4", "text", "text", "int8", "int8", "int8", "bytea")
+# A chunk's columns, in `pack` order: seq and step as int64, value and ts as float64.
+PACKED = ("q", "q", "d", "d")
+PACKED_BYTES = 8 * len(PACKED)  # per point
 
 
 def _pick(column: str, test: str) -> str:
@@ -205,19 +221,27 @@ def _counter_row(shape: tuple, job_id: int, attempt: int) -> Any:
     return counters.values_list("pk", "points", "dropped")
 
 
-def _stored_seqs(shape: tuple, job_id: int, attempt: int, low: int, high: int) -> Any:
-    # Ordered by seq so that only the unique (job, attempt, seq) index fits the plan: while a
-    # job's statistics still say it has no points, the series index looks as cheap, and read
-    # through it the query would filter every point the job has stored, batch after batch.
+def _meeting_chunks(shape: tuple, job_id: int, attempt: int, low: int, high: int) -> Any:
+    # The chunks whose seq range meets [low, high]: for a batch after the last one, none. Ordered
+    # by last_seq so that only the (job, attempt, last_seq) index fits the plan: while a job's
+    # statistics still say it has no chunks, the series index looks as cheap, and read through
+    # it the query would filter every chunk the job has stored, batch after batch.
     return (
-        MetricPoint.objects.filter(job_id=job_id, attempt=attempt, seq__range=(low, high))
-        .order_by("seq")
-        .values_list("seq")
+        MetricChunk.objects.filter(
+            job_id=job_id, attempt=attempt, last_seq__gte=low, first_seq__lte=high
+        )
+        .order_by("last_seq")
+        .values_list(SEQ_COLUMN)
     )
 
 
+# A chunk's seqs: the first quarter of its points, read without the rest (PostgreSQL slices a
+# value stored EXTERNAL, uncompressed, without reading it all).
+SEQ_COLUMN = Substr("points", 1, Length("points") / len(PACKED), output_field=models.BinaryField())
+
+
 COUNTER_ROW = Prepared(_counter_row)
-STORED_SEQS = Prepared(_stored_seqs)
+MEETING_CHUNKS = Prepared(_meeting_chunks)
 
 
 def _locked_counter(job_id: int, attempt: int) -> tuple[int, int, int]:
@@ -249,34 +273,114 @@ def _cap_event(job_id: int, attempt: int) -> None:
 def _unstored(job_id: int, attempt: int, batch: Batch) -> Batch:
     """The points of `batch` not stored yet: exact, as every writer of the attempt's points
     holds its counter's lock (a resend racing its original waits for it)."""
-    stored = {
-        seq
-        for (seq,) in STORED_SEQS.rows(
-            job_id=job_id, attempt=attempt, low=batch.seq[0], high=batch.seq[-1]
-        )
-    }
-    if not stored:
+    chunks = MEETING_CHUNKS.rows(
+        job_id=job_id, attempt=attempt, low=batch.seq[0], high=batch.seq[-1]
+    )
+    if not chunks:
         return batch
+    stored: set[int] = set()
+    for (seqs,) in chunks:
+        stored.update(unpack_column(seqs, PACKED[0]))
     return batch.only(i for i, seq in enumerate(batch.seq) if seq not in stored)
 
 
 def _insert(job_id: int, attempt: int, batch: Batch) -> None:
-    """Insert points known to be fresh: a binary COPY on PostgreSQL, a prepared INSERT on
-    SQLite."""
-    table = MetricPoint._meta.db_table
-    rows = ((job_id, attempt, *point) for point in zip(*batch.columns(), strict=True))
+    """Store points known to be fresh, one chunk per series."""
+    series: dict[tuple[str, str], list[int]] = {}
+    for i, key in enumerate(zip(batch.kind, batch.name, strict=True)):
+        rows = series.get(key)
+        if rows is None:
+            series[key] = [i]
+        else:
+            rows.append(i)
+    parts = [(key, batch if len(series) == 1 else batch.only(rows)) for key, rows in series.items()]
+    write_chunks(
+        job_id,
+        attempt,
+        [
+            chunk(kind, name, part.seq, part.step, part.value, part.ts)
+            for (kind, name), part in parts
+        ],
+    )
+
+
+# A chunk's row: kind, name, first_seq, last_seq, max_step and its packed points.
+Chunk = tuple[str, str, int, int, int, bytes]
+
+
+def chunk(
+    kind: str,
+    name: str,
+    seqs: Sequence[int],
+    steps: Sequence[int],
+    values: Sequence[float],
+    ts: Sequence[float],
+) -> Chunk:
+    """The chunk of one series' points, given in seq order as columns."""
+    return kind, name, seqs[0], seqs[-1], max(steps), pack(seqs, steps, values, ts)
+
+
+def write_chunks(job_id: int, attempt: int, chunks: Iterable[Chunk]) -> None:
+    """Insert chunks of an attempt's points: a binary COPY on PostgreSQL, a prepared INSERT on
+    SQLite. The caller has made sure none of their points is stored already."""
+    table = MetricChunk._meta.db_table
+    rows = [(job_id, attempt, *c) for c in chunks]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            binary = f"COPY {table} ({POINT_COLUMNS}) FROM STDIN (FORMAT BINARY)"
+            binary = f"COPY {table} ({CHUNK_COLUMNS}) FROM STDIN (FORMAT BINARY)"
             with cursor.cursor.copy(binary) as copy:
-                copy.set_types(POINT_TYPES)
+                copy.set_types(CHUNK_TYPES)
                 for row in rows:
                     copy.write_row(row)
         else:
             marks = ", ".join(["%s"] * 8)
-            cursor.executemany(
-                f"INSERT INTO {table} ({POINT_COLUMNS}) VALUES ({marks})", list(rows)
-            )
+            cursor.executemany(f"INSERT INTO {table} ({CHUNK_COLUMNS}) VALUES ({marks})", rows)
+
+
+def pack(
+    seqs: Sequence[int], steps: Sequence[int], values: Sequence[float], ts: Sequence[float]
+) -> bytes:
+    """Points as one chunk's bytes: their seqs, steps, values and ts, each a column of
+    little-endian 8-byte numbers (`PACKED`)."""
+    columns = [
+        array(code, column) for code, column in zip(PACKED, (seqs, steps, values, ts), strict=True)
+    ]
+    if sys.byteorder == "big":
+        for column in columns:
+            column.byteswap()
+    return b"".join(column.tobytes() for column in columns)
+
+
+def unpack_column(data: bytes | memoryview, code: str) -> array:
+    """One packed column, as `pack` wrote it."""
+    column = array(code)
+    column.frombytes(data)
+    if sys.byteorder == "big":
+        column.byteswap()
+    return column
+
+
+def unpack(points: bytes | memoryview) -> tuple[array, array, array, array]:
+    """A chunk's (seqs, steps, values, ts), as `pack` wrote them."""
+    n = len(points) // PACKED_BYTES
+    view = memoryview(points)
+    seqs, steps, values, ts = (
+        unpack_column(view[i * 8 * n : (i + 1) * 8 * n], code) for i, code in enumerate(PACKED)
+    )
+    return seqs, steps, values, ts
+
+
+def stored_points(job_id: int) -> list[tuple[int, int, str, str, int, float, float]]:
+    """Every stored point of a job as (attempt, seq, kind, name, step, value, ts), in attempt and
+    seq order: what the runner's batches added, once each."""
+    out: list[tuple[int, int, str, str, int, float, float]] = []
+    for attempt, kind, name, points in MetricChunk.objects.filter(job_id=job_id).values_list(
+        "attempt", "kind", "name", "points"
+    ):
+        seqs, steps, values, ts = unpack(points)
+        out.extend(zip(repeat(attempt), seqs, repeat(kind), repeat(name), steps, values, ts))
+    out.sort(key=lambda point: point[:2])
+    return out
 
 
 def _roll_up(job_id: int, batch: Batch) -> None:
@@ -598,17 +702,23 @@ def _expand(rows: Iterable[tuple]) -> tuple[list[float], list[float]]:
 def _raw_series(
     job_id: int, kind: str, x_field: str, max_points: int, names: list[str]
 ) -> dict[str, dict]:
-    rows = (
-        MetricPoint.objects.filter(job_id=job_id, kind=kind, name__in=names)
-        .order_by("name", x_field, "attempt", "seq")
-        .values_list("name", x_field, "value")
+    """The named series read point by point, in x, attempt and seq order, then downsampled."""
+    chunks = (
+        MetricChunk.objects.filter(job_id=job_id, kind=kind, name__in=names)
+        .order_by("name", "attempt", "first_seq")
+        .values_list("name", "attempt", "points")
     )
     out = {}
-    for name, group in groupby(rows, key=itemgetter(0)):
-        points = list(group)
-        xs = [p[1] for p in points]
-        ys = [p[2] for p in points]
-        out[name] = _downsampled(xs, ys, max_points, len(points), False)
+    for name, group in groupby(chunks, key=itemgetter(0)):
+        points: list[tuple] = []
+        for _, attempt, packed in group:
+            seqs, steps, values, ts = unpack(packed)
+            xs = steps if x_field == "step" else ts
+            points.extend(zip(xs, repeat(attempt), seqs, values))
+        points.sort()  # (x, attempt, seq) is unique; nearly sorted already, so about linear
+        out[name] = _downsampled(
+            [p[0] for p in points], [p[3] for p in points], max_points, len(points), False
+        )
     return out
 
 
@@ -645,40 +755,28 @@ def keep_extremes(kept: list[int], ys: Sequence[float]) -> list[int]:
 
 
 def latest(job_id: int, kind: str) -> dict[str, dict]:
-    """Each metric's point at its highest step (the last logged of those) as {name: {...}}."""
-    points = MetricPoint.objects.filter(job_id=job_id, kind=kind)
-    out = {}
-    for name in _names(job_id, kind):
-        # One index probe per metric on (job, kind, name, step): no scan of the whole series.
-        step, value, ts = (
-            points.filter(name=name)
-            .order_by("-step", "-attempt", "-seq")
-            .values_list("step", "value", "ts")[0]
-        )
-        out[name] = {"step": step, "value": value, "ts": ts}
-    return out
+    """Each metric's point at its highest step (the last logged of those) as {name: {...}}.
 
-
-def _names(job_id: int, kind: str) -> list[str]:
-    """The metric names of one job and kind, by skipping through the series index.
-
-    A plain DISTINCT reads every index entry, so it grows with the points stored; this
-    recursive query makes one index probe per name instead, on PostgreSQL and SQLite alike.
+    One index probe per metric: the chunks holding its highest step (`MetricSeries.max_step`).
     """
-    table = MetricPoint._meta.db_table
-    where = "job_id = %s AND kind = %s"
-    sql = f"""
-        WITH RECURSIVE names(name) AS (
-            SELECT MIN(name) FROM {table} WHERE {where}
-            UNION ALL
-            SELECT (SELECT MIN(name) FROM {table} WHERE {where} AND name > names.name)
-            FROM names WHERE names.name IS NOT NULL
-        )
-        SELECT name FROM names WHERE name IS NOT NULL
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [job_id, kind, job_id, kind])
-        return [row[0] for row in cursor.fetchall()]
+    highest = MetricSeries.objects.filter(
+        job_id=OuterRef("job_id"), kind=OuterRef("kind"), name=OuterRef("name")
+    ).values("max_step")
+    chunks = MetricChunk.objects.filter(
+        job_id=job_id, kind=kind, max_step=Subquery(highest)
+    ).values_list("name", "attempt", "max_step", "points")
+    best: dict[str, tuple] = {}
+    for name, attempt, step, packed in chunks:
+        seqs, steps, values, ts = unpack(packed)
+        # Seqs rise within a chunk: its last point at the highest step is the one logged last.
+        i = len(steps) - 1 - steps[::-1].index(step)
+        point = (step, attempt, seqs[i], values[i], ts[i])
+        if name not in best or point > best[name]:
+            best[name] = point
+    return {
+        name: {"step": step, "value": value, "ts": ts}
+        for name, (step, _, _, value, ts) in sorted(best.items())
+    }
 
 
 def lttb(xs: Sequence[float], ys: Sequence[float], threshold: int) -> list[int]:

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from jobs.auth import create_token
 from jobs.job_tokens import job_token
-from jobs.models import MetricPoint
+from jobs.models import MetricChunk
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job, with_attempt
 
@@ -86,7 +86,7 @@ def test_metric_point_the_ledger_cannot_hold_is_refused(clients, bad):
     response = send(clients["runner"], "post", "/api/v1/ingest/metrics", body)
     assert response.status_code == 400, response.content[:300]
     assert "point 0 must have" in response.json()["detail"]
-    assert not MetricPoint.objects.exists()
+    assert not MetricChunk.objects.exists()
 
 
 def test_largest_bigint_seq_and_step_are_stored(clients):

@@ -5,11 +5,11 @@ import json
 import math
 
 import pytest
-from django.apps import apps
 from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.test.utils import CaptureQueriesContext
 
-from jobs.models import MetricPoint, MetricRollup, MetricSeries
+from jobs.models import MetricChunk, MetricRollup, MetricSeries
 from jobs.stores import metrics
 from jobs.stores.metrics import lttb
 from tests.jobs.api_helpers import assert_refused, submit
@@ -36,11 +36,7 @@ def send_points(client, points: list[dict], attempt: int = 1):
 
 
 def stored(job_id: int) -> list[tuple]:
-    return list(
-        MetricPoint.objects.filter(job_id=job_id)
-        .order_by("attempt", "seq")
-        .values_list("attempt", "seq", "kind", "name", "step", "value", "ts")
-    )
+    return metrics.stored_points(job_id)
 
 
 @pytest.fixture
@@ -179,7 +175,7 @@ def test_a_token_of_another_job_writes_only_its_own_job(api, job_id):
 
 
 def test_deleting_the_job_deletes_its_points_and_leaves_another_jobs_alone(api, job_id):
-    """MetricPoint.job has no constraint in the database: the ORM's delete must remove them."""
+    """MetricChunk.job has no constraint in the database: the ORM's delete must remove them."""
     other = submit(api)
     attach_attempt(other, 1)
     assert send_points(runner(job_id), make_points(0, 5)).status_code == 200
@@ -195,20 +191,27 @@ def test_deleting_the_job_deletes_its_points_and_leaves_another_jobs_alone(api, 
 @pytest.mark.postgres
 def test_the_resend_check_reads_the_seq_index_while_the_job_looks_empty(api, job_id):
     """Planned with the statistics of a job that had no points yet, the check must still probe
-    (job, attempt, seq), not filter every point of the job through the series index."""
+    (job, attempt, last_seq), not filter every chunk of the job through the series index."""
     other = submit(api)
     attach_attempt(other, 1)
-    for first in range(0, 20_000, 2000):
-        metrics.append(other, 1, make_points(first, first + 2000))
+    # Enough chunks that reading the table whole costs more than an index probe.
+    chunks = [
+        metrics.chunk("train", f"m{seq % 50}", [seq], [seq], [0.5], [T0]) for seq in range(5000)
+    ]
+    metrics.write_chunks(other, 1, chunks)
     with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {MetricPoint._meta.db_table}")
+        cursor.execute(f"ANALYZE {MetricChunk._meta.db_table}")
     with CaptureQueriesContext(connection) as queries:
         metrics.append(job_id, 1, make_points(0, 2000))
-    (check,) = [q["sql"] for q in queries if q["sql"].startswith('SELECT "jobs_metricpoint"."seq"')]
+    (check,) = [
+        q["sql"]
+        for q in queries
+        if q["sql"].startswith('SELECT SUBSTRING("jobs_metricchunk"."points"')
+    ]
     with connection.cursor() as cursor:
         cursor.execute(f"EXPLAIN {check}")
         plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "using one_metric_point_per_seq" in plan and "Filter" not in plan, plan
+    assert "using metric_chunk_seqs" in plan and "Seq Scan" not in plan, plan
 
 
 def test_a_user_token_cannot_ingest(api, job_id):
@@ -319,11 +322,10 @@ def series_rows(job_id: int) -> dict:
 
 
 def from_scratch(job_id: int) -> tuple[dict, dict]:
-    points = (
-        MetricPoint.objects.filter(job_id=job_id)
-        .order_by("attempt", "seq")
-        .values_list("kind", "name", "step", "ts", "value")
-    )
+    points = [
+        (kind, name, step, ts, value)
+        for _, _, kind, name, step, value, ts in metrics.stored_points(job_id)
+    ]
     return metrics.aggregate(points)
 
 
@@ -336,7 +338,7 @@ def test_rollups_count_each_point_once_across_resends(job_id):
     metrics.append(job_id, 1, both(650, 900) + both(650, 700))  # repeats inside the batch too
     attach_attempt(job_id, 2)
     metrics.append(job_id, 2, [{**p, "step": p["step"] + 5} for p in make_points(0, 400)])
-    raw = MetricPoint.objects.filter(job_id=job_id, kind="train", name="loss").count()
+    raw = sum(1 for p in metrics.stored_points(job_id) if p[2:4] == ("train", "loss"))
     assert raw == 900 + 400
     assert series_rows(job_id)[("train", "loss")] == [raw, 0, 899, T0, T0 + 899]
     stored = rollups(job_id)
@@ -349,14 +351,30 @@ def test_rollups_count_each_point_once_across_resends(job_id):
     assert series_rows(job_id) == stats
 
 
-def test_the_migration_builds_the_same_rollups_from_stored_points(job_id):
+@pytest.mark.django_db(transaction=True)
+def test_the_migrations_move_points_into_chunks_and_back_and_rebuild_the_same_rollups(job_id):
+    """0022 packs the points stored one row each into chunks (and unpacks them going back);
+    0005's backfill of the rollups, run over those rows, gives the rollups ingest kept."""
     metrics.append(job_id, 1, make_points(0, 3000) + make_points(3000, 3100, name="lr"))
-    before = rollups(job_id), series_rows(job_id)
-    MetricRollup.objects.all().delete()
-    MetricSeries.objects.all().delete()
-    migration = importlib.import_module("jobs.migrations.0005_metric_rollups")
-    migration.build_rollups(apps, None)
-    assert (rollups(job_id), series_rows(job_id)) == before
+    attach_attempt(job_id, 2)
+    metrics.append(job_id, 2, make_points(0, 10))
+    before = stored(job_id), rollups(job_id), series_rows(job_id)
+    per_point = [("jobs", "0021_log_objects_swept")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(per_point)
+    old = executor.loader.project_state(per_point).apps
+    rows = old.get_model("jobs", "MetricPoint").objects.order_by("attempt", "seq")
+    assert (
+        list(rows.values_list("attempt", "seq", "kind", "name", "step", "value", "ts")) == before[0]
+    )
+    old.get_model("jobs", "MetricRollup").objects.all().delete()
+    old.get_model("jobs", "MetricSeries").objects.all().delete()
+    importlib.import_module("jobs.migrations.0005_metric_rollups").build_rollups(old, None)
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes("jobs"))
+    assert (stored(job_id), rollups(job_id), series_rows(job_id)) == before
+    # loss in two chunks of at most 2,000 points, lr, and attempt 2's loss
+    assert MetricChunk.objects.filter(job_id=job_id).count() == 4
 
 
 def spiky_points(n: int) -> list[dict]:
@@ -376,7 +394,7 @@ def test_a_long_series_is_read_from_the_rollups_only(job_id):
     for x, first, last in (("step", 0, 99_999), ("time", T0, T0 + 99_999)):
         with CaptureQueriesContext(connection) as queries:
             got = metrics.series(job_id, "train", x=x, max_points=2000)
-        point_reads = [q["sql"] for q in queries if MetricPoint._meta.db_table in q["sql"]]
+        point_reads = [q["sql"] for q in queries if MetricChunk._meta.db_table in q["sql"]]
         # Only the short series is read point by point.
         assert len(point_reads) == 1 and "'lr'" in point_reads[0], point_reads
         assert "'loss'" not in point_reads[0]
