@@ -4,6 +4,8 @@
 """
 
 import datetime as dt
+import functools
+import posixpath
 import secrets
 from pathlib import PurePosixPath
 
@@ -357,12 +359,17 @@ def virtual_gpus(kind: str, gpus_virtual: bool | None) -> bool:
     return kind in (Cluster.Kind.LOCAL, Cluster.Kind.NOOP)
 
 
-def run_output_dir(output_root: object, run_id: str) -> PurePosixPath:
+def run_output_dir(output_root: object, run_id: str) -> str:
     """A run's output directory as its job sees it: under the cluster's `output_root` setting
-    (where that cluster mounts run outputs), else SF_OUTPUT_ROOT; named by the run id, so every
-    attempt and retry of the run writes to it. The launcher hands it to the job, the API shows
-    it."""
-    return PurePosixPath(str(output_root or settings.SF_OUTPUT_ROOT)) / run_id
+    (where that cluster mounts run outputs), else SF_OUTPUT_ROOT; named by the run id (hex, made
+    by the server), so every attempt and retry of the run writes to it. The launcher hands it to
+    the job, the API shows it (for each of a list's jobs: hence no path object per call)."""
+    return posixpath.join(_normal_root(str(output_root or settings.SF_OUTPUT_ROOT)), run_id)
+
+
+@functools.lru_cache(maxsize=256)
+def _normal_root(root: str) -> str:
+    return str(PurePosixPath(root))
 
 
 def gpus_per_node(gpus: int, nodes: int) -> int:

@@ -99,7 +99,7 @@ def job_out(job: dict, started: list[Started], now: dt.datetime) -> dict:
         "ended_at": job["current_attempt__end_time"],
         "exit_code": job["current_attempt__exit_code"],
         "gpu_seconds": float(round(gpu_seconds, 3)),
-        "output_dir": str(run_output_dir(job["cluster__settings__output_root"], job["run_id"])),
+        "output_dir": run_output_dir(job["cluster__settings__output_root"], job["run_id"]),
         "snapshot": job["snapshot_id"],
         "max_retries": job["max_retries"],
         "retries_left": max(0, job["max_retries"] - job["retry_count"]),

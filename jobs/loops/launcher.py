@@ -24,6 +24,7 @@ job_ref, whose job moved on, or that another launcher holds, is skipped.
 import datetime as dt
 import json
 import logging
+import posixpath
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -243,8 +244,8 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
         "SF_JOB_ID": str(job.pk),
         "SF_RUN_ID": job.run_id,
         "SF_ATTEMPT": str(attempt.number),
-        "SF_OUTPUT_DIR": str(output_dir),
-        "SF_CHECKPOINT_DIR": str(output_dir / "checkpoints"),
+        "SF_OUTPUT_DIR": output_dir,
+        "SF_CHECKPOINT_DIR": posixpath.join(output_dir, "checkpoints"),
         "SF_ENTRYPOINT": json.dumps(job.entrypoint),
         "SF_SNAPSHOT": job.snapshot_id or "",
         # The job's own variables apart, so a runner that runs as another user than the job
@@ -255,7 +256,7 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
     if job.parent_id:  # a follow-on job reads its parent's outputs
         parent_run = Job.objects.values_list("run_id", flat=True).get(pk=job.parent_id)
         env["SF_PARENT_RUN_ID"] = parent_run
-        env["SF_PARENT_OUTPUT_DIR"] = str(run_output_dir(output_root, parent_run))
+        env["SF_PARENT_OUTPUT_DIR"] = run_output_dir(output_root, parent_run)
     return LaunchSpec(
         name=attempt.backend_name,
         job_id=job.pk,

@@ -150,8 +150,11 @@ def job_row(user: User, job_id: int) -> tuple[dict, list[Started]] | None:
     rows = ONE_JOB.rows((user.is_staff,), job_id=job_id, **_reader_values(user))
     if not rows:
         return None
+    job = dict(zip(JOB_COLUMNS, rows[0], strict=True))
+    if not job["attempt_count"]:  # never admitted (a submit's answer, a queued job): no attempt
+        return job, []
     started = STARTED_ATTEMPTS.rows(job_id=job_id)
-    return dict(zip(JOB_COLUMNS, rows[0], strict=True)), [tuple(a[1:]) for a in started]
+    return job, [tuple(a[1:]) for a in started]
 
 
 def job_page(user: User, jobs: JobFilter) -> tuple[list[dict], dict[int, list[Started]]]:
@@ -175,7 +178,7 @@ def job_page(user: User, jobs: JobFilter) -> tuple[list[dict], dict[int, list[St
     )
     page = [dict(zip(JOB_COLUMNS, row, strict=True)) for row in PAGE.rows(shape, **values)]
     started: dict[int, list[Started]] = defaultdict(list)
-    if page:
+    if any(job["attempt_count"] for job in page):
         span = {"low": page[-1]["id"], "high": page[0]["id"]}
         for job_id, *attempt in STARTED_OF_PAGE.rows(shape, **values, **span):
             started[job_id].append(tuple(attempt))
