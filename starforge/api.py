@@ -11,6 +11,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from jobs.api.ingest import router as ingest_router
 from jobs.api.jobs import router as jobs_router
 from jobs.api.metrics import router as metrics_router
+from jobs.api.renderer import FastJSONRenderer
 from jobs.api.teams import router as teams_router
 from jobs.api.tokens import router as tokens_router
 from jobs.errors import ApiError
@@ -40,7 +41,13 @@ class StarforgeAPI(NinjaAPI):
         return f"{prefix}_{view.__name__}"
 
 
-api = StarforgeAPI(title="Starforge API", version="1", urls_namespace="api", docs_url="/docs")
+api = StarforgeAPI(
+    title="Starforge API",
+    version="1",
+    urls_namespace="api",
+    docs_url="/docs",
+    renderer=FastJSONRenderer(),
+)
 api.add_router("/v1", jobs_router)
 api.add_router("/v1/ingest", ingest_router)
 api.add_router("/v1", metrics_router)

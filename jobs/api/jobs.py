@@ -11,12 +11,12 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 from ninja import Query, Router, Schema, Status
-from ninja.renderers import JSONRenderer
 from pydantic import Field
 
 from jobs import teams
 from jobs.actions import control
 from jobs.actions.submit import submit_job
+from jobs.api.renderer import FastJSONRenderer
 from jobs.auth import ConsoleSession, UserToken
 from jobs.errors import BadRequest, NotFound
 from jobs.models import Job, Membership, gpus_per_node, run_output_dir, virtual_gpus
@@ -45,7 +45,7 @@ router = Router(auth=[UserToken(), ConsoleSession()], tags=["jobs"])
 DOWNLOAD_PAGE_LINES = 10_000
 COMPUTED = ("gpu_seconds", "ranks")  # attempt fields not read straight off the row
 RANK_KEYS = frozenset(("rank", "node", "state", "exit_code"))
-RENDERER = JSONRenderer()  # the NinjaAPI's renderer (starforge.api uses the default)
+RENDERER = FastJSONRenderer()  # the NinjaAPI's renderer (starforge.api)
 CONTENT_TYPE = f"{RENDERER.media_type}; charset={RENDERER.charset}"
 
 
