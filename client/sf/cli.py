@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from sf import __version__
 EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
 LOG_TAIL_DEFAULT = 50
 LOG_WAIT_S = 20
+LOG_POLL_MAX_S = 5.0  # the longest pause between follows a server's poll_after_s gets
 LOG_PAGE_LINES = 50_000
 
 
@@ -644,7 +646,8 @@ def cmd_logs(args: argparse.Namespace) -> None:
     if args.rank is not None and args.rank < 0:
         _usage(args.parser, "--rank must be >= 0")
     # First page: tail=N for the last N lines; no tail means history from the first line.
-    # Following is a long poll: the server holds an empty answer up to LOG_WAIT_S for new lines.
+    # Following is a long poll: the server holds an empty answer up to LOG_WAIT_S for new lines,
+    # or (a server whose workers must not be held) answers at once with when to ask again.
     # The server picks one rank's lines: its cursor still moves past the other ranks' ones.
     follow = {} if args.no_follow else {"follow": "true", "wait": LOG_WAIT_S}
     each = {"limit": LOG_PAGE_LINES, "rank": args.rank, **follow}
@@ -659,6 +662,9 @@ def cmd_logs(args: argparse.Namespace) -> None:
         if page.get("done") or (args.no_follow and not lines):
             return
         query = {"cursor": page.get("cursor"), **each}
+        pause = page.get("poll_after_s")
+        if not lines and isinstance(pause, int | float) and pause > 0:
+            time.sleep(min(float(pause), LOG_POLL_MAX_S))
 
 
 def _text_writer(lines: list[dict], marked: bool) -> None:

@@ -45,6 +45,8 @@ router = Router(auth=[UserToken(), ConsoleSession()], tags=["jobs"])
 DOWNLOAD_PAGE_LINES = 10_000
 COMPUTED = ("gpu_seconds", "ranks")  # attempt fields not read straight off the row
 RANK_KEYS = frozenset(("rank", "node", "state", "exit_code"))
+LOG_FOLLOW_STEP_S = 0.25  # a held follow looks for new lines this often
+FOLLOW_POLL_S = 1.0  # and a follow not held (SF_LOG_FOLLOW_HOLD_S) is asked again after this
 RENDERER = FastJSONRenderer()  # the NinjaAPI's renderer (starforge.api)
 CONTENT_TYPE = f"{RENDERER.media_type}; charset={RENDERER.charset}"
 
@@ -326,7 +328,8 @@ class LogQuery(Schema):
 async def job_logs(request, job_id: int, q: Query[LogQuery]):
     job = await sync_to_async(get_visible_job)(request.auth, job_id)
     rank = _rank_filter(job, q.rank)
-    deadline = time.monotonic() + (q.wait if q.follow else 0)
+    hold = min(q.wait, settings.SF_LOG_FOLLOW_HOLD_S) if q.follow else 0
+    deadline = time.monotonic() + hold
     cursor = q.cursor
     while True:
         status = await sync_to_async(_status)(job.pk)  # before reading: no line can be missed
@@ -335,7 +338,9 @@ async def job_logs(request, job_id: int, q: Query[LogQuery]):
         if page.raw_lines or done or time.monotonic() >= deadline:
             break
         cursor, q.tail = page.cursor, None
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(LOG_FOLLOW_STEP_S)
+    # A follow answered before its wait was up, with nothing new: when to ask again.
+    poll_after = FOLLOW_POLL_S if q.follow and hold < q.wait and not page.raw_lines else 0
     body = (
         b'{"lines":['
         + b",".join(page.raw_lines)
@@ -345,6 +350,8 @@ async def job_logs(request, job_id: int, q: Query[LogQuery]):
         + status.encode()
         + b'","done":'
         + (b"true" if done else b"false")
+        + b',"poll_after_s":'
+        + str(0 if done else poll_after).encode()
         + b"}"
     )
     return HttpResponse(body, content_type="application/json")

@@ -6,9 +6,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from sf import cli
 
 from tests.client.conftest import run_cli
 
@@ -221,6 +223,27 @@ def test_logs_follow_until_done_and_split_streams(
         {"cursor": "c1", **follow},
         {"cursor": "c1", **follow},
     ]
+
+
+def test_logs_waits_as_long_as_the_server_says_before_following_again(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that may not hold a follow answers at once with poll_after_s: the CLI pauses
+    that long (at most LOG_POLL_MAX_S) after an empty page, and not after one with lines."""
+    sf_env(fake_api.url)
+    pages = [
+        {"lines": [], "cursor": "c0", "done": False, "poll_after_s": 1.0},
+        {"lines": [], "cursor": "c0", "done": False, "poll_after_s": 3600},
+        {"lines": [{"seq": 0, "stream": "stdout", "text": "a"}], "cursor": "c1", "done": False,
+         "poll_after_s": 0},
+        {"lines": [], "cursor": "c1", "done": True, "poll_after_s": 0},
+    ]  # fmt: skip
+    fake_api.route("GET /api/v1/jobs/7/logs", lambda r: (200, pages.pop(0)))
+    pauses: list[float] = []
+    monkeypatch.setattr(cli, "time", SimpleNamespace(sleep=pauses.append))
+    assert run_cli(["job", "logs", "7"]) == 0
+    assert capsys.readouterr().out == "a\n"
+    assert pauses == [1.0, cli.LOG_POLL_MAX_S]
 
 
 def test_logs_n_zero_replays_from_first_line(

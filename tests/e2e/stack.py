@@ -180,7 +180,7 @@ class Stack:
         self.token, self.password = lines[-1].split()  # the demo password is this stack's own
         # The Redis DB may hold tasks of an earlier run that point at another ledger.
         self._run([sys.executable, "-m", "celery", "-A", "starforge", "purge", "-f"])
-        workers = settings.SF_WEB_WORKERS  # as runstack: a log follower takes one for 30 s
+        workers = settings.SF_WEB_WORKERS  # as runstack
         self._spawn("web", *web_server_argv("127.0.0.1", self.port, workers)[1:])
         self._spawn("websocket", *websocket_server_argv("127.0.0.1", self.ws_port)[1:])
         self.start_worker()

@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
@@ -169,3 +170,33 @@ def test_a_websocket_from_any_origin_but_the_consoles_is_refused(stack):
         f"http://localhost:{stack['port']}",  # another name than the handshake's Host
     ):
         assert handshake_refused(url, origin, cookie), origin
+
+
+def test_log_followers_do_not_hold_the_sync_workers(stack, tmp_path):
+    """Four `sf job logs` follows against two gunicorn workers: each is answered at once with
+    when to ask again, so a job read still gets a worker (held for their 20 s wait, the four
+    would have taken both workers and the read would wait behind them)."""
+    sf = sf_command(tmp_path, tmp_path / "sf.json")
+    sf("login", "--url", stack["url"], "--token", stack["token"])
+    job = json.loads(sf("submit", "--gpus", "0", "--json", "--", "sleep", "60").stdout)
+    auth = {"Authorization": f"Bearer {stack['token']}"}
+    follow = f"{stack['url']}/api/v1/jobs/{job['id']}/logs?follow=true&wait=20"
+
+    def get(url: str) -> dict:
+        request = urllib.request.Request(url, headers=auth)
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())
+
+    try:
+        started = time.monotonic()
+        with ThreadPoolExecutor(5) as pool:
+            follows = [pool.submit(get, follow) for _ in range(4)]
+            time.sleep(0.2)
+            read = get(f"{stack['url']}/api/v1/jobs/{job['id']}")
+            read_s = time.monotonic() - started
+            answers = [f.result() for f in follows]
+        assert read["id"] == job["id"] and read_s < 5, read_s
+        assert time.monotonic() - started < 10
+        assert all(a["poll_after_s"] > 0 and not a["done"] for a in answers if not a["lines"])
+    finally:
+        sf("job", "stop", str(job["id"]), check=False)

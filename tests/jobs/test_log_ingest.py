@@ -407,6 +407,22 @@ def test_follow_waits_no_longer_than_asked_when_nothing_comes(api, job_id):
     body = logs(api, job_id, follow="true", wait=0.3)
     assert body["lines"] == [] and body["done"] is False
     assert 0.25 <= time.monotonic() - started < 5
+    assert body["poll_after_s"] == 0  # held the whole wait: ask again at once
+
+
+def test_a_follow_not_held_answers_at_once_and_says_when_to_ask_again(api, job_id, settings):
+    """Under WSGI (SF_LOG_FOLLOW_HOLD_S=0) a follower must not keep a sync worker waiting."""
+    settings.SF_LOG_FOLLOW_HOLD_S = 0
+    started = time.monotonic()
+    body = logs(api, job_id, follow="true", wait=20)
+    assert time.monotonic() - started < 2
+    assert (body["lines"], body["done"], body["poll_after_s"]) == ([], False, 1.0)
+    send_lines(runner(job_id), make_lines(0, 2))
+    body = logs(api, job_id, cursor=body["cursor"], follow="true", wait=20)
+    assert (len(body["lines"]), body["poll_after_s"]) == (2, 0)  # lines: read on at once
+    finish(job_id, "SUCCEEDED")
+    body = logs(api, job_id, cursor=body["cursor"], follow="true", wait=20)
+    assert (body["done"], body["poll_after_s"]) == (True, 0)
 
 
 @pytest.mark.parametrize("cursor", ["abc", "1:5", "-1:0", "1:-3", "1:2:3", "1:999999", "9:0"])
