@@ -5,7 +5,7 @@ in seq order; their series rows and rollups stay as they are (they summarise the
 
 import sys
 from array import array
-from itertools import groupby
+from itertools import groupby, islice
 
 import django.db.models.deletion
 from django.db import migrations, models
@@ -44,10 +44,9 @@ def to_chunks(apps, schema_editor):
     )
     pending = []
     for key, group in groupby(points.iterator(chunk_size=READ), key=lambda p: p[:4]):
-        rows = list(group)
-        for start in range(0, len(rows), CHUNK):
-            part = rows[start : start + CHUNK]
-            job_id, attempt, kind, name = key
+        job_id, attempt, kind, name = key
+        # A series is read CHUNK points at a time: one of millions never sits in memory whole.
+        while part := list(islice(group, CHUNK)):
             pending.append(
                 MetricChunk(
                     job_id=job_id,
