@@ -280,9 +280,10 @@ SF_METRIC_BATCH_MAX_POINTS = _env_int("SF_METRIC_BATCH_MAX_POINTS", 20000)
 SF_INGEST_MAX_BODY_BYTES = _env_int("SF_INGEST_MAX_BODY_MB", 16) * 1024 * 1024
 SF_LOG_PAGE_MAX_LINES = 50000
 # How long a follow of a job's log (`sf job logs`, a long poll) may be held waiting for new
-# lines. A gunicorn sync worker held is a worker no other request can have, so under WSGI the
-# answer comes at once and tells the client when to ask again (`poll_after_s`); an ASGI server
-# waits on an event loop and holds the request as long as the client asks (at most 30 s).
+# lines. A gunicorn sync worker held is a worker no other request can have, so under WSGI a
+# client that pauses between follows (`poll=true`, as `sf` does) is answered at once and told
+# when to ask again (`poll_after_s`); an ASGI server waits on an event loop and holds the
+# request as long as the client asks (at most 30 s).
 SF_LOG_FOLLOW_HOLD_S = _env_int("SF_LOG_FOLLOW_HOLD_S", 0 if SF_SERVING == "wsgi" else 30)
 # Per-attempt caps on what a job may store; past them lines and points are dropped, with one
 # note in the log and on the timeline (jobs.stores.logstore, jobs.stores.metrics).

@@ -649,7 +649,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
     # Following is a long poll: the server holds an empty answer up to LOG_WAIT_S for new lines,
     # or (a server whose workers must not be held) answers at once with when to ask again.
     # The server picks one rank's lines: its cursor still moves past the other ranks' ones.
-    follow = {} if args.no_follow else {"follow": "true", "wait": LOG_WAIT_S}
+    follow = {} if args.no_follow else {"follow": "true", "wait": LOG_WAIT_S, "poll": "true"}
     each = {"limit": LOG_PAGE_LINES, "rank": args.rank, **follow}
     query: dict = {"tail": tail or None, **each}
     while True:

@@ -311,6 +311,11 @@ class LogQuery(Schema):
     tail: int | None = Field(None, ge=0, le=1_000_000, description="the last N lines (0: all)")
     follow: bool = False
     wait: float = Field(20.0, ge=0, le=30, description="seconds to wait for new lines")
+    poll: bool = Field(
+        False,
+        description="the client waits poll_after_s before its next follow, so a server whose "
+        "workers must not be held (SF_LOG_FOLLOW_HOLD_S) may answer at once",
+    )
     limit: int = Field(10_000, ge=1, le=settings.SF_LOG_PAGE_MAX_LINES)
     rank: int | None = Field(
         None,
@@ -328,7 +333,9 @@ class LogQuery(Schema):
 async def job_logs(request, job_id: int, q: Query[LogQuery]):
     job = await sync_to_async(get_visible_job)(request.auth, job_id)
     rank = _rank_filter(job, q.rank)
-    hold = min(q.wait, settings.SF_LOG_FOLLOW_HOLD_S) if q.follow else 0
+    # A client that does not pause between follows (an older `sf`) is held as it asks: answered
+    # at once, it would ask again at once, over and over.
+    hold = (min(q.wait, settings.SF_LOG_FOLLOW_HOLD_S) if q.poll else q.wait) if q.follow else 0
     deadline = time.monotonic() + hold
     cursor = q.cursor
     while True:

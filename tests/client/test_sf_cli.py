@@ -217,7 +217,7 @@ def test_logs_follow_until_done_and_split_streams(
     out, err = capsys.readouterr()
     assert (out, err) == ("a\nb\n", "oops\n")
     queries = [r.query for r in fake_api.requests]
-    follow = {"follow": "true", "wait": "20", "limit": "50000"}
+    follow = {"follow": "true", "wait": "20", "poll": "true", "limit": "50000"}
     assert queries == [
         {"tail": "50", **follow},
         {"cursor": "c1", **follow},

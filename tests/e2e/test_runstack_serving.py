@@ -180,7 +180,7 @@ def test_log_followers_do_not_hold_the_sync_workers(stack, tmp_path):
     sf("login", "--url", stack["url"], "--token", stack["token"])
     job = json.loads(sf("submit", "--gpus", "0", "--json", "--", "sleep", "60").stdout)
     auth = {"Authorization": f"Bearer {stack['token']}"}
-    follow = f"{stack['url']}/api/v1/jobs/{job['id']}/logs?follow=true&wait=20"
+    follow = f"{stack['url']}/api/v1/jobs/{job['id']}/logs?follow=true&wait=20&poll=true"
 
     def get(url: str) -> dict:
         request = urllib.request.Request(url, headers=auth)

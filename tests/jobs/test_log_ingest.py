@@ -414,15 +414,24 @@ def test_a_follow_not_held_answers_at_once_and_says_when_to_ask_again(api, job_i
     """Under WSGI (SF_LOG_FOLLOW_HOLD_S=0) a follower must not keep a sync worker waiting."""
     settings.SF_LOG_FOLLOW_HOLD_S = 0
     started = time.monotonic()
-    body = logs(api, job_id, follow="true", wait=20)
+    body = logs(api, job_id, follow="true", wait=20, poll="true")
     assert time.monotonic() - started < 2
     assert (body["lines"], body["done"], body["poll_after_s"]) == ([], False, 1.0)
     send_lines(runner(job_id), make_lines(0, 2))
-    body = logs(api, job_id, cursor=body["cursor"], follow="true", wait=20)
+    body = logs(api, job_id, cursor=body["cursor"], follow="true", wait=20, poll="true")
     assert (len(body["lines"]), body["poll_after_s"]) == (2, 0)  # lines: read on at once
     finish(job_id, "SUCCEEDED")
-    body = logs(api, job_id, cursor=body["cursor"], follow="true", wait=20)
+    body = logs(api, job_id, cursor=body["cursor"], follow="true", wait=20, poll="true")
     assert (body["done"], body["poll_after_s"]) == (True, 0)
+
+
+def test_a_follow_from_a_client_that_does_not_pause_is_held_as_it_asks(api, job_id, settings):
+    """Answered at once, an older `sf` (no poll=true) would ask again at once, over and over."""
+    settings.SF_LOG_FOLLOW_HOLD_S = 0
+    started = time.monotonic()
+    body = logs(api, job_id, follow="true", wait=0.3)
+    assert 0.25 <= time.monotonic() - started < 5
+    assert (body["lines"], body["poll_after_s"]) == ([], 0)
 
 
 @pytest.mark.parametrize("cursor", ["abc", "1:5", "-1:0", "1:-3", "1:2:3", "1:999999", "9:0"])
