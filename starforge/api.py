@@ -11,7 +11,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from jobs.api.ingest import router as ingest_router
 from jobs.api.jobs import router as jobs_router
 from jobs.api.metrics import router as metrics_router
-from jobs.api.renderer import FastJSONRenderer
+from jobs.api.renderer import RENDERER
 from jobs.api.teams import router as teams_router
 from jobs.api.tokens import router as tokens_router
 from jobs.errors import ApiError
@@ -46,7 +46,7 @@ api = StarforgeAPI(
     version="1",
     urls_namespace="api",
     docs_url="/docs",
-    renderer=FastJSONRenderer(),
+    renderer=RENDERER,
 )
 api.add_router("/v1", jobs_router)
 api.add_router("/v1/ingest", ingest_router)

@@ -16,7 +16,7 @@ from pydantic import Field
 from jobs import teams
 from jobs.actions import control
 from jobs.actions.submit import submit_job
-from jobs.api.renderer import FastJSONRenderer
+from jobs.api.renderer import RENDERER
 from jobs.auth import ConsoleSession, UserToken
 from jobs.errors import BadRequest, NotFound
 from jobs.models import Job, Membership, gpus_per_node, run_output_dir, virtual_gpus
@@ -47,7 +47,6 @@ COMPUTED = ("gpu_seconds", "ranks")  # attempt fields not read straight off the 
 RANK_KEYS = frozenset(("rank", "node", "state", "exit_code"))
 LOG_FOLLOW_STEP_S = 0.25  # a held follow looks for new lines this often
 FOLLOW_POLL_S = 1.0  # and a follow not held (SF_LOG_FOLLOW_HOLD_S) is asked again after this
-RENDERER = FastJSONRenderer()  # the NinjaAPI's renderer (starforge.api)
 CONTENT_TYPE = f"{RENDERER.media_type}; charset={RENDERER.charset}"
 
 
@@ -333,9 +332,11 @@ class LogQuery(Schema):
 async def job_logs(request, job_id: int, q: Query[LogQuery]):
     job = await sync_to_async(get_visible_job)(request.auth, job_id)
     rank = _rank_filter(job, q.rank)
-    # A client that does not pause between follows (an older `sf`) is held as it asks: answered
-    # at once, it would ask again at once, over and over.
-    hold = (min(q.wait, settings.SF_LOG_FOLLOW_HOLD_S) if q.poll else q.wait) if q.follow else 0
+    hold = 0.0
+    if q.follow:
+        # A client that does not pause between follows (an older `sf`) is held as it asks:
+        # answered at once, it would ask again at once, over and over.
+        hold = min(q.wait, settings.SF_LOG_FOLLOW_HOLD_S) if q.poll else q.wait
     deadline = time.monotonic() + hold
     cursor = q.cursor
     while True:
@@ -346,8 +347,9 @@ async def job_logs(request, job_id: int, q: Query[LogQuery]):
             break
         cursor, q.tail = page.cursor, None
         await asyncio.sleep(LOG_FOLLOW_STEP_S)
-    # A follow answered before its wait was up, with nothing new: when to ask again.
-    poll_after = FOLLOW_POLL_S if q.follow and hold < q.wait and not page.raw_lines else 0
+    # A follow answered before its wait was up, with nothing new and more to come: when to ask
+    # again.
+    poll_after = FOLLOW_POLL_S if q.follow and hold < q.wait and not (page.raw_lines or done) else 0
     body = (
         b'{"lines":['
         + b",".join(page.raw_lines)
@@ -358,7 +360,7 @@ async def job_logs(request, job_id: int, q: Query[LogQuery]):
         + b'","done":'
         + (b"true" if done else b"false")
         + b',"poll_after_s":'
-        + str(0 if done else poll_after).encode()
+        + str(poll_after).encode()
         + b"}"
     )
     return HttpResponse(body, content_type="application/json")

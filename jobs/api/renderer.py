@@ -27,3 +27,6 @@ class FastJSONRenderer(JSONRenderer):
             return orjson.dumps(data, default=self._default, option=OPTIONS)
         except orjson.JSONEncodeError:
             return super().render(request, data, response_status=response_status)
+
+
+RENDERER = FastJSONRenderer()  # the NinjaAPI's (starforge.api), and the views that render alone

@@ -221,6 +221,11 @@ def _counter_row(shape: tuple, job_id: int, attempt: int) -> Any:
     return counters.values_list("pk", "points", "dropped")
 
 
+# A chunk's seqs: the first quarter of its points, read without the rest (PostgreSQL slices a
+# value stored EXTERNAL, uncompressed, without reading it all).
+SEQ_COLUMN = Substr("points", 1, Length("points") / len(PACKED), output_field=models.BinaryField())
+
+
 def _meeting_chunks(shape: tuple, job_id: int, attempt: int, low: int, high: int) -> Any:
     # The chunks whose seq range meets [low, high]: for a batch after the last one, none. Ordered
     # by last_seq so that only the (job, attempt, last_seq) index fits the plan: while a job's
@@ -233,11 +238,6 @@ def _meeting_chunks(shape: tuple, job_id: int, attempt: int, low: int, high: int
         .order_by("last_seq")
         .values_list(SEQ_COLUMN)
     )
-
-
-# A chunk's seqs: the first quarter of its points, read without the rest (PostgreSQL slices a
-# value stored EXTERNAL, uncompressed, without reading it all).
-SEQ_COLUMN = Substr("points", 1, Length("points") / len(PACKED), output_field=models.BinaryField())
 
 
 COUNTER_ROW = Prepared(_counter_row)
