@@ -15,14 +15,15 @@ few milliseconds, over what requests leave behind.
 
 import gc
 import os
+from importlib import import_module
 
+from django.conf import settings
 from django.core.wsgi import get_wsgi_application
-from django.urls import get_resolver
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "starforge.settings")
 # Read by the settings: a sync worker keeps its database connection between requests.
 os.environ["SF_SERVING"] = "wsgi"
 application = get_wsgi_application()
-get_resolver().url_patterns  # imports every view and builds the API's schemas now
+import_module(settings.ROOT_URLCONF)  # every view and the API's schemas, loaded now
 gc.collect()
 gc.freeze()
