@@ -84,6 +84,7 @@ class TeamAdmin(admin.ModelAdmin):
                     "window",
                     "default_max_retries",
                     "default_retry_cooldown_s",
+                    "default_time_limit_s",
                 )
             },
         ),

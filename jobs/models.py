@@ -16,6 +16,9 @@ from django.utils import timezone
 
 from jobs.states import JobStatus
 
+# The longest time limit a job or a team's default may give: 30 days.
+TIME_LIMIT_MAX_S = 30 * 24 * 3600
+
 
 class ScheduleWindow(models.Model):
     """A named weekly window in a time zone, e.g. ``mon-fri 20:00-08:00, sat-sun``."""
@@ -135,6 +138,13 @@ class Team(models.Model):
     )
     default_retry_cooldown_s = models.PositiveIntegerField(
         default=30, help_text="seconds before the first automatic retry; doubles each retry"
+    )
+    default_time_limit_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(TIME_LIMIT_MAX_S)],
+        help_text="seconds an attempt may run when its submit gives no --time-limit; past it "
+        "the job is stopped (empty: no limit)",
     )
     snapshot_quota_mb = models.PositiveIntegerField(
         default=10240,
@@ -297,6 +307,9 @@ class Job(models.Model):
     # resume or stop clears it, so only window pauses are resumed by the window.
     paused_by_window = models.BooleanField(default=False)
     pending_deadline_s = models.PositiveIntegerField(null=True, blank=True)
+    # Seconds each attempt may run, counted from when it is really up (as billing is): past it
+    # the job is STOPPED, never retried automatically. None: no limit.
+    time_limit_s = models.PositiveIntegerField(null=True, blank=True)
     status = models.CharField(
         max_length=10, choices=JobStatus.choices, default=JobStatus.QUEUED, editable=False
     )

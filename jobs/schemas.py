@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 from ninja import Schema
 from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
+from jobs.models import TIME_LIMIT_MAX_S
+
 
 def _no_nul(value: str) -> str:
     # NUL cannot reach argv or the environment, and PostgreSQL text cannot store it.
@@ -69,6 +71,14 @@ class JobIn(Schema):
         "window closes and resume it when it reopens",
     )
     pending_deadline_s: int | None = Field(None, ge=1, le=7 * 24 * 3600, strict=True)
+    time_limit_s: int | None = Field(
+        None,
+        ge=1,
+        le=TIME_LIMIT_MAX_S,
+        strict=True,
+        description="seconds each attempt may run once it is up; past it the job is stopped "
+        "(default: the team's)",
+    )
     max_retries: int | None = Field(
         None, ge=0, le=100, strict=True, description="automatic retries (default: the team's)"
     )
@@ -129,6 +139,7 @@ class JobOut(Schema):
     max_retries: int
     retries_left: int
     retry_cooldown_s: int
+    time_limit_s: int | None = Field(description="seconds each attempt may run; null: no limit")
     next_attempt_at: dt.datetime | None = Field(description="when a pending automatic retry starts")
     retry_available: bool
     retry_unavailable_reason: str

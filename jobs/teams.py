@@ -18,13 +18,19 @@ from django.db.models import Prefetch, QuerySet
 
 from jobs import broadcast
 from jobs.errors import BadRequest, Conflict, Forbidden, NotFound
-from jobs.models import Cluster, Membership, ScheduleWindow, Team
+from jobs.models import TIME_LIMIT_MAX_S, Cluster, Membership, ScheduleWindow, Team
 
 log = logging.getLogger(__name__)
 ROLES = tuple(Membership.Role.values)
 MAX_RETRIES_LIMIT = 100
 RETRY_COOLDOWN_LIMIT_S = 24 * 3600
-DEFAULT_FIELDS = ("default_cluster", "window", "default_max_retries", "default_retry_cooldown_s")
+DEFAULT_FIELDS = (
+    "default_cluster",
+    "window",
+    "default_max_retries",
+    "default_retry_cooldown_s",
+    "default_time_limit_s",
+)
 
 
 def visible_teams(user: User) -> QuerySet[Team]:
@@ -163,6 +169,11 @@ def _resolve_defaults(changes: dict[str, Any]) -> dict[str, Any]:
         values["default_retry_cooldown_s"] = _in_range(
             "default_retry_cooldown_s", changes["default_retry_cooldown_s"], RETRY_COOLDOWN_LIMIT_S
         )
+    if "default_time_limit_s" in changes:  # None clears it: no limit
+        limit = changes["default_time_limit_s"]
+        values["default_time_limit_s"] = (
+            None if limit is None else _in_range("default_time_limit_s", limit, TIME_LIMIT_MAX_S, 1)
+        )
     return values
 
 
@@ -183,9 +194,9 @@ def named(model: Any, name: str, noun: str, plural: str) -> Any:
     return row
 
 
-def _in_range(field: str, value: Any, limit: int) -> int:
-    if type(value) is not int or not 0 <= value <= limit:
-        raise BadRequest(f"{field} must be a whole number from 0 to {limit}, got {value!r}")
+def _in_range(field: str, value: Any, limit: int, low: int = 0) -> int:
+    if type(value) is not int or not low <= value <= limit:
+        raise BadRequest(f"{field} must be a whole number from {low} to {limit}, got {value!r}")
     return value
 
 

@@ -117,7 +117,8 @@ def _add_submit(sub: Any, common: argparse.ArgumentParser) -> None:
         "the job runs the entrypoint of the [job] table of the directory's starforge.toml; "
         "that table's keys (entrypoint, nodes, gpus, gpu_type, cpus, memory, image, env, "
         "cluster, team, name, priority, window, window_policy, pending_deadline_s, "
-        "max_retries, retry_cooldown_s, then) are the defaults the options override.",
+        "time_limit, max_retries, retry_cooldown_s, then) are the defaults the options "
+        "override.",
     )
     p.add_argument(
         "--nodes", type=int, metavar="N", help="nodes, one rank each, started together (default 1)"
@@ -146,6 +147,13 @@ def _add_submit(sub: Any, common: argparse.ArgumentParser) -> None:
         type=int,
         metavar="SECONDS",
         help="give up if not started within SECONDS",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=_duration_option,
+        metavar="DURATION",
+        help="stop the job once it has run this long, e.g. 90m, 4h, 1d12h or 36:00:00; "
+        "never retried automatically (default: the team's)",
     )
     p.add_argument(
         "--max-retries",
@@ -349,6 +357,8 @@ def cmd_submit(args: argparse.Namespace) -> None:
 
 # The option that sets a field of [job] (sf.project.KEYS), where it is not the field's name.
 OPTION_OF = {"pending_deadline_s": "pending_deadline", "retry_cooldown_s": "retry_cooldown"}
+# The API's field for a key of [job], where it is not the key's name.
+FIELD_OF = {"time_limit": "time_limit_s"}
 # What a field is when neither an option nor starforge.toml gives it (others: the server's).
 SUBMIT_DEFAULTS = {"nodes": 1, "gpus": 1, "priority": 0, "window_policy": "wait", "then": []}
 
@@ -390,8 +400,21 @@ def _submit_payload(args: argparse.Namespace) -> dict:
     payload = {"entrypoint": command, "snapshot": None, "env": env}
     for field in [f for f in KEYS if f not in payload]:
         given = getattr(args, OPTION_OF.get(field, field))
-        payload[field] = defaults.get(field, SUBMIT_DEFAULTS.get(field)) if given is None else given
+        value = defaults.get(field, SUBMIT_DEFAULTS.get(field)) if given is None else given
+        payload[FIELD_OF.get(field, field)] = value
     return payload
+
+
+def _duration_option(text: str) -> int:
+    from sf.project import parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds < 1:
+        raise argparse.ArgumentTypeError("must be at least one second")
+    return seconds
 
 
 def _max_snapshot_mb(args: argparse.Namespace) -> float:
@@ -473,6 +496,7 @@ STATUS_FIELDS = (
     "retry_count",
     "retries_left",
     "next_attempt_at",
+    "time_limit_s",
     "retry_available",
     "job_ref",
     "gpus",
@@ -490,7 +514,7 @@ STATUS_FIELDS = (
 )
 
 
-STATUS_LABELS = {"memory_mb": "memory"}
+STATUS_LABELS = {"memory_mb": "memory", "time_limit_s": "time limit"}
 STATUS_IF_SET = ("cpus", "memory_mb", "image")  # what the job asked for, if it did
 
 
@@ -553,6 +577,10 @@ def _status_value(job: dict, key: str) -> str:
         return "yes" if job.get(key) else f"no ({job.get('retry_unavailable_reason', '')})"
     if key == "then":
         return ", ".join(job.get(key) or []) or "-"
+    if key == "time_limit_s":
+        from sf.project import say_duration
+
+        return say_duration(job[key]) if job.get(key) else "none"
     return _name(job.get(key))
 
 

@@ -4,7 +4,8 @@ directory it submits, checked before anything is uploaded.
 The file is the one the server reads from the snapshot for `[then.<name>]` follow-ons
 (`jobs/stores/snapshots.py`, `jobs/actions/submit.py`), and an entrypoint is written as there:
 a command string, split as a shell would (shlex), or a list of non-empty strings. Keys are
-named as the API's fields (`pending_deadline_s`, not `--pending-deadline`). An unknown key or a
+named as the API's fields (`pending_deadline_s`, not `--pending-deadline`), but for
+`time_limit`, a duration as `--time-limit` takes it ("4h"), sent as `time_limit_s`. An unknown key or a
 value of the wrong type is a ProjectError naming it: nothing of the file is guessed.
 
 Standard library only, like the rest of the client: tomllib, or on Python 3.10 the tomli
@@ -14,6 +15,7 @@ package the client depends on there.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -66,6 +68,47 @@ def _whole(minimum: int | None) -> Callable[[Any], int]:
     return check
 
 
+DURATION = re.compile(
+    r"(?:(?P<d>\d+)\s*d)?\s*(?:(?P<h>\d+)\s*h)?\s*(?:(?P<m>\d+)\s*m(?:in)?)?\s*(?:(?P<s>\d+)\s*s)?",
+    re.IGNORECASE,
+)
+CLOCK = re.compile(r"(?:(?P<d>\d+)-)?(?P<h>\d+):(?P<m>\d{2}):(?P<s>\d{2})")
+DURATION_HINT = "a duration with a unit, e.g. 90m, 4h, 1d12h or 36:00:00"
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in a duration as a person writes one: 90m, 4h, 1d12h, 2h30m, 45s, or Slurm's
+    [D-]HH:MM:SS. A bare number is refused: Slurm reads it as minutes, other tools as seconds."""
+    text = text.strip()
+    match = CLOCK.fullmatch(text) or DURATION.fullmatch(text)
+    if not text or match is None or not any(match.groupdict().values()):
+        raise ValueError(f"{text!r} is not {DURATION_HINT}")
+    parts = {k: int(v or 0) for k, v in match.groupdict().items()}
+    return parts["d"] * 86400 + parts["h"] * 3600 + parts["m"] * 60 + parts["s"]
+
+
+def say_duration(seconds: int) -> str:
+    """`seconds` as parse_duration reads it back: 4h, 1d12h, 1h30m, 45s."""
+    out, left = "", max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size:
+            out += f"{left // size}{unit}"
+            left %= size
+    return out or "0s"
+
+
+def _duration(value: Any) -> int:
+    if not isinstance(value, str):
+        raise _Invalid(f'{DURATION_HINT} (a string: time_limit = "4h")')
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        raise _Invalid(DURATION_HINT) from None
+    if seconds < 1:
+        raise _Invalid("at least one second")
+    return seconds
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise _Invalid("a non-empty string")
@@ -113,6 +156,7 @@ KEYS: dict[str, Callable[[Any], Any]] = {
     "window": _text,
     "window_policy": _window_policy,
     "pending_deadline_s": _whole(1),
+    "time_limit": _duration,  # seconds once checked: the API's time_limit_s
     "max_retries": _whole(0),
     "retry_cooldown_s": _whole(0),
     "then": _names,

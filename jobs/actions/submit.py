@@ -94,6 +94,7 @@ def submit_job(user: User, data: JobIn) -> Job:
             pending_deadline_s=data.pending_deadline_s,
             max_retries=_or(data.max_retries, team.default_max_retries),
             retry_cooldown_s=_or(data.retry_cooldown_s, team.default_retry_cooldown_s),
+            time_limit_s=data.time_limit_s or team.default_time_limit_s,
             then=list(follow_ons),
             follow_on_specs=follow_ons,
             status_reason="waiting for the scheduler's next tick",

@@ -105,6 +105,7 @@ def job_out(job: dict, started: list[Started], now: dt.datetime) -> dict:
         "max_retries": job["max_retries"],
         "retries_left": max(0, job["max_retries"] - job["retry_count"]),
         "retry_cooldown_s": job["retry_cooldown_s"],
+        "time_limit_s": job["time_limit_s"],
         "next_attempt_at": job["next_attempt_at"],
         "retry_available": not why_not_retry,
         "retry_unavailable_reason": why_not_retry,

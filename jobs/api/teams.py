@@ -36,6 +36,7 @@ class DefaultsOut(Schema):
     window: str | None
     default_max_retries: int
     default_retry_cooldown_s: int
+    default_time_limit_s: int | None
 
 
 class TeamDetailOut(Schema):
@@ -63,6 +64,9 @@ class DefaultsIn(Schema):
     window: Text | None = Field(None, max_length=50, description="a schedule window's name")
     default_max_retries: int | None = Field(None, strict=True, description="0..100")
     default_retry_cooldown_s: int | None = Field(None, strict=True, description="0..86400")
+    default_time_limit_s: int | None = Field(
+        None, strict=True, description="1..2592000 seconds; null: no limit"
+    )
 
 
 def team_out(user, team: Team) -> dict:
@@ -89,6 +93,7 @@ def team_out(user, team: Team) -> dict:
             "window": team.window.name if team.window else None,
             "default_max_retries": team.default_max_retries,
             "default_retry_cooldown_s": team.default_retry_cooldown_s,
+            "default_time_limit_s": team.default_time_limit_s,
         },
     }
 

@@ -47,6 +47,7 @@ def team_detail(request, name: str):
             "windows": ScheduleWindow.objects.order_by("name").values_list("name", flat=True),
             "max_retries_limit": teams.MAX_RETRIES_LIMIT,
             "cooldown_limit": teams.RETRY_COOLDOWN_LIMIT_S,
+            "time_limit_max": teams.TIME_LIMIT_MAX_S,
         },
     )
 
@@ -95,6 +96,11 @@ def team_defaults(request, name: str):
             "window": request.POST.get("window", "").strip() or None,
             "default_max_retries": _whole("default_max_retries", request.POST),
             "default_retry_cooldown_s": _whole("default_retry_cooldown_s", request.POST),
+            "default_time_limit_s": (  # empty: no limit
+                _whole("default_time_limit_s", request.POST)
+                if request.POST.get("default_time_limit_s", "").strip()
+                else None
+            ),
         }
         teams.set_defaults(request.user, name, changes)
 

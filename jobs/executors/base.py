@@ -29,6 +29,12 @@ if TYPE_CHECKING:
     from jobs.models import Cluster
 
 
+# How much later than a job's time limit an engine that enforces limits itself (Slurm's
+# --time, a Kubernetes Job's activeDeadlineSeconds) is told to end it: the reconciler stops the
+# job at its limit to the tick, and the engine's limit is the backstop while no reconciler runs.
+TIME_LIMIT_BACKSTOP_S = 60
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     name: str  # deterministic from run_id + attempt: the at-most-once key
@@ -46,6 +52,10 @@ class LaunchSpec:
     cpus: int | None = None  # per node; None: the engine's default
     memory_mb: int | None = None  # per node; None: the engine's default
     image: str = ""  # Kubernetes: empty for the cluster's image
+    # Seconds the attempt may run once up; None: no limit. The reconciler stops it at the
+    # limit; an engine that can enforce a limit itself gets a backstop a little past it.
+    time_limit_s: int | None = None
+    pending_deadline_s: int = 0  # how long it may wait on the engine before it starts
 
     @property
     def gpus_per_node(self) -> int:

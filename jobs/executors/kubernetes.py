@@ -74,6 +74,7 @@ from kubernetes.utils import parse_quantity
 from sf.contract import INGEST_EXIT, INGEST_FAILED, entrypoint_code, killed_by, rank_env
 
 from jobs.executors.base import (
+    TIME_LIMIT_BACKSTOP_S,
     Capacity,
     LaunchError,
     LaunchSpec,
@@ -410,8 +411,17 @@ class KubernetesExecutor:
                     ]
                 },
             )
-        if self.settings.get("active_deadline_s"):
-            job_spec["activeDeadlineSeconds"] = int(self.settings["active_deadline_s"])
+        deadlines = (
+            [int(self.settings["active_deadline_s"])]
+            if self.settings.get("active_deadline_s")
+            else []
+        )
+        if spec.time_limit_s:
+            # The Job's clock starts before its pod runs: the wait it may have, then the run
+            # it may have, then the backstop past the reconciler's own stop at the limit.
+            deadlines.append(spec.pending_deadline_s + spec.time_limit_s + TIME_LIMIT_BACKSTOP_S)
+        if deadlines:
+            job_spec["activeDeadlineSeconds"] = min(deadlines)
         return {
             "apiVersion": "batch/v1",
             "kind": "Job",

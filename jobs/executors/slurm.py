@@ -69,6 +69,7 @@ from sf.contract import (
 
 from jobs.executors.base import (
     DEFAULT_PATH,
+    TIME_LIMIT_BACKSTOP_S,
     Capacity,
     LaunchError,
     LaunchSpec,
@@ -155,7 +156,8 @@ class SlurmExecutor:
         "CANCELLED": S.STOPPED,  # scancel outside Starforge (a stop from the ledger closes the
         # attempt before it cancels, so the reconciler never sees its own stops here)
         "FAILED": S.FAILED,  # non-zero exit of the runner: exit code, INGEST_EXIT, 128+N signal
-        "TIMEOUT": S.FAILED,  # hit the time limit; retryable: a retry resumes from checkpoints
+        "TIMEOUT": S.FAILED,  # hit the time limit: the job's own is a stop (the reconciler
+        # says so); a partition's is retryable, and a retry resumes from checkpoints
         "NODE_FAIL": S.FAILED,  # the node died under the job
         "PREEMPTED": S.FAILED,  # preempted by a higher-priority job
         "BOOT_FAIL": S.FAILED,  # the node could not be booted for the job
@@ -188,7 +190,8 @@ class SlurmExecutor:
     # Ends other than the runner's own exit: (failure kind, message).
     END_STATES: ClassVar[dict[str, tuple[str, str]]] = {
         "CANCELLED": ("", "cancelled on the Slurm cluster outside Starforge (scancel)"),
-        "TIMEOUT": ("exit", "reached the Slurm time limit"),
+        # The job's own --time-limit (the reconciler stops it as such) or the partition's.
+        "TIMEOUT": ("timeout", "reached the Slurm time limit"),
         "NODE_FAIL": ("lost", "the Slurm node running the job failed"),
         "PREEMPTED": ("preempted", "preempted by Slurm"),
         "BOOT_FAIL": ("lost", "the Slurm node could not be booted for the job"),
@@ -375,7 +378,7 @@ class SlurmExecutor:
         for flag, value in (
             ("partition", self.partition),
             ("account", self.account),
-            ("time", self.time_limit),
+            ("time", _minutes(spec.time_limit_s) if spec.time_limit_s else self.time_limit),
         ):
             if value:
                 args.append(f"--{flag}={value}")
@@ -815,3 +818,8 @@ def _run_command(
         text=True,
         timeout=COMMAND_TIMEOUT_S,
     )
+
+
+def _minutes(limit_s: int) -> str:
+    """sbatch --time for a job's time limit: its backstop, rounded up to whole minutes."""
+    return str(-(-(limit_s + TIME_LIMIT_BACKSTOP_S) // 60))

@@ -119,6 +119,7 @@ def _follow_on(parent: Job, name: str, spec: dict) -> Job:
         max_retries=parent.max_retries,
         retry_cooldown_s=parent.retry_cooldown_s,
         pending_deadline_s=parent.pending_deadline_s,
+        time_limit_s=parent.time_limit_s,
         parent=parent,
         follow_on_name=name,
         status_reason="waiting for the scheduler's next tick",

@@ -272,4 +272,6 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
         cpus=job.cpus,
         memory_mb=job.memory_mb,
         image=job.image,
+        time_limit_s=job.time_limit_s,
+        pending_deadline_s=job.pending_deadline_s or settings.SF_PENDING_DEADLINE_S,
     )

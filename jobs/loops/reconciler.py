@@ -24,8 +24,10 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from sf.contract import INGEST_FAILED, RANK_STATES
 
+from jobs.durations import time_limit_reason
 from jobs.executors import Executor, Observation, executor_for
 from jobs.ledger import clocks, lifecycle
+from jobs.ledger.halt import halt
 from jobs.ledger.transitions import TransitionRefused, transition
 from jobs.loops.launcher import launch_attempts
 from jobs.models import Attempt, Cluster, JobEvent
@@ -38,6 +40,8 @@ ORPHAN_SWEEP = dt.timedelta(minutes=10)
 # How stale an attempt's last_seen_at may be; a vanished object is declared lost a grace after
 # it (so between SF_LOST_GRACE_S and that plus this after its real last sighting).
 SEEN_RESOLUTION = dt.timedelta(seconds=10)
+# Observation.failure of an attempt its engine ended at its time limit.
+ENGINE_TIME_LIMITS = frozenset({"timeout", "deadline"})
 FAILURE_WORDS = {
     "oom": "out of memory",
     "lost": "lost on backend",
@@ -83,6 +87,8 @@ class OpenRow(NamedTuple):
     status: str
     pending_since: dt.datetime
     pending_deadline_s: int | None
+    time_limit_s: int | None
+    start_time: dt.datetime | None
     sighting_due: bool  # last_seen_at is older than SEEN_RESOLUTION, or unset
 
 
@@ -96,6 +102,8 @@ OPEN_COLUMNS = (
     "job__status",
     "pending_since",
     "job__pending_deadline_s",
+    "job__time_limit_s",
+    "start_time",
     "sighting_due",
 )
 
@@ -164,6 +172,8 @@ def _steady(executor: Executor, row: OpenRow, obs: Observation | None, now: dt.d
     _record_native and _record_ranks would do nothing with."""
     if obs is None or not row.job_ref or obs.native_state != row.native_state:
         return False
+    if row.status == S.RUNNING and past_time_limit(row.time_limit_s, row.start_time, now):
+        return False
     if "ranks" in obs.details:  # a multi-node attempt's ranks are compared with the models
         return False
     target = executor.STATE_TABLE.get(obs.native_state)
@@ -207,6 +217,14 @@ def _reconcile_attempt(
     target = executor.STATE_TABLE.get(obs.native_state)
     if target is None:  # recorded by _record_native; the job keeps its status
         return
+    job = attempt.job
+    if target in (S.PENDING, S.RUNNING) and job.status == S.RUNNING:
+        if reason := _time_limit_reached(attempt, now):
+            # Stopped as a person's stop is (closed now, cancelled after commit), and never
+            # retried automatically: a retry would run into the same limit.
+            expected = {S.RUNNING}
+            halt([job.pk], S.STOPPED, reason, actor="reconciler", now=now, expected=expected)
+            return
     if target == S.PENDING:
         if attempt.job.status == S.RUNNING:
             return  # started already (a requeue shows as a failure): no step back, no deadline
@@ -273,7 +291,32 @@ def _mark_running(attempt: Attempt, obs: Observation, now: dt.datetime) -> None:
         _advance(attempt, [S.PENDING, S.RUNNING], "the entrypoint is running")
 
 
+def past_time_limit(limit_s: int | None, start: dt.datetime | None, now: dt.datetime) -> bool:
+    """The attempt has been up for longer than the job's time limit."""
+    if not limit_s or start is None:
+        return False
+    return (now - start).total_seconds() > limit_s
+
+
+def _time_limit_reached(attempt: Attempt, end: dt.datetime) -> str:
+    """The status reason of an attempt that, up since its start, ran past its job's time limit
+    by `end`; "" if it did not (or has no limit)."""
+    limit, start = attempt.job.time_limit_s, attempt.start_time
+    if not limit or start is None or not past_time_limit(limit, start, end):
+        return ""
+    return time_limit_reason(limit, (end - start).total_seconds())
+
+
 def _finish(attempt: Attempt, target: JobStatus, obs: Observation, now: dt.datetime) -> None:
+    # The engine's own limit (Slurm's --time, a Kubernetes Job's activeDeadlineSeconds) ended
+    # it before a tick of the reconciler did. A cluster's own, shorter limit is not the job's:
+    # only a run past the job's limit is a time-limit stop.
+    if target == S.FAILED and obs.failure in ENGINE_TIME_LIMITS:
+        if reason := _time_limit_reached(attempt, obs.end_time or now):
+            _close_and_transition(
+                attempt, S.STOPPED, reason, obs.end_time, now, exit_code=obs.exit_code
+            )
+            return
     if target == S.SUCCEEDED:
         reason = "exited with code 0"
     elif target == S.STOPPED:  # stopped on the engine by someone, not through Starforge
@@ -287,6 +330,8 @@ def _finish(attempt: Attempt, target: JobStatus, obs: Observation, now: dt.datet
     if attempt.start_time is None and target == S.SUCCEEDED:
         _unknown_start(attempt, obs.end_time or now, now)
     failure = obs.failure or "exit" if target == S.FAILED else ""
+    if failure == "timeout":  # an engine's own limit (a Slurm partition's), not the job's
+        failure = "exit"
     _close_and_transition(
         attempt,
         target,

@@ -5,6 +5,7 @@ import datetime as dt
 from django.conf import settings
 from django.utils import timezone
 
+from jobs.durations import say
 from jobs.models import Attempt, Job, JobEvent
 from jobs.reads.visible import current_attempt, retry_unavailable_reason
 from jobs.states import JobStatus
@@ -63,7 +64,8 @@ def _by_status(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str]
         used = attempt_gpu_seconds(attempt.start_time, None, attempt.gpus, now)
         return [
             f"Running since {attempt.start_time:%Y-%m-%d %H:%M:%S} UTC on {_gpus(job)} "
-            f"of {job.cluster.name} as {attempt.job_ref}; {used:.0f} GPU-seconds so far."
+            f"of {job.cluster.name} as {attempt.job_ref}; {used:.0f} GPU-seconds so far.",
+            _time_limit(job, attempt.start_time, now),
         ]
     if status == S.FAILED and attempt is not None:
         return _failed(job, attempt)
@@ -72,6 +74,20 @@ def _by_status(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str]
         made = ", ".join(f"{name} (job {pk})" for name, pk in children)
         return ["Exited with code 0."] + ([f"Follow-on jobs: {made}."] if made else [])
     return [f"{status.title()}: {job.status_reason}."]
+
+
+def _time_limit(job: Job, start: dt.datetime, now: dt.datetime) -> str:
+    if not job.time_limit_s:
+        return "No time limit: it runs until it ends or is stopped."
+    end = start + dt.timedelta(seconds=job.time_limit_s)
+    left = (end - now).total_seconds()
+    when = f"at {end:%Y-%m-%d %H:%M:%S} UTC"
+    if left <= 0:
+        return f"Its time limit of {say(job.time_limit_s)} passed {when}; it is being stopped."
+    return (
+        f"Its time limit of {say(job.time_limit_s)} stops it {when} ({say(left)} from now) "
+        "unless it ends before; a time-limit stop is not retried automatically."
+    )
 
 
 def _gpus(job: Job) -> str:

@@ -47,6 +47,7 @@ JOB_COLUMNS = (
     "snapshot__deleted_reason",
     "max_retries",
     "retry_cooldown_s",
+    "time_limit_s",
     "next_attempt_at",
     "parent_id",
     "follow_on_name",

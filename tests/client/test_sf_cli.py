@@ -313,6 +313,16 @@ def test_status_of_a_single_node_job_leaves_out_what_it_did_not_ask_for(
     assert "gpus:           2 (virtual slots)\n" in out
     assert "cpus:" not in out and "memory:" not in out and "image:" not in out
     assert "ranks:" not in out
+    assert "time limit:     none\n" in out
+
+
+def test_status_shows_the_time_limit_as_it_is_written(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    fake_api.route("GET /api/v1/jobs/7", lambda r: (200, {**JOB, "time_limit_s": 5400}))
+    assert run_cli(["job", "status", "7"]) == 0
+    assert "time limit:     1h30m\n" in capsys.readouterr().out
 
 
 RANKED = [

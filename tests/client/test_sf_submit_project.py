@@ -30,6 +30,7 @@ priority = 5
 window = "nights"
 window_policy = "pause"
 pending_deadline_s = 600
+time_limit = "1d12h"
 max_retries = 2
 retry_cooldown_s = 30
 then = ["eval"]
@@ -91,6 +92,7 @@ def test_the_job_table_gives_every_field_and_its_entrypoint_runs(api: Any, tmp_p
         600,
     )
     assert (body["max_retries"], body["retry_cooldown_s"], body["then"]) == (2, 30, ["eval"])
+    assert body["time_limit_s"] == 36 * 3600 and "time_limit" not in body
 
 
 def test_options_override_the_table_and_env_merges_over_it(api: Any, tmp_path: Path):
@@ -98,6 +100,7 @@ def test_options_override_the_table_and_env_merges_over_it(api: Any, tmp_path: P
         *("--nodes", "3", "--gpus", "0", "--gpu-type", "h100", "--cpus", "4"),
         *("--memory", "512M", "--image", "repo:tag", "--team", "nlp", "--priority", "0"),
         *("--window-policy", "wait", "--max-retries", "0", "--then", "export"),
+        *("--time-limit", "2:30:00"),
         *("--env", "SEED=2", "EXTRA=x", "--", "python", "other.py"),
     ]
     body = submitted(api, project(tmp_path, FULL), *argv)
@@ -106,7 +109,7 @@ def test_options_override_the_table_and_env_merges_over_it(api: Any, tmp_path: P
     assert (body["memory"], body["image"], body["team"]) == ("512M", "repo:tag", "nlp")
     # Zero and "wait" are values given, not "not given": they override the file's 5 and pause.
     assert (body["priority"], body["window_policy"], body["max_retries"]) == (0, "wait", 0)
-    assert body["then"] == ["export"]
+    assert body["then"] == ["export"] and body["time_limit_s"] == 9000
     assert body["env"] == {"SEED": "2", "MODE": "fast", "EXTRA": "x"}
     assert (body["cluster"], body["retry_cooldown_s"]) == ("gpu", 30)  # not overridden
 
@@ -115,7 +118,8 @@ def test_without_file_or_options_the_defaults_are_todays(api: Any, tmp_path: Pat
     body = submitted(api, project(tmp_path, None), "--", "python", "train.py")
     assert (body["nodes"], body["gpus"], body["priority"]) == (1, 1, 0)
     assert (body["window_policy"], body["then"], body["env"]) == ("wait", [], {})
-    for field in ("gpu_type", "cpus", "memory", "image", "cluster", "name", "max_retries"):
+    fields = ("gpu_type", "cpus", "memory", "image", "cluster", "name", "max_retries")
+    for field in (*fields, "time_limit_s"):
         assert body[field] is None
 
 
@@ -164,6 +168,9 @@ def test_an_unknown_key_is_refused_naming_it_and_the_keys(api, tmp_path, capsys)
         ('then = "eval"', "[job] then in starforge.toml must be a list of [then.<name>] names"),
         ("pending_deadline_s = 0", "[job] pending_deadline_s in starforge.toml must be at least 1"),
         ("max_retries = -1", "[job] max_retries in starforge.toml must be at least 0, not -1"),
+        ("time_limit = 3600", "[job] time_limit in starforge.toml must be a duration with a unit"),
+        ('time_limit = "60"', "must be a duration with a unit, e.g. 90m, 4h, 1d12h or 36:00:00"),
+        ('time_limit = "0s"', "[job] time_limit in starforge.toml must be at least one second"),
     ],
 )
 def test_a_value_of_the_wrong_type_is_refused(api, tmp_path, capsys, line: str, says: str):
@@ -204,3 +211,9 @@ def test_a_job_table_without_an_entrypoint_needs_a_command(api, tmp_path, capsys
 )
 def test_bad_options_are_usage_errors(api, tmp_path, capsys, argv: list[str], says: str):
     assert says in refused(api, project(tmp_path, FULL), capsys, *argv)
+
+
+@pytest.mark.parametrize("value", ["60", "4x", "0s", "-1h", ""])
+def test_a_time_limit_option_without_a_unit_or_of_nothing_is_refused(api, tmp_path, capsys, value):
+    err = refused(api, project(tmp_path, None), capsys, "--time-limit", value, "--", "true")
+    assert "--time-limit" in err

@@ -169,6 +169,25 @@ def test_stop_ends_the_runner_and_the_training_process(sf, stack, submit):
     assert stack.attempts(job["id"])[0]["end_reason"].startswith("stopped by")
 
 
+def test_a_time_limit_stops_the_job_and_its_processes_and_is_not_retried(sf, stack, submit):
+    argv = ["--gpus", "1", "--time-limit", "4s", "--max-retries", "2"]
+    job = submit(*argv, "--", "python", "train.py", "--steps", "1000", "--sleep", "0.2")
+    assert job["time_limit_s"] == 4
+    running_job = stack.wait_job(job["id"], lambda j: j["status"] == "RUNNING", 60, "RUNNING")
+    pids = backend_pids(stack, running_job["job_ref"])
+    # The reconciler's next tick (beat: every 2 s) after the 4 s are up.
+    stopped = stack.wait_job(job["id"], lambda j: j["status"] == "STOPPED", 30, "STOPPED")
+    assert stopped["status_reason"].startswith("time limit reached: ran ")
+    assert stopped["status_reason"].endswith(", its limit is 4 s")
+    wait_gone(stack, pids, 15)
+    (attempt,) = stack.attempts(job["id"])
+    ran = (ts(attempt["end_time"]) - ts(attempt["start_time"])).total_seconds()
+    assert 4 < ran < 4 + 10  # billed as run: to the tick that stopped it
+    time.sleep(3)  # no automatic retry comes
+    final = status(sf, job["id"])
+    assert (final["status"], final["attempt"], final["next_attempt_at"]) == ("STOPPED", 1, None)
+
+
 def test_a_worker_crash_right_after_resume_or_retry_launches_the_attempt_exactly_once(
     sf, stack, submit
 ):

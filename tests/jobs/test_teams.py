@@ -84,6 +84,7 @@ def test_a_member_sees_their_teams_with_roles_quotas_and_defaults(api, admin, ma
         "window": None,
         "default_max_retries": 0,
         "default_retry_cooldown_s": 30,
+        "default_time_limit_s": None,
     }
     assert api.get("/teams/vision").json() == vision
 
@@ -253,6 +254,7 @@ def test_a_team_admin_sets_defaults_by_name_and_only_what_was_sent(admin_api, te
         "window": "nights",
         "default_max_retries": 2,
         "default_retry_cooldown_s": 30,
+        "default_time_limit_s": None,
     }
     cleared = patch(admin_api, "/teams/vision", {"window": None}).json()["defaults"]
     assert cleared["window"] is None and cleared["default_cluster"] == "gpu-slurm"
@@ -267,6 +269,8 @@ def test_a_team_admin_sets_defaults_by_name_and_only_what_was_sent(admin_api, te
         ({"default_max_retries": -1}, 400, "from 0 to 100"),
         ({"default_retry_cooldown_s": 86401}, 400, "from 0 to 86400"),
         ({"default_retry_cooldown_s": "30"}, 422, "default_retry_cooldown_s"),
+        ({"default_time_limit_s": 0}, 400, "default_time_limit_s must be a whole number from 1"),
+        ({"default_time_limit_s": 30 * 86400 + 1}, 400, "from 1 to 2592000"),
     ],
 )
 def test_bad_defaults_are_refused_with_a_sentence_and_change_nothing(

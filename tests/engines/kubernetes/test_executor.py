@@ -3,6 +3,7 @@
 import pytest
 
 from jobs.executors import LaunchError
+from jobs.executors.base import TIME_LIMIT_BACKSTOP_S
 from jobs.executors.kubernetes import KubernetesExecutor, job_name, label_value
 from jobs.models import Cluster
 from jobs.states import JobStatus
@@ -97,6 +98,23 @@ def test_cluster_settings_reach_the_pod(apiserver, k8s_settings):
     assert pod["tolerations"] == settings["tolerations"]
     assert pod["serviceAccountName"] == "trainer"
     assert pod["imagePullSecrets"] == [{"name": "registry-creds"}]
+
+
+def test_a_time_limit_gives_the_job_an_active_deadline_past_its_wait_and_its_run(
+    executor, apiserver, k8s_settings
+):
+    # The Job's clock runs from its creation: the pending deadline, the limit, the backstop.
+    spec = launch(time_limit_s=600, pending_deadline_s=300)
+    job = apiserver.get("jobs", executor.submit(spec))
+    assert job["spec"]["activeDeadlineSeconds"] == 300 + 600 + TIME_LIMIT_BACKSTOP_S
+    # A cluster's own shorter deadline still holds.
+    short = KubernetesExecutor(
+        Cluster(
+            name="short", kind="kubernetes", settings={**k8s_settings, "active_deadline_s": 120}
+        )
+    )
+    job = apiserver.get("jobs", short.submit(launch(run_id="fedcba9876543210", time_limit_s=600)))
+    assert job["spec"]["activeDeadlineSeconds"] == 120
 
 
 def test_an_invalid_job_is_refused_for_good_with_the_apis_message(executor, monkeypatch):

@@ -2,6 +2,7 @@
 cancel and capacity, with the job-side runner as the batch step (offline: no API server).
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -180,6 +181,16 @@ def test_two_workers_submitting_the_same_attempt_at_once_make_one_job(
         thread.join()
     listed = slurm("squeue", "-h", "-t", "all", "-n", spec.name, "-o", "%i", conf=slurm_conf)
     assert len(set(refs)) == 1 and listed.split() == refs[:1]
+
+
+def test_a_time_limit_reaches_slurm_as_its_backstop_in_whole_minutes(executor, token, slurm_conf):
+    spec = python_spec(token, "limit", "import time; time.sleep(30)")
+    limited = dataclasses.replace(spec, time_limit_s=90)  # + 60 s backstop: 150 s, 3 minutes
+    ref = executor.submit(limited)
+    try:
+        assert slurm("squeue", "-h", "-j", ref, "-o", "%l", conf=slurm_conf).strip() == "3:00"
+    finally:
+        executor.cancel(ref)
 
 
 def test_poll_asks_squeue_once_for_all_jobs(executor, token):
