@@ -146,6 +146,26 @@ class JobOut(Schema):
     parent: int | None
     follow_on_name: str
     then: list[str]
+    queue_position: int | None = Field(
+        description="QUEUED: its place among the jobs waiting on its cluster, in the order the "
+        "scheduler considers them (1: next); null otherwise or before the next tick"
+    )
+    team_queue_position: int | None = Field(description="its place among its team's waiting jobs")
+    ahead: list["AheadOut"] = Field(description="the nearest jobs waiting ahead of it (up to 5)")
+    ahead_jobs: int | None = Field(description="how many jobs wait ahead of it on its cluster")
+    ahead_gpus: int | None = Field(description="the GPUs those jobs ask for")
+    estimated_start: dt.datetime | None = Field(
+        description="when it can start at the latest if running jobs run to their time limits "
+        "and nothing is submitted ahead of it; null with estimate_reason when none can be given"
+    )
+    estimate_reason: str = Field(description="why there is no estimate; empty when there is one")
+    planned_at: dt.datetime | None = Field(description="when the scheduler made this plan")
+
+
+class AheadOut(Schema):
+    id: int | None = Field(description="the job's id; null for another team's job")
+    same_team: bool
+    gpus: int
 
 
 class RankOut(Schema):

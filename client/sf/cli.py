@@ -530,9 +530,29 @@ def cmd_status(args: argparse.Namespace) -> None:
         for key in STATUS_FIELDS
         if key not in STATUS_IF_SET or job.get(key) not in (None, "")
     ]
+    if job.get("status") == "QUEUED":
+        lines += _queue_lines(job)
     if (job.get("nodes") or 1) > 1:
         lines += ["ranks:", *_rank_table(job.get("ranks") or [])]
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _queue_lines(job: dict) -> list[str]:
+    """A QUEUED job's place in line and its estimated start, as the last scheduler tick saw."""
+    position = job.get("queue_position")
+    if position is None:
+        return [f"{'position:':<15} {_name(job.get('estimate_reason'))}"]
+    place = f"{position} on its cluster, {_name(job.get('team_queue_position'))} in its team"
+    ahead = job.get("ahead_jobs") or 0
+    if ahead:
+        place += f"; {ahead} job(s) asking for {_name(job.get('ahead_gpus'))} GPU(s) ahead"
+    start = job.get("estimated_start")
+    when = (
+        f"by {str(start)[:19].replace('T', ' ')} UTC (if running jobs run to their time limits)"
+        if start
+        else f"none: {_name(job.get('estimate_reason'))}"
+    )
+    return [f"{'position:':<15} {place}", f"{'est. start:':<15} {when}"]
 
 
 def _rank_table(ranks: list[dict]) -> list[str]:
@@ -625,7 +645,7 @@ def _print_table(items: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("ID", "NAME", "STATUS", "GPUS", "ATTEMPT", "TEAM", "USER", "SUBMITTED"):
+    for col in ("ID", "NAME", "STATUS", "POS", "GPUS", "ATTEMPT", "TEAM", "USER", "SUBMITTED"):
         # Only the free-text columns may shrink; ids and states must stay readable.
         shrinks = col == "NAME"
         table.add_column(
@@ -638,7 +658,8 @@ def _print_table(items: list[dict]) -> None:
     table.add_column("REASON", no_wrap=True, max_width=48, overflow="ellipsis")
     for job in items:
         submitted = str(job.get("submitted_at") or "-")[:16].replace("T", " ")
-        row = [job.get(k) for k in ("id", "name", "status", "gpus", "attempt", "team", "user")]
+        row = [job.get(k) for k in ("id", "name", "status", "queue_position", "gpus", "attempt")]
+        row += [job.get("team"), job.get("user")]
         reason = _name(job.get("status_reason")).split("\n")[0]
         table.add_row(*map(_name, row), submitted, reason)
     console = Console()

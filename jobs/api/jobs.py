@@ -22,6 +22,7 @@ from jobs.errors import BadRequest, NotFound
 from jobs.models import Job, Membership, gpus_per_node, run_output_dir, virtual_gpus
 from jobs.reads import diagnostics
 from jobs.reads.job_rows import JobFilter, Started, job_page, job_row, job_timeline
+from jobs.reads.queue import queue_places
 from jobs.reads.visible import get_visible_job, retry_refusal
 from jobs.schemas import (
     AttemptOut,
@@ -119,7 +120,9 @@ def _job_answer(request, job_id: int, status: int = 200) -> HttpResponse:
     found = job_row(request.auth, job_id)
     if found is None:
         raise NotFound(f"job {job_id} does not exist or belongs to a team you are not in")
-    return _answer(request, job_out(*found, timezone.now()), status)
+    job, started = found
+    places = queue_places([job], request.auth.is_staff)
+    return _answer(request, {**job_out(job, started, timezone.now()), **places[job_id]}, status)
 
 
 def _answer(request: HttpRequest, body: object, status: int = 200) -> HttpResponse:
@@ -220,10 +223,11 @@ def list_jobs(request, filters: Query[JobFilters]):
     more = len(page) > filters.limit
     page = page[: filters.limit]
     now = timezone.now()
+    places = queue_places(page, request.auth.is_staff)
     return _answer(
         request,
         {
-            "items": [job_out(j, started[j["id"]], now) for j in page],
+            "items": [{**job_out(j, started[j["id"]], now), **places[j["id"]]} for j in page],
             "next_before": page[-1]["id"] if more else None,
         },
     )

@@ -21,6 +21,7 @@ from jobs.errors import ApiError, BadRequest, Forbidden, NotFound
 from jobs.ledger.transitions import TransitionRefused
 from jobs.models import Cluster, Membership
 from jobs.reads import diagnostics
+from jobs.reads.queue import queue_places, queue_row
 from jobs.reads.visible import (
     current_attempt,
     get_visible_job,
@@ -63,6 +64,17 @@ def job_list(request):
     page = list(jobs.order_by("pk" if oldest_first else "-pk")[: PAGE_SIZE + 1])
     more = len(page) > PAGE_SIZE
     page = page[:PAGE_SIZE]
+    rows = [queue_row(job) for job in page]
+    places = queue_places(rows, request.user.is_staff)
+    for job in page:
+        place = places[job.pk]
+        job.queue_position = place["queue_position"]  # type: ignore[attr-defined]
+        start = place["estimated_start"]
+        job.queue_title = (  # type: ignore[attr-defined]
+            f"estimated start: by {start:%Y-%m-%d %H:%M} UTC"
+            if start
+            else f"no estimate: {place['estimate_reason']}"
+        )
     return render(
         request,
         "jobs/list.html",

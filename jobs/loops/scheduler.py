@@ -35,6 +35,7 @@ from jobs.ledger import clocks
 from jobs.ledger.halt import halt
 from jobs.ledger.lifecycle import requeue_due_retries
 from jobs.ledger.transitions import Change, apply_transitions
+from jobs.loops import queueplan
 from jobs.models import (
     Attempt,
     Cluster,
@@ -45,6 +46,7 @@ from jobs.models import (
     TeamGpuTypeQuota,
 )
 from jobs.states import JobStatus
+from jobs.stores import queueplan as store_plan
 from jobs.windows import Window, WindowSpecError, parse_window
 from metering.records import meter_ended, team_gpu_us
 
@@ -55,6 +57,12 @@ ADVISORY_LOCK_KEY = 0x5F5C_4ED0  # any constant unique to Starforge's scheduler
 MAX_ADMIT_PER_TICK = 5000
 FAIR_SHARE_DAYS = 7
 US_PER_HOUR = 3600 * 1_000_000
+
+
+class Planned(str):
+    """A waiting reason the queue plan models (the team's GPU quota, the cluster's GPUs), so
+    it can say when the job starts; for any other (a closed window, a used-up budget, a
+    member's cap, a share, an unreachable cluster) it gives no estimate and says why."""
 
 
 @dataclass
@@ -109,6 +117,7 @@ class _Queued:
     old_reason: str
     nodes: int = 1
     gpu_type: str = ""
+    time_limit_s: int | None = None
 
     @property
     def gpus_per_node(self) -> int:
@@ -251,13 +260,15 @@ def _admit(
         .order_by("-priority", "submitted_at", "id")
         .values_list(
             "id", "team_id", "user_id", "user__username", "cluster_id", "gpus", "window_id",
-            "status_reason", "nodes", "gpu_type",
+            "status_reason", "nodes", "gpu_type", "time_limit_s",
         )
     )  # fmt: skip
     for row in rows:
         queue[row[1]].append(_Queued(*row))
     admit: list[tuple[int, int, dict]] = []
     reasons: dict[str, list[int]] = defaultdict(list)
+    waiting: list[queueplan.Waiting] = []  # in the order considered: the queue plan's order
+    considered_all = True
     turn = _fair_share_order(ctx, list(queue))
     while turn:
         score, team_id = heapq.heappop(turn)
@@ -265,20 +276,57 @@ def _admit(
         reason, placed = _gate(ctx, job)
         if reason is None:
             if len(admit) >= MAX_ADMIT_PER_TICK:
+                considered_all = False  # the next tick plans the queue
                 break
             _hold(ctx, job, placed)
             ctx.held.add(job.team, job.user, job.cluster, job.gpus)
             admit.append((job.id, job.gpus, _admission_record(ctx, job)))
             score += job.gpus / max(ctx.teams[team_id].gpu_quota, 1)
-        elif reason != job.old_reason:
-            reasons[reason].append(job.id)
+        else:
+            if reason != job.old_reason:
+                reasons[reason].append(job.id)
+            blocked = "" if isinstance(reason, Planned) else reason
+            waiting.append(
+                queueplan.Waiting(
+                    job.id, job.team, job.cluster, job.gpus, job.time_limit_s, blocked
+                )
+            )
         if queue[team_id]:
             heapq.heappush(turn, (score, team_id))
     for reason, ids in reasons.items():
         # A waiting reason is not a status change: no event, and only QUEUED rows are touched.
         Job.objects.filter(pk__in=ids, status=S.QUEUED).update(status_reason=reason)
     attempt_ids = _submit(admit, now)
+    if considered_all:
+        entries, totals = _plan(ctx, waiting)
+        transaction.on_commit(lambda: store_plan.write(entries, totals, now.timestamp()))
     return TickResult(admitted=attempt_ids, waiting=sum(len(v) for v in reasons.values()))
+
+
+def _plan(
+    ctx: _Context, waiting: list[queueplan.Waiting]
+) -> tuple[dict[int, dict], dict[int, int]]:
+    """Each waiting job's place in the queue and earliest start (jobs.loops.queueplan), from
+    this tick's holdings (its admissions included) and the active jobs' time limits."""
+    now = ctx.now.timestamp()
+    holdings = []
+    active = Job.objects.filter(status__in=S.active(), gpus__gt=0).values_list(
+        "team_id", "cluster_id", "gpus", "time_limit_s", "current_attempt__start_time"
+    )
+    for team_id, cluster_id, gpus, limit, start in active:
+        # Not started yet: its limit runs from its start, at the earliest now.
+        until = (start.timestamp() if start else now) + limit if limit else None
+        holdings.append(queueplan.Holding(team_id, cluster_id, gpus, until))
+    capacity: dict[int, int | None] = {}
+    free: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for pk, (cluster, cap) in ctx.capacities.items():
+        names[pk] = cluster.name
+        capacity[pk] = cap.total_gpus if cap.reachable else None
+        free[pk] = cap.total_gpus - ctx.held.cluster[pk].gpus
+    room = {pk: team.gpu_quota - ctx.held.team[pk].gpus for pk, team in ctx.teams.items()}
+    entries, totals = queueplan.plan(waiting, holdings, capacity, free, room, names, now)
+    return {job_id: entry.packed() for job_id, entry in entries.items()}, totals
 
 
 def _admission_record(ctx: _Context, job: _Queued) -> dict:
@@ -348,7 +396,7 @@ def _quota_gate(ctx: _Context, job: _Queued) -> str | None:
             f"{team.max_jobs} jobs it may run at once"
         )
     if held.gpus + job.gpus > team.gpu_quota:
-        return (
+        return Planned(
             f"waiting for quota: team {team.name} uses {held.gpus} of "
             f"{team.gpu_quota} GPUs; this job needs {job.gpus}"
         )
@@ -381,7 +429,7 @@ def _cluster_gate(ctx: _Context, team: Team, job: _Queued) -> str | None:
     kind = "virtual GPU slots" if capacity.virtual else "GPUs"
     if job.gpus > free:
         why = f" ({capacity.message})" if capacity.message else ""  # e.g. every node drained
-        return (
+        return Planned(
             f"waiting for capacity: cluster {cluster.name} has {max(free, 0)} of "
             f"{capacity.total_gpus} {kind} free{why}; this job needs {job.gpus}"
         )
@@ -418,11 +466,11 @@ def _node_gate(ctx: _Context, job: _Queued) -> tuple[str | None, list[str] | Non
     have = nodes.room(job.nodes, g, kind, avoid)
     what = f"{g} free {kind + ' ' if kind else ''}GPU{'s' if g != 1 else ''}"
     if nodes.share:
-        return (
+        return Planned(
             f"waiting for capacity: {job.nodes} rank{'s' if job.nodes != 1 else ''} with {what} "
             f"each on cluster {cluster.name}: room for {have} now"
         ), None
-    return (
+    return Planned(
         f"waiting for {job.nodes} node{'s' if job.nodes != 1 else ''} with {what}"
         f"{' each' if job.nodes != 1 else ''}: {have} such node{'s' if have != 1 else ''} free "
         f"on cluster {cluster.name}"

@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from jobs.durations import say
 from jobs.models import Attempt, Job, JobEvent
+from jobs.reads.queue import queue_places, queue_row
 from jobs.reads.visible import current_attempt, retry_unavailable_reason
 from jobs.states import JobStatus
 from jobs.stores import logstore
@@ -44,6 +45,7 @@ def _by_status(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str]
     if status == S.QUEUED:
         return [
             f"Waiting to be admitted: {job.status_reason}.",
+            *_queue_place(job),
             "Quota and the schedule window are checked before cluster capacity.",
         ]
     if status == S.SUBMITTED:
@@ -74,6 +76,43 @@ def _by_status(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str]
         made = ", ".join(f"{name} (job {pk})" for name, pk in children)
         return ["Exited with code 0."] + ([f"Follow-on jobs: {made}."] if made else [])
     return [f"{status.title()}: {job.status_reason}."]
+
+
+def _queue_place(job: Job) -> list[str]:
+    """Where the last scheduler tick placed the job, and when it can start."""
+    place = queue_places([queue_row(job)], staff=False)[job.pk]
+    if place["queue_position"] is None:
+        return [f"Queue position: {place['estimate_reason']}."]
+    cluster, team = job.cluster.name, job.team.name
+    text = (
+        f"Position {place['queue_position']} among the jobs waiting on cluster {cluster} "
+        f"(number {place['team_queue_position']} of team {team}'s)"
+    )
+    if place["ahead_jobs"]:
+        nearest = ", ".join(
+            f"job {a['id']} ({_n(a['gpus'], 'GPU')})"
+            if a["id"] is not None
+            else f"another team's job ({_n(a['gpus'], 'GPU')})"
+            for a in place["ahead"]
+        )
+        text += (
+            f"; ahead of it: {_n(place['ahead_jobs'], 'job')} asking for "
+            f"{_n(place['ahead_gpus'], 'GPU')}, the nearest {nearest}"
+        )
+    sentences = [text + "."]
+    start = place["estimated_start"]
+    if start is not None:
+        sentences.append(
+            f"Estimated start: by {start:%Y-%m-%d %H:%M:%S} UTC, if the running jobs run to "
+            "their time limits and nothing is submitted ahead of it."
+        )
+    else:
+        sentences.append(f"No start estimate: {place['estimate_reason']}.")
+    return sentences
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count != 1 else ''}"
 
 
 def _time_limit(job: Job, start: dt.datetime, now: dt.datetime) -> str:

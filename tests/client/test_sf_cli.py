@@ -316,6 +316,53 @@ def test_status_of_a_single_node_job_leaves_out_what_it_did_not_ask_for(
     assert "time limit:     none\n" in out
 
 
+def test_status_of_a_queued_job_shows_its_place_and_estimated_start(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    queued = {
+        **JOB,
+        "status": "QUEUED",
+        "queue_position": 3,
+        "team_queue_position": 1,
+        "ahead_jobs": 2,
+        "ahead_gpus": 6,
+        "estimated_start": "2026-12-02T15:04:05.123456Z",
+        "estimate_reason": "",
+    }
+    fake_api.route("GET /api/v1/jobs/7", lambda r: (200, queued))
+    assert run_cli(["job", "status", "7"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "position:       3 on its cluster, 1 in its team; 2 job(s) asking for 6 GPU(s) ahead\n"
+        in out
+    )
+    assert (
+        "est. start:     by 2026-12-02 15:04:05 UTC (if running jobs run to their time limits)\n"
+        in out
+    )
+    unknown = {**queued, "estimated_start": None, "estimate_reason": "waiting for window nights"}
+    fake_api.route("GET /api/v1/jobs/7", lambda r: (200, unknown))
+    assert run_cli(["job", "status", "7"]) == 0
+    assert "est. start:     none: waiting for window nights\n" in capsys.readouterr().out
+
+
+def test_list_shows_queued_jobs_positions(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    items = [
+        {**JOB, "status": "QUEUED", "queue_position": 4},
+        {**JOB, "id": 8, "status": "RUNNING"},
+    ]
+    fake_api.route("GET /api/v1/jobs", lambda r: (200, {"items": items, "next_before": None}))
+    assert run_cli(["job", "list"]) == 0
+    header, first, second = capsys.readouterr().out.splitlines()[:3]
+    assert header.split()[:4] == ["ID", "NAME", "STATUS", "POS"]
+    assert first.split()[:4] == ["7", "demo", "QUEUED", "4"]
+    assert second.split()[:4] == ["8", "demo", "RUNNING", "-"]
+
+
 def test_status_shows_the_time_limit_as_it_is_written(
     fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
 ) -> None:
