@@ -11,7 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 AREAS = [
-    ("Scheduler", ["sched-fit", "sched-quota", "sched-gang", "tick-10k", "tick-100k"]),
+    (
+        "Scheduler",
+        ["sched-fit", "sched-quota", "sched-gang", "tick-10k", "tick-100k", "sched-starvation"],
+    ),
     ("Log ingest, replay and the CLI", ["api", "api-s3"]),
     ("API throughput vs the framework's floor", ["http"]),
     ("Console", ["console", "live"]),
@@ -120,6 +123,25 @@ def _sched_rows(results: dict) -> list[Row]:
                     ("first", "wall_s"),
                 )
             )
+    r = results.get("sched-starvation", {})
+    if "big_started" in r:
+        limit = r["small_time_limit_s"]
+        waited = r["big_waited_s"]
+        out.append(
+            Row(
+                "sched-starvation",
+                f"an 8-GPU job behind a stream of 1-GPU jobs (limit {limit} s) on 8 GPUs",
+                (
+                    f"started after {waited:,.0f} s at the head; "
+                    f"{r['small_jobs_started_while_it_waited']} 1-GPU jobs started meanwhile"
+                    if r["big_started"]
+                    else f"not started in {r['ticks']} ticks"
+                ),
+                f"<= {limit} s (the 1-GPU jobs' time limit)",
+                bool(r["big_started"]) and waited <= limit,
+                ("big_waited_s",),
+            )
+        )
     return out
 
 

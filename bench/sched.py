@@ -138,3 +138,86 @@ def one_tick(depth: int, quota: int = 1) -> dict:
             "waiting_reasons_written": result.waiting,
         }
     return out
+
+
+SMALL_LIMIT_S = 600  # every 1-GPU job's time limit in `sched-starvation`
+TICK_S = 10  # simulated seconds between ticks
+ARRIVALS_PER_TICK = 2  # 1-GPU jobs submitted each tick: far more than 8 GPUs can run
+
+
+def starvation(seed: int = 7) -> dict:
+    """An 8-GPU job waits on a cluster of 8 GPUs kept busy by a steady stream of 1-GPU jobs
+    (time limit SMALL_LIMIT_S, each running a random 20 to 100 % of it), on a simulated clock:
+    each tick ends the 1-GPU jobs whose run is over (a stop, as the reconciler's), submits
+    ARRIVALS_PER_TICK more, and runs the real scheduler tick at that time. The big job is
+    submitted at the head of the order (a higher priority) once the cluster is full; the
+    figure is how long it waited. Aim: no longer than the 1-GPU jobs' time limit."""
+    import datetime as dt
+    import random
+
+    from django.utils import timezone
+
+    from jobs.ledger.halt import halt
+    from jobs.loops.scheduler import admit_queued_jobs
+    from jobs.models import Attempt, Job
+    from jobs.states import JobStatus as S
+
+    rng = random.Random(seed)
+    user = common.make_user()
+    cluster = common.make_cluster(gpus=8)
+    (team,) = common.make_teams(1, 1000, cluster, user)
+    now = timezone.now()
+    ends: dict[int, dt.datetime] = {}  # running small job -> when its run is over
+    submitted = 0
+
+    def submit(gpus: int, limit: int, priority: int = 0) -> Job:
+        nonlocal submitted
+        submitted += 1
+        return Job.objects.create(
+            run_id=f"s{submitted:07d}", team=team, user=user, cluster=cluster, gpus=gpus,
+            entrypoint=["true"], priority=priority, time_limit_s=limit, submitted_at=now,
+            status_changed_at=now,
+        )  # fmt: skip
+
+    def tick() -> list[int]:
+        over = [job for job, end in ends.items() if end <= now]
+        if over:
+            halt(over, S.STOPPED, "bench: its run is over", actor="bench", now=now)
+            for job in over:
+                del ends[job]
+        for _ in range(ARRIVALS_PER_TICK):
+            submit(1, SMALL_LIMIT_S)
+        admitted = admit_queued_jobs(now=now).admitted
+        jobs = list(Attempt.objects.filter(pk__in=admitted).values_list("job_id", flat=True))
+        return jobs
+
+    warm_up = 0
+    while len(ends) < 8 or warm_up < 3:  # the cluster full of 1-GPU jobs, a queue behind
+        for job in tick():
+            ends[job] = now + dt.timedelta(seconds=SMALL_LIMIT_S * rng.uniform(0.2, 1.0))
+        now += dt.timedelta(seconds=TICK_S)
+        warm_up += 1
+    big = submit(8, 3600, priority=10)
+    at_head, small_passed, ticks = now, 0, 0
+    t0 = time.perf_counter()
+    while ticks < 10 * SMALL_LIMIT_S // TICK_S:
+        ticks += 1
+        admitted = tick()
+        if big.pk in admitted:
+            break
+        small_passed += len(admitted)
+        for job in admitted:
+            ends[job] = now + dt.timedelta(seconds=SMALL_LIMIT_S * rng.uniform(0.2, 1.0))
+        now += dt.timedelta(seconds=TICK_S)
+    started = Job.objects.get(pk=big.pk).status != S.QUEUED
+    return {
+        "cluster_gpus": 8,
+        "small_time_limit_s": SMALL_LIMIT_S,
+        "tick_s": TICK_S,
+        "arrivals_per_tick": ARRIVALS_PER_TICK,
+        "big_started": started,
+        "big_waited_s": (now - at_head).total_seconds() if started else None,
+        "small_jobs_started_while_it_waited": small_passed,
+        "ticks": ticks,
+        "wall_s": round(time.perf_counter() - t0, 2),
+    }

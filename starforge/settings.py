@@ -268,6 +268,9 @@ SF_MAX_SNAPSHOT_BYTES = _env_int("SF_MAX_SNAPSHOT_MB", 100) * 1024 * 1024
 SF_MAX_SNAPSHOT_UNPACKED_BYTES = _env_int("SF_MAX_SNAPSHOT_UNPACKED_MB", 1024) * 1024 * 1024
 SF_PENDING_DEADLINE_S = _env_int("SF_PENDING_DEADLINE_S", 1800)
 SF_LOST_GRACE_S = _env_int("SF_LOST_GRACE_S", 60)
+# A job the scheduler reserves GPUs for (the first one of a cluster's order that does not fit)
+# that has waited this long may no longer be passed by jobs without a time limit.
+SF_RESERVE_AGE_S = _env_int("SF_RESERVE_AGE_S", 900)
 SF_RETRY_COOLDOWN_CAP_S = _env_int("SF_RETRY_COOLDOWN_CAP_S", 3600)
 SF_LAUNCH_STUCK_S = _env_int("SF_LAUNCH_STUCK_S", 30)
 # A launcher's claim on an attempt (jobs.loops.launcher): longer than any launch's engine calls

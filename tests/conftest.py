@@ -3,12 +3,15 @@
 from contextlib import ExitStack
 
 import pytest
+import redis
 from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs.auth import issue_token
 from jobs.executors import override
 from jobs.models import Cluster, Membership, Team
+from jobs.redis_client import client
+from jobs.stores import queueplan
 from tests.access import let_jobs_reach_the_interpreter, let_jobs_through
 from tests.s3 import serve_s3
 
@@ -28,6 +31,17 @@ def _isolated_storage(settings, tmp_path):
     settings.SF_LOG_DIR = tmp_path / "logs"
     settings.SF_OUTPUT_ROOT = tmp_path / "runs"
     settings.SF_LOCAL_STATE_DIR = tmp_path / "local-executor"
+
+
+@pytest.fixture(autouse=True)
+def _no_queue_plan_of_another_test(settings):
+    """The queue plan (jobs.stores.queueplan) is keyed by job id in a Redis the suite shares:
+    one left by an earlier test's tick, or by an end-to-end stack's scheduler on its own
+    database, would place this test's jobs of the same ids. Each test starts without one."""
+    try:
+        client(settings.REDIS_URL).delete(queueplan.KEY)
+    except redis.RedisError:
+        pass  # a test that points REDIS_URL at nothing
 
 
 @pytest.fixture(autouse=True)

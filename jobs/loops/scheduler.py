@@ -13,11 +13,19 @@ quota; the team with the lowest score places its next job (highest priority, the
 score grows by that job's GPUs / quota, and the offer goes to the lowest score again. Priority
 therefore orders jobs only within a team.
 
+No starvation: the first job of a cluster's order that finds no room gets a reservation (EASY
+backfill): the GPUs the plan says come back first, from when they do. A job behind it that fits
+now starts only if its time limit ends before then, or if the reserved job would still have
+its GPUs then; one without a time limit also while the reserved job is younger than
+SF_RESERVE_AGE_S. Each tick also plans the whole queue it considered (`jobs.loops.queueplan`):
+where every waiting job stands and when it can start.
+
 The same tick applies the two time-driven rules: jobs submitted with `--window-policy pause`
 are paused when their window closes and queued again when it reopens, and a team whose monthly
 budget is used up with `budget_hard_stop` set has its running GPU jobs stopped.
 """
 
+import bisect
 import datetime as dt
 import heapq
 import logging
@@ -25,6 +33,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F, OuterRef, Subquery, Sum
 from django.utils import timezone
@@ -63,6 +72,22 @@ class Planned(str):
     """A waiting reason the queue plan models (the team's GPU quota, the cluster's GPUs), so
     it can say when the job starts; for any other (a closed window, a used-up budget, a
     member's cap, a share, an unreachable cluster) it gives no estimate and says why."""
+
+
+class NoRoom(Planned):
+    """The cluster has not the GPUs (or nodes) free: the wait a reservation is made for."""
+
+
+@dataclass
+class _Reservation:
+    """GPUs of a cluster kept for the first job of its order that does not fit (EASY backfill,
+    as Slurm's backfill scheduler): from `start`, when the plan says enough come back (None:
+    unknown, some are held by jobs without a time limit), for `job`."""
+
+    job: "_Queued"
+    start: float | None
+    old: bool  # waited past SF_RESERVE_AGE_S: jobs without a time limit may not pass it
+    free: "queueplan.Profile"  # the cluster's free GPUs over time, this tick's admissions in
 
 
 @dataclass
@@ -118,6 +143,7 @@ class _Queued:
     nodes: int = 1
     gpu_type: str = ""
     time_limit_s: int | None = None
+    queued_at: dt.datetime | None = None
 
     @property
     def gpus_per_node(self) -> int:
@@ -190,6 +216,16 @@ class _Context:
     # use: it places the active jobs of the clusters that report nodes).
     type_caps: dict[int, dict[str, int]] = field(default_factory=dict)
     type_used: dict[tuple[int, str], int] | None = None
+    reservations: dict[int, _Reservation] = field(default_factory=dict)  # per cluster
+    # What active jobs hold and until when (read once, when the first reservation or the plan
+    # needs it), and what this tick admitted.
+    holdings: list[queueplan.Holding] | None = None
+    admitted: list[queueplan.Holding] = field(default_factory=list)
+
+    def all_holdings(self) -> list[queueplan.Holding]:
+        if self.holdings is None:
+            self.holdings = _active_holdings(self.now.timestamp())
+        return self.holdings + self.admitted
 
     def nodes_of(self, cluster: Cluster, capacity: Capacity) -> _Nodes:
         if cluster.pk not in self.nodes:
@@ -260,7 +296,7 @@ def _admit(
         .order_by("-priority", "submitted_at", "id")
         .values_list(
             "id", "team_id", "user_id", "user__username", "cluster_id", "gpus", "window_id",
-            "status_reason", "nodes", "gpu_type", "time_limit_s",
+            "status_reason", "nodes", "gpu_type", "time_limit_s", "status_changed_at",
         )
     )  # fmt: skip
     for row in rows:
@@ -275,10 +311,15 @@ def _admit(
         job = queue[team_id].popleft()
         reason, placed = _gate(ctx, job)
         if reason is None:
+            reason = _reserved_for_another(ctx, job)
+        elif isinstance(reason, NoRoom):
+            _reserve(ctx, job)
+        if reason is None:
             if len(admit) >= MAX_ADMIT_PER_TICK:
                 considered_all = False  # the next tick plans the queue
                 break
             _hold(ctx, job, placed)
+            _took(ctx, job)
             ctx.held.add(job.team, job.user, job.cluster, job.gpus)
             admit.append((job.id, job.gpus, _admission_record(ctx, job)))
             score += job.gpus / max(ctx.teams[team_id].gpu_quota, 1)
@@ -309,14 +350,7 @@ def _plan(
     """Each waiting job's place in the queue and earliest start (jobs.loops.queueplan), from
     this tick's holdings (its admissions included) and the active jobs' time limits."""
     now = ctx.now.timestamp()
-    holdings = []
-    active = Job.objects.filter(status__in=S.active(), gpus__gt=0).values_list(
-        "team_id", "cluster_id", "gpus", "time_limit_s", "current_attempt__start_time"
-    )
-    for team_id, cluster_id, gpus, limit, start in active:
-        # Not started yet: its limit runs from its start, at the earliest now.
-        until = (start.timestamp() if start else now) + limit if limit else None
-        holdings.append(queueplan.Holding(team_id, cluster_id, gpus, until))
+    holdings = ctx.all_holdings()
     capacity: dict[int, int | None] = {}
     free: dict[int, int] = {}
     names: dict[int, str] = {}
@@ -327,6 +361,100 @@ def _plan(
     room = {pk: team.gpu_quota - ctx.held.team[pk].gpus for pk, team in ctx.teams.items()}
     entries, totals = queueplan.plan(waiting, holdings, capacity, free, room, names, now)
     return {job_id: entry.packed() for job_id, entry in entries.items()}, totals
+
+
+def _active_holdings(now: float) -> list[queueplan.Holding]:
+    """What active jobs hold, until their time limits run out (None: no limit)."""
+    holdings = []
+    active = Job.objects.filter(status__in=S.active(), gpus__gt=0).values_list(
+        "team_id",
+        "cluster_id",
+        "gpus",
+        "time_limit_s",
+        "current_attempt__start_time",
+        "current_attempt__submitted_at",
+    )
+    for team_id, cluster_id, gpus, limit, started, admitted in active:
+        # Not started yet: counted from its admission, a time that does not move, so a
+        # reservation's start does not slide later tick after tick.
+        start = started or admitted
+        until = (start.timestamp() if start else now) + limit if limit else None
+        holdings.append(queueplan.Holding(team_id, cluster_id, gpus, until))
+    return holdings
+
+
+def _reserve(ctx: _Context, job: _Queued) -> None:
+    """The first job of a cluster's order that finds no room gets the GPUs reserved it will
+    have first, as the plan says (no starvation: smaller jobs then pass it only as backfill)."""
+    if job.cluster in ctx.reservations or not job.gpus:
+        return
+    cluster, capacity = ctx.capacities[job.cluster]
+    now = ctx.now.timestamp()
+    free = queueplan.Profile(now, capacity.total_gpus - ctx.held.cluster[cluster.pk].gpus)
+    for held in ctx.all_holdings():
+        if held.cluster == cluster.pk and held.until is not None:
+            free.add(max(held.until, now), held.gpus)
+    duration = float(job.time_limit_s) if job.time_limit_s else None
+    start = free.earliest(job.gpus, duration, now)
+    waited = (ctx.now - (job.queued_at or ctx.now)).total_seconds()
+    ctx.reservations[cluster.pk] = _Reservation(
+        job, start, waited > settings.SF_RESERVE_AGE_S, free
+    )
+
+
+def _reserved_for_another(ctx: _Context, job: _Queued) -> str | None:
+    """Why a job that fits now must not start: it would take GPUs reserved for a job ahead of
+    it, past the time they are reserved from. None: it may start (backfill)."""
+    held = ctx.reservations.get(job.cluster)
+    if held is None or not job.gpus:
+        return None
+    now = ctx.now.timestamp()
+    end = now + job.time_limit_s if job.time_limit_s else None
+    if end is not None and (held.start is None or end <= held.start):
+        return None  # done before the reserved job can start
+    if held.start is not None and _room_left(held, job.gpus):
+        return None  # the reserved job still has its GPUs at its start
+    if end is None and not held.old:
+        return None  # a young reservation: jobs without a time limit may still pass it
+    cluster = ctx.capacities[job.cluster][0].name
+    when = f"from {_clock(held.start)} UTC" if held.start is not None else "as they come back"
+    ahead = f"a job that waited longer ({held.job.gpus} GPUs)"
+    if end is None:
+        return NoRoom(
+            f"waiting for reserved GPUs: cluster {cluster}'s GPUs are reserved {when} for "
+            f"{ahead}, and a job without a time limit may not pass a job that has waited more "
+            f"than {settings.SF_RESERVE_AGE_S // 60} min"
+        )
+    return NoRoom(
+        f"waiting for reserved GPUs: cluster {cluster}'s GPUs are reserved {when} for {ahead}; "
+        "this job's time limit would run past that"
+    )
+
+
+def _room_left(held: _Reservation, gpus: int) -> bool:
+    """The reserved job would still find its GPUs at its start with `gpus` more taken for
+    good from now."""
+    if held.start is None:
+        return False
+    free = held.free
+    k = bisect.bisect_right(free.times, held.start) - 1
+    return min(free.free[k:]) - gpus >= held.job.gpus
+
+
+def _took(ctx: _Context, job: _Queued) -> None:
+    """An admission of this tick: it holds its GPUs until its time limit runs out."""
+    if not job.gpus:
+        return
+    now = ctx.now.timestamp()
+    until = now + job.time_limit_s if job.time_limit_s else None
+    ctx.admitted.append(queueplan.Holding(job.team, job.cluster, job.gpus, until))
+    held = ctx.reservations.get(job.cluster)
+    if held is not None:
+        held.free.add(now, -job.gpus, until)
+
+
+def _clock(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M")
 
 
 def _admission_record(ctx: _Context, job: _Queued) -> dict:
@@ -429,7 +557,7 @@ def _cluster_gate(ctx: _Context, team: Team, job: _Queued) -> str | None:
     kind = "virtual GPU slots" if capacity.virtual else "GPUs"
     if job.gpus > free:
         why = f" ({capacity.message})" if capacity.message else ""  # e.g. every node drained
-        return Planned(
+        return NoRoom(
             f"waiting for capacity: cluster {cluster.name} has {max(free, 0)} of "
             f"{capacity.total_gpus} {kind} free{why}; this job needs {job.gpus}"
         )
@@ -466,11 +594,11 @@ def _node_gate(ctx: _Context, job: _Queued) -> tuple[str | None, list[str] | Non
     have = nodes.room(job.nodes, g, kind, avoid)
     what = f"{g} free {kind + ' ' if kind else ''}GPU{'s' if g != 1 else ''}"
     if nodes.share:
-        return Planned(
+        return NoRoom(
             f"waiting for capacity: {job.nodes} rank{'s' if job.nodes != 1 else ''} with {what} "
             f"each on cluster {cluster.name}: room for {have} now"
         ), None
-    return Planned(
+    return NoRoom(
         f"waiting for {job.nodes} node{'s' if job.nodes != 1 else ''} with {what}"
         f"{' each' if job.nodes != 1 else ''}: {have} such node{'s' if have != 1 else ''} free "
         f"on cluster {cluster.name}"

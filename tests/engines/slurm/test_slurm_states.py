@@ -54,7 +54,7 @@ EXPECTED = {
     "COMPLETED": (S.SUCCEEDED, ""),
     "CANCELLED": (S.STOPPED, ""),
     "FAILED": (S.FAILED, "exit"),
-    "TIMEOUT": (S.FAILED, "exit"),
+    "TIMEOUT": (S.FAILED, "timeout"),  # the reconciler tells the job's own limit from a partition's
     "OUT_OF_MEMORY": (S.FAILED, "oom"),
     "NODE_FAIL": (S.FAILED, "lost"),
     "BOOT_FAIL": (S.FAILED, "lost"),
