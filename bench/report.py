@@ -130,10 +130,13 @@ def _sched_rows(results: dict) -> list[Row]:
         out.append(
             Row(
                 "sched-starvation",
-                f"an 8-GPU job behind a stream of 1-GPU jobs (limit {limit} s) on 8 GPUs",
+                f"an 8-GPU job behind a stream of 1-GPU jobs (limit {limit} s) on 8 GPUs, "
+                f"worst of {len(r['streams'])} seeded streams",
                 (
-                    f"started after {waited:,.0f} s at the head; "
-                    f"{r['small_jobs_started_while_it_waited']} 1-GPU jobs started meanwhile"
+                    f"started at most {waited:,.0f} s after reaching the head (each: "
+                    + ", ".join(f"{s['big_waited_s']:,.0f}" for s in r["streams"])
+                    + f" s); at most {r['small_jobs_started_while_it_waited']} 1-GPU jobs "
+                    "started meanwhile"
                     if r["big_started"]
                     else f"not started in {r['ticks']} ticks"
                 ),

@@ -145,7 +145,27 @@ TICK_S = 10  # simulated seconds between ticks
 ARRIVALS_PER_TICK = 2  # 1-GPU jobs submitted each tick: far more than 8 GPUs can run
 
 
-def starvation(seed: int = 7) -> dict:
+STREAMS = 5  # seeded streams per run of `sched-starvation`; the figure is the longest wait
+
+
+def starvation() -> dict:
+    """`_starvation_stream` for STREAMS seeds, each on a fresh cluster and team: the longest
+    wait, and every stream's."""
+    streams = [_starvation_stream(seed, f"s{seed}") for seed in range(1, STREAMS + 1)]
+    started = all(s["big_started"] for s in streams)
+    return {
+        **{k: streams[0][k] for k in ("small_time_limit_s", "tick_s", "arrivals_per_tick")},
+        "streams": streams,
+        "big_started": started,
+        "big_waited_s": max(s["big_waited_s"] for s in streams) if started else None,
+        "small_jobs_started_while_it_waited": max(
+            s["small_jobs_started_while_it_waited"] for s in streams
+        ),
+        "ticks": max(s["ticks"] for s in streams),
+    }
+
+
+def _starvation_stream(seed: int, name: str) -> dict:
     """An 8-GPU job waits on a cluster of 8 GPUs kept busy by a steady stream of 1-GPU jobs
     (time limit SMALL_LIMIT_S, each running a random 20 to 100 % of it), on a simulated clock:
     each tick ends the 1-GPU jobs whose run is over (a stop, as the reconciler's), submits
@@ -159,13 +179,14 @@ def starvation(seed: int = 7) -> dict:
 
     from jobs.ledger.halt import halt
     from jobs.loops.scheduler import admit_queued_jobs
-    from jobs.models import Attempt, Job
+    from jobs.models import Attempt, Job, Membership, Team
     from jobs.states import JobStatus as S
 
     rng = random.Random(seed)
-    user = common.make_user()
-    cluster = common.make_cluster(gpus=8)
-    (team,) = common.make_teams(1, 1000, cluster, user)
+    user = common.make_user(f"bench-{name}")
+    cluster = common.make_cluster(gpus=8, name=f"bench-{name}")
+    team = Team.objects.create(name=f"bench-{name}", gpu_quota=1000, default_cluster=cluster)
+    Membership.objects.create(team=team, user=user, role="member")
     now = timezone.now()
     ends: dict[int, dt.datetime] = {}  # running small job -> when its run is over
     submitted = 0
@@ -174,7 +195,7 @@ def starvation(seed: int = 7) -> dict:
         nonlocal submitted
         submitted += 1
         return Job.objects.create(
-            run_id=f"s{submitted:07d}", team=team, user=user, cluster=cluster, gpus=gpus,
+            run_id=f"{name}-{submitted:07d}", team=team, user=user, cluster=cluster, gpus=gpus,
             entrypoint=["true"], priority=priority, time_limit_s=limit, submitted_at=now,
             status_changed_at=now,
         )  # fmt: skip
@@ -210,7 +231,15 @@ def starvation(seed: int = 7) -> dict:
             ends[job] = now + dt.timedelta(seconds=SMALL_LIMIT_S * rng.uniform(0.2, 1.0))
         now += dt.timedelta(seconds=TICK_S)
     started = Job.objects.get(pk=big.pk).status != S.QUEUED
+    # This stream's jobs end here, so the next stream's cluster is alone.
+    left = list(
+        Job.objects.filter(team=team, status__in=(S.QUEUED, *S.active())).values_list(
+            "pk", flat=True
+        )
+    )
+    halt(left, S.STOPPED, "bench: the stream is over", actor="bench", now=now)
     return {
+        "seed": seed,
         "cluster_gpus": 8,
         "small_time_limit_s": SMALL_LIMIT_S,
         "tick_s": TICK_S,
