@@ -73,6 +73,7 @@ class TeamAdmin(admin.ModelAdmin):
                     ("gpu_hours_per_month", "budget_hard_stop"),
                     "max_member_priority",
                     "snapshot_quota_mb",
+                    ("lendable", "borrow_cap"),
                 )
             },
         ),

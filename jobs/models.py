@@ -146,6 +146,17 @@ class Team(models.Model):
         help_text="seconds an attempt may run when its submit gives no --time-limit; past it "
         "the job is stopped (empty: no limit)",
     )
+    lendable = models.BooleanField(
+        default=False,
+        help_text="GPUs of this team's quota it does not use (and no job of its own waits for) "
+        "may be lent to teams allowed to borrow; the jobs on them are preemptible",
+    )
+    borrow_cap = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="GPUs this team's jobs may borrow at once beyond its quota from lendable "
+        "teams' idle quota (empty: none); a job on borrowed GPUs is preemptible",
+    )
     snapshot_quota_mb = models.PositiveIntegerField(
         default=10240,
         help_text="MiB of working-directory snapshots the team may own at once (the sum of "
@@ -403,6 +414,11 @@ class Attempt(models.Model):
     nodes = models.PositiveIntegerField(default=1)
     # Each rank as the engine last reported it: {"rank", "node", "state", "exit_code"}.
     ranks = models.JSONField(default=list, blank=True)
+    # The lendable team whose idle quota this attempt runs on (None: its own team's quota):
+    # its GPUs count against that team's quota, and it is preemptible.
+    borrowed_from = models.ForeignKey(
+        "Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     backend_name = models.CharField(max_length=100, help_text="deterministic: run_id + attempt")
     job_ref = models.CharField(max_length=200, blank=True)
     submitted_at = models.DateTimeField(default=timezone.now)

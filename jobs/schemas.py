@@ -160,6 +160,10 @@ class JobOut(Schema):
     )
     estimate_reason: str = Field(description="why there is no estimate; empty when there is one")
     planned_at: dt.datetime | None = Field(description="when the scheduler made this plan")
+    borrowed_from: str | None = Field(
+        description="the team whose idle quota its GPUs are borrowed from while it holds "
+        "them (it is preemptible then); null: its own team's quota"
+    )
 
 
 class AheadOut(Schema):

@@ -113,6 +113,11 @@ def job_out(job: dict, started: list[Started], now: dt.datetime) -> dict:
         "parent": job["parent_id"],
         "follow_on_name": job["follow_on_name"],
         "then": job["then"],
+        "borrowed_from": (
+            job["current_attempt__borrowed_from__name"]
+            if job["status"] in JobStatus.active()
+            else None
+        ),
     }
 
 

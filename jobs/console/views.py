@@ -45,7 +45,9 @@ def job_list(request):
     filters = {
         k: request.GET.get(k, "").strip() for k in ("status", "team", "user", "backend", "q")
     }
-    jobs = visible_jobs(request.user).select_related("team", "user", "cluster")
+    jobs = visible_jobs(request.user).select_related(
+        "team", "user", "cluster", "current_attempt__borrowed_from"
+    )
     if filters["status"].upper() in JobStatus.values:
         jobs = jobs.filter(status=filters["status"].upper())
     if filters["team"]:
@@ -67,6 +69,10 @@ def job_list(request):
     rows = [queue_row(job) for job in page]
     places = queue_places(rows, request.user.is_staff)
     for job in page:
+        lender = job.current_attempt.borrowed_from if job.current_attempt else None
+        job.borrowed_from = (  # type: ignore[attr-defined]
+            lender.name if lender is not None and job.status in JobStatus.active() else ""
+        )
         place = places[job.pk]
         job.queue_position = place["queue_position"]  # type: ignore[attr-defined]
         start = place["estimated_start"]

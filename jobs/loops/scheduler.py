@@ -118,6 +118,7 @@ class _Holdings:
     member: dict[tuple[int, int], _Held] = field(default_factory=lambda: defaultdict(_Held))
     cluster: dict[int, _Held] = field(default_factory=lambda: defaultdict(_Held))
     team_cluster: dict[tuple[int, int], _Held] = field(default_factory=lambda: defaultdict(_Held))
+    borrowed: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # by borrower
 
     def add(self, team: int, user: int, cluster: int, gpus: int, jobs: int = 1) -> None:
         for held in (
@@ -128,6 +129,13 @@ class _Holdings:
         ):
             held.gpus += gpus
             held.jobs += jobs
+
+    def lend(self, team: int, lender: int, gpus: int) -> None:
+        """GPUs `team` holds on `lender`'s idle quota: they count against the lender's quota
+        (its own jobs' room), and against `team`'s borrow cap instead of its quota."""
+        self.team[team].gpus -= gpus
+        self.team[lender].gpus += gpus
+        self.borrowed[team] += gpus
 
 
 @dataclass(frozen=True)
@@ -217,6 +225,10 @@ class _Context:
     type_caps: dict[int, dict[str, int]] = field(default_factory=dict)
     type_used: dict[tuple[int, str], int] | None = None
     reservations: dict[int, _Reservation] = field(default_factory=dict)  # per cluster
+    # Teams with a GPU job of their own in this tick's queue (they lend nothing), and the
+    # lender each job past its quota would borrow from, as the quota gate found.
+    wanting: set[int] = field(default_factory=set)
+    borrowing: dict[int, int] = field(default_factory=dict)
     # What active jobs hold and until when (read once, when the first reservation or the plan
     # needs it), and what this tick admitted.
     holdings: list[queueplan.Holding] | None = None
@@ -301,6 +313,7 @@ def _admit(
     )  # fmt: skip
     for row in rows:
         queue[row[1]].append(_Queued(*row))
+    ctx.wanting = {team for team, jobs in queue.items() if any(j.gpus for j in jobs)}
     admit: list[tuple[int, int, dict]] = []
     reasons: dict[str, list[int]] = defaultdict(list)
     waiting: list[queueplan.Waiting] = []  # in the order considered: the queue plan's order
@@ -321,7 +334,10 @@ def _admit(
             _hold(ctx, job, placed)
             _took(ctx, job)
             ctx.held.add(job.team, job.user, job.cluster, job.gpus)
-            admit.append((job.id, job.gpus, _admission_record(ctx, job)))
+            lender = ctx.borrowing.get(job.id)
+            if lender is not None:
+                ctx.held.lend(job.team, lender, job.gpus)
+            admit.append((job.id, job.gpus, _admission_record(ctx, job, lender)))
             score += job.gpus / max(ctx.teams[team_id].gpu_quota, 1)
         else:
             if reason != job.old_reason:
@@ -457,12 +473,24 @@ def _clock(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M")
 
 
-def _admission_record(ctx: _Context, job: _Queued) -> dict:
+def _admission_record(ctx: _Context, job: _Queued, lender: int | None = None) -> dict:
     """What the team held with this job and the quotas it was admitted under, kept in the
-    admission event so `check_ledger` can verify every admission after the fact."""
+    admission event so `check_ledger` can verify every admission after the fact; for a job on
+    borrowed GPUs, the lender, what it held with them and its quota, and the borrowed sum."""
     team = ctx.teams[job.team]
     held, member = ctx.held.team[team.pk], ctx.held.member[(team.pk, job.user)]
+    borrowed = {}
+    if lender is not None:
+        borrowed = {
+            "lender_id": lender,
+            "borrowed_from": ctx.teams[lender].name,
+            "lender_gpus": ctx.held.team[lender].gpus,
+            "lender_quota": ctx.teams[lender].gpu_quota,
+            "borrowed_gpus": ctx.held.borrowed[team.pk],
+            "borrow_cap": team.borrow_cap,
+        }
     return {
+        **borrowed,
         "team_gpus": held.gpus,
         "team_jobs": held.jobs,
         "member_gpus": member.gpus,
@@ -524,10 +552,13 @@ def _quota_gate(ctx: _Context, job: _Queued) -> str | None:
             f"{team.max_jobs} jobs it may run at once"
         )
     if held.gpus + job.gpus > team.gpu_quota:
-        return Planned(
-            f"waiting for quota: team {team.name} uses {held.gpus} of "
-            f"{team.gpu_quota} GPUs; this job needs {job.gpus}"
-        )
+        lender = _lender(ctx, team, job)
+        if lender is None:
+            return Planned(
+                f"waiting for quota: team {team.name} uses {held.gpus} of "
+                f"{team.gpu_quota} GPUs; this job needs {job.gpus}" + _borrow_words(ctx, team, job)
+            )
+        ctx.borrowing[job.id] = lender.pk
     member = ctx.held.member[(team.pk, job.user)]
     if team.user_gpu_cap is not None and member.gpus + job.gpus > team.user_gpu_cap:
         return (
@@ -543,6 +574,35 @@ def _quota_gate(ctx: _Context, job: _Queued) -> str | None:
                 f"this job needs {job.gpus}"
             )
     return None
+
+
+def _lender(ctx: _Context, team: Team, job: _Queued) -> Team | None:
+    """The lendable team whose idle quota this job, past its own team's, may borrow all its
+    GPUs from: one with room for them and no GPU job of its own waiting, within the borrow
+    cap; the one with the most room (then the first made). None: it may not borrow."""
+    if team.borrow_cap is None or not job.gpus:
+        return None
+    if ctx.held.borrowed[team.pk] + job.gpus > team.borrow_cap:
+        return None
+    room = {
+        t.pk: t.gpu_quota - ctx.held.team[t.pk].gpus
+        for t in ctx.teams.values()
+        if t.lendable and t.pk != team.pk and t.pk not in ctx.wanting
+    }
+    fits = [pk for pk, free in room.items() if free >= job.gpus]
+    if not fits:
+        return None
+    return ctx.teams[max(fits, key=lambda pk: (room[pk], -pk))]
+
+
+def _borrow_words(ctx: _Context, team: Team, job: _Queued) -> str:
+    """Why a team that may borrow does not, for the waiting reason."""
+    if team.borrow_cap is None or not job.gpus:
+        return ""
+    borrowed = ctx.held.borrowed[team.pk]
+    if borrowed + job.gpus > team.borrow_cap:
+        return f" (it borrows {borrowed} of the {team.borrow_cap} GPUs it may borrow)"
+    return " (no lendable team has that many idle GPUs)"
 
 
 def _cluster_gate(ctx: _Context, team: Team, job: _Queued) -> str | None:
@@ -780,12 +840,18 @@ def _submit(admit: list[tuple[int, int, dict]], now: dt.datetime) -> list[int]:
     if not admit:
         return []
     gpus_by_job = {job_id: gpus for job_id, gpus, _ in admit}
-    changed, _ = apply_transitions(
-        S.SUBMITTED,
-        [Change(job_id, "admitted; launching", data=data) for job_id, _, data in admit],
-        actor="scheduler",
-        expected={S.QUEUED},
-    )
+    lender_by_job = {job_id: data.get("lender_id") for job_id, _, data in admit}
+    changes = [
+        Change(
+            job_id,
+            f"admitted on GPUs borrowed from team {data['borrowed_from']} (preemptible); launching"
+            if "borrowed_from" in data
+            else "admitted; launching",
+            data=data,
+        )
+        for job_id, _, data in admit
+    ]
+    changed, _ = apply_transitions(S.SUBMITTED, changes, actor="scheduler", expected={S.QUEUED})
     fields = ("id", "run_id", "attempt_count", "nodes")
     jobs = list(Job.objects.filter(pk__in=[j.pk for j in changed]).only(*fields))
     attempts = [
@@ -795,6 +861,7 @@ def _submit(admit: list[tuple[int, int, dict]], now: dt.datetime) -> list[int]:
             gpus=gpus_by_job[job.pk],
             nodes=job.nodes,
             backend_name=backend_name(job.run_id, job.attempt_count + 1),
+            borrowed_from_id=lender_by_job[job.pk],
         )
         for job in jobs
     ]
@@ -811,13 +878,14 @@ def _held() -> _Holdings:
     holdings = _Holdings()
     rows = (
         Job.objects.filter(status__in=S.active())
-        .values("team_id", "user_id", "cluster_id")
+        .values("team_id", "user_id", "cluster_id", "current_attempt__borrowed_from")
         .annotate(gpus=Sum("gpus"), jobs=Count("id"))
     )
     for row in rows:
-        holdings.add(
-            row["team_id"], row["user_id"], row["cluster_id"], row["gpus"] or 0, row["jobs"]
-        )
+        team, gpus = row["team_id"], row["gpus"] or 0
+        holdings.add(team, row["user_id"], row["cluster_id"], gpus, row["jobs"])
+        if row["current_attempt__borrowed_from"] is not None:
+            holdings.lend(team, row["current_attempt__borrowed_from"], gpus)
     return holdings
 
 

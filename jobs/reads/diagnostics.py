@@ -6,7 +6,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from jobs.durations import say
-from jobs.models import Attempt, Job, JobEvent
+from jobs.models import Attempt, Job, JobEvent, Team
 from jobs.reads.queue import queue_places, queue_row
 from jobs.reads.visible import current_attempt, retry_unavailable_reason
 from jobs.states import JobStatus
@@ -20,6 +20,12 @@ def explain(job: Job, now: dt.datetime | None = None) -> list[str]:
     now = now or timezone.now()
     attempt = current_attempt(job)
     sentences = _by_status(job, attempt, now) + _ranks(job, attempt) + _cluster_health(job, now)
+    if job.status in S.active() and attempt is not None and attempt.borrowed_from_id:
+        lender = Team.objects.filter(pk=attempt.borrowed_from_id).values_list("name", flat=True)
+        sentences.append(
+            f"It runs on GPUs borrowed from team {lender.first()}'s idle quota, beyond its own "
+            "team's: it is preemptible while it holds them."
+        )
     if job.status in (S.FAILED, S.STOPPED):
         why_not = retry_unavailable_reason(job)
         sentences.append(

@@ -60,6 +60,7 @@ JOB_COLUMNS = (
     "current_attempt__start_time",
     "current_attempt__end_time",
     "current_attempt__exit_code",
+    "current_attempt__borrowed_from__name",
 )
 ID_MAX = 2**63 - 1  # the largest id a 64-bit integer column holds
 EVENT_COLUMNS = ("time", "kind", "from_status", "to_status", "reason", "actor", "attempt", "data")

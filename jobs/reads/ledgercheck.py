@@ -57,15 +57,34 @@ def timelines(now: dt.datetime) -> Iterator[str]:
 
 
 def quotas_now(now: dt.datetime) -> Iterator[str]:
-    """No team holds more GPUs, slots or member GPUs than its quotas allow, now."""
+    """No team holds more GPUs, slots or member GPUs than its quotas allow, now. GPUs held on
+    a lender's idle quota count against the lender's quota, and against the borrower's cap."""
     teams = {t.pk: t for t in Team.objects.all()}
     active = Job.objects.filter(status__in=S.active())
-    for row in active.values("team_id").annotate(gpus=Sum("gpus"), jobs=Count("id")):
-        team = teams[row["team_id"]]
-        if row["gpus"] > team.gpu_quota:
-            yield f"team {team.name}: holds {row['gpus']} GPUs, quota {team.gpu_quota}"
-        if team.max_jobs is not None and row["jobs"] > team.max_jobs:
-            yield f"team {team.name}: runs {row['jobs']} jobs, slots {team.max_jobs}"
+    on_quota: dict[int, int] = defaultdict(int)
+    borrowed: dict[int, int] = defaultdict(int)
+    jobs: dict[int, int] = defaultdict(int)
+    rows = active.values("team_id", "current_attempt__borrowed_from").annotate(
+        gpus=Sum("gpus"), jobs=Count("id")
+    )
+    for row in rows:
+        lender = row["current_attempt__borrowed_from"]
+        on_quota[lender or row["team_id"]] += row["gpus"] or 0
+        if lender is not None:
+            borrowed[row["team_id"]] += row["gpus"] or 0
+        jobs[row["team_id"]] += row["jobs"]
+    for pk, gpus in on_quota.items():
+        team = teams[pk]
+        if gpus > team.gpu_quota:
+            yield f"team {team.name}: holds {gpus} GPUs, quota {team.gpu_quota}"
+    for pk, gpus in borrowed.items():
+        team = teams[pk]
+        if gpus > (team.borrow_cap or 0):
+            yield f"team {team.name}: borrows {gpus} GPUs, cap {team.borrow_cap or 0}"
+    for pk, count in jobs.items():
+        team = teams[pk]
+        if team.max_jobs is not None and count > team.max_jobs:
+            yield f"team {team.name}: runs {count} jobs, slots {team.max_jobs}"
     by_member = active.values("team_id", "user__username").annotate(held=Sum("gpus"))
     for member in by_member:
         team = teams[member["team_id"]]
@@ -81,25 +100,40 @@ def admissions(now: dt.datetime) -> Iterator[str]:
     quotas recorded in that admission event."""
     gpus = dict(Job.objects.values_list("pk", "gpus"))
     owner = {pk: (team, user) for pk, team, user in Job.objects.values_list("pk", "team", "user")}
-    team_gpus: dict[int, int] = defaultdict(int)
+    team_gpus: dict[int, int] = defaultdict(int)  # on each team's quota (lent GPUs included)
     team_jobs: dict[int, int] = defaultdict(int)
     member_gpus: dict[tuple[int, int], int] = defaultdict(int)
+    borrowed: dict[int, int] = defaultdict(int)
+    lender: dict[int, int] = {}  # job -> the team whose quota its current admission is on
     holding = S.active()
     events = JobEvent.objects.filter(kind=JobEvent.Kind.STATUS).order_by("id")
     rows = events.values_list("job_id", "from_status", "to_status", "data")
     for job_id, src, dst, data in rows.iterator(chunk_size=10_000):
         team, user = owner[job_id]
+        admitted = dst == S.SUBMITTED and src == S.QUEUED
+        if admitted:
+            lender.pop(job_id, None)
+            if data and data.get("lender_id") is not None:
+                lender[job_id] = data["lender_id"]
         sign = (dst in holding) - (src in holding)
-        team_gpus[team] += sign * gpus[job_id]
+        on = lender.get(job_id, team)
+        team_gpus[on] += sign * gpus[job_id]
+        if on != team:
+            borrowed[team] += sign * gpus[job_id]
         team_jobs[team] += sign
         member_gpus[(team, user)] += sign * gpus[job_id]
-        if dst != S.SUBMITTED or src != S.QUEUED or not data:
+        if not admitted or not data:
             continue
         limits = [
             ("GPUs", team_gpus[team], data.get("gpu_quota")),
             ("jobs", team_jobs[team], data.get("max_jobs")),
             ("member GPUs", member_gpus[(team, user)], data.get("user_gpu_cap")),
         ]
+        if on != team:
+            limits += [
+                ("GPUs of its lender", team_gpus[on], data.get("lender_quota")),
+                ("borrowed GPUs", borrowed[team], data.get("borrow_cap")),
+            ]
         for what, held, limit in limits:
             if limit is not None and held > limit:
                 yield f"job {job_id}: admitted while its team held {held} {what}, limit {limit}"
