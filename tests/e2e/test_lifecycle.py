@@ -3,8 +3,9 @@ and automatic retries with cooldown.
 
 The ASGI server, Celery worker and Celery beat run as separate process groups (so a test can
 SIGKILL the worker alone) on the embedded SQLite ledger; jobs are driven through the `sf` CLI,
-and backend processes are checked with psutil. SF_LAUNCH_STUCK_S=5 lets the reconciler repair
-a launch a crashed worker left half done within seconds instead of half a minute.
+and backend processes are checked with psutil. SF_LAUNCH_STUCK_S=5 and SF_LAUNCH_CLAIM_S=20
+let the reconciler and the next launcher repair a launch a crashed worker left half done within
+seconds instead of minutes.
 """
 
 import datetime as dt
@@ -41,7 +42,12 @@ NOT_SETTLED = {"QUEUED", "SUBMITTED", "PENDING", "RUNNING", "PAUSED"}
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[Stack]:
-    running_stack = Stack(tmp_path_factory.mktemp("var"), SF_LAUNCH_STUCK_S="5")
+    # A worker SIGKILLed between claiming a launch and recording it holds the claim until it
+    # expires (SF_LAUNCH_CLAIM_S, 120 s by default): 20 s lets the next launcher take it over
+    # (adopting by name, so still once) within the tests' waits.
+    running_stack = Stack(
+        tmp_path_factory.mktemp("var"), SF_LAUNCH_STUCK_S="5", SF_LAUNCH_CLAIM_S="20"
+    )
     try:
         yield running_stack.start()
     finally:
