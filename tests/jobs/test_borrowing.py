@@ -2,8 +2,6 @@
 idle GPUs, within its cap; they count against the lender's quota and say so everywhere; the
 ledger check accepts them, and two schedulers at once never over-lend (PostgreSQL)."""
 
-import threading
-
 import pytest
 from django.db import connection
 from django.test import Client
@@ -16,7 +14,7 @@ from jobs.reads.diagnostics import explain
 from jobs.reads.ledgercheck import admissions, quotas_now
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job
-from tests.jobs.threads import looping
+from tests.jobs.threads import race
 
 S = JobStatus
 
@@ -153,7 +151,7 @@ def test_two_schedulers_at_once_never_over_lend_or_over_borrow(make_team, make_u
         user = make_user(f"u-{team.name}", team)
         for _ in range(40):
             queued_job(team, user, gpus=1)
-    errors, stop, found = [], threading.Event(), []
+    found: list[str] = []
 
     def check():
         found.extend(violations())
@@ -162,21 +160,8 @@ def test_two_schedulers_at_once_never_over_lend_or_over_borrow(make_team, make_u
         active = list(Job.objects.filter(status=S.SUBMITTED).values_list("pk", flat=True)[:3])
         apply_transitions(S.STOPPED, [Change(pk, "test churn") for pk in active], actor="test")
 
-    threads = [
-        looping(admit_queued_jobs, errors, stop),
-        looping(admit_queued_jobs, errors, stop),
-        looping(churn, errors, stop),
-        looping(check, errors, stop),
-    ]
-    for thread in threads:
-        thread.start()
-    for _ in range(120):
-        stop.wait(0.05)
-        if not Job.objects.filter(status=S.QUEUED).exists():
-            break
-    stop.set()
-    for thread in threads:
-        thread.join()
+    steps = [admit_queued_jobs, admit_queued_jobs, churn, check]
+    errors = race(steps, lambda: not Job.objects.filter(status=S.QUEUED).exists(), 120)
     assert errors == [] and found == []
     assert violations() == []
     assert Attempt.objects.filter(borrowed_from__isnull=False).count() > 3  # it did lend

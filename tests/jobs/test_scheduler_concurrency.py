@@ -1,7 +1,6 @@
 """Invariant 3 on real PostgreSQL: two schedulers at once never over-admit a team's quota."""
 
 import random
-import threading
 
 import pytest
 from django.db import connection
@@ -12,7 +11,7 @@ from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Job, Team
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job
-from tests.jobs.threads import looping
+from tests.jobs.threads import race
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 S = JobStatus
@@ -43,26 +42,13 @@ def test_two_schedulers_at_once_never_exceed_any_quota(make_team, make_user):
         user = make_user(f"user-{name}", team)
         for n in range(60):
             queued_job(team, user, gpus=1 + n % 2)
-    samples, errors, stop = [], [], threading.Event()
+    samples = []
 
     def sample():
         samples.append(_usage())
 
-    threads = [
-        looping(admit_queued_jobs, errors, stop),
-        looping(admit_queued_jobs, errors, stop),
-        looping(_finish_some, errors, stop),
-        looping(sample, errors, stop),
-    ]
-    for thread in threads:
-        thread.start()
-    for _ in range(200):
-        stop.wait(0.05)
-        if not Job.objects.filter(status=S.QUEUED).exists():
-            break
-    stop.set()
-    for thread in threads:
-        thread.join()
+    steps = [admit_queued_jobs, admit_queued_jobs, _finish_some, sample]
+    errors = race(steps, lambda: not Job.objects.filter(status=S.QUEUED).exists(), 200)
     assert errors == []
     samples.append(_usage())
     assert len(samples) > 20
