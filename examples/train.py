@@ -3,7 +3,9 @@
 Standard library only, so it runs anywhere the runner does. Checkpoints go to
 $SF_CHECKPOINT_DIR (shared by every attempt of a run) or ./checkpoints when run by hand.
 Metrics go to the job's Charts and Validation tabs through the `sf` SDK when the client package
-is importable; without it the script runs the same, logging nothing.
+is importable; without it the script runs the same, logging nothing. When Starforge preempts
+it (or stops it), `sf.should_checkpoint()` turns true: it saves the step it is at and exits, and
+the resumed attempt goes on from the next step, so no step runs twice.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     sf = metrics_sdk()
     if start:
         print(f"resuming from step {start}")
+    if sf:
+        sf.should_checkpoint()  # early: from here a SIGTERM is a notice, not the end
     for step in range(start + 1, args.steps + 1):
         if step == args.fail_at and os.environ.get("SF_ATTEMPT", "1") == "1":
             print(f"failing at step {step} as asked (--fail-at)", file=sys.stderr)
@@ -90,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             save_checkpoint(ckpt_dir, step, loss)
             if sf:
                 sf.log_validation({"accuracy": accuracy_at(step)}, step=step)
+        if sf and sf.should_checkpoint() and step < args.steps:
+            save_checkpoint(ckpt_dir, step, loss)
+            print(f"notice received: checkpointed step {step}, exiting")
+            return 143  # as a process ended by SIGTERM: not done
     print("done")
     return 0
 

@@ -140,6 +140,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
 class AttemptInline(admin.TabularInline):
     model = Attempt
+    fk_name = "job"
     extra = 0
     can_delete = False
     readonly_fields = [f.name for f in Attempt._meta.fields]

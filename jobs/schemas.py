@@ -218,6 +218,10 @@ class StartedOut(Schema):
     start_time: dt.datetime | None
 
 
+class CheckpointOut(Schema):
+    checkpoint_at: dt.datetime | None
+
+
 class TokenExchangeOut(Schema):
     token: str = Field(description="the job token; the bootstrap credential is now spent")
 

@@ -40,6 +40,9 @@ class UsageRowOut(Schema):
     day: dt.date | None = None
     gpu_seconds: float
     gpu_hours: float
+    borrowed_gpu_hours: float = Field(
+        description="the part of gpu_hours that ran on GPUs borrowed from other teams"
+    )
 
 
 class UsageOut(Schema):
@@ -69,11 +72,13 @@ def usage(request, query: Query[UsageQuery]):
             f"ask for at most {MAX_DAYS} at a time"
         )
     lines = usage_lines(usage_teams(request.auth, query.team), since, until)
+    borrowed = dict(totals_by(lines, query.by, borrowed=True))
     rows = [
         {
             query.by: value,
             "gpu_seconds": gpu_seconds(gpu_us),
             "gpu_hours": gpu_hours(gpu_us),
+            "borrowed_gpu_hours": gpu_hours(borrowed.get((value,), 0)),
         }
         for (value,), gpu_us in totals_by(lines, query.by)
     ]

@@ -2,7 +2,9 @@
 
 Records must agree exactly with the attempts they came from: for every (day, team, user,
 cluster), `gpu_us - deleted_gpu_us` equals the sum of `day_pieces` over the metered attempts
-still in the ledger. An ended attempt left unmetered for long means the metering sweep is stuck.
+still in the ledger, and `borrowed_gpu_us` that sum over its attempts on borrowed GPUs (exactly
+where no job of the key was deleted; never more than `gpu_us` anywhere). An ended attempt left
+unmetered for long means the metering sweep is stuck.
 """
 
 import datetime as dt
@@ -29,12 +31,19 @@ class UsageCheck:
 def check_usage_records(now: dt.datetime | None = None) -> UsageCheck:
     """Compare every usage record with its metered attempts; list stuck, unmetered attempts."""
     now = now or timezone.now()
-    expected, metered = _metered_totals()
+    expected, borrowed, metered = _metered_totals()
     recorded: dict[Key, int] = {}
-    for day, team, user, cluster, gpu_us, deleted in UsageRecord.objects.values_list(
-        "day", "team_id", "user_id", "cluster_id", "gpu_us", "deleted_gpu_us"
+    lent_wrong: list[str] = []
+    for day, team, user, cluster, gpu_us, deleted, lent in UsageRecord.objects.values_list(
+        "day", "team_id", "user_id", "cluster_id", "gpu_us", "deleted_gpu_us", "borrowed_gpu_us"
     ).iterator(chunk_size=5000):
-        recorded[(day, team, user, cluster)] = gpu_us - deleted
+        key = (day, team, user, cluster)
+        recorded[key] = gpu_us - deleted
+        if lent > gpu_us or (not deleted and lent != borrowed.get(key, 0)):
+            lent_wrong.append(
+                f"{_Names([key]).where(key)}: the records say {lent} GPU-µs on borrowed GPUs "
+                f"(of {gpu_us}), the metered attempts on borrowed GPUs {borrowed.get(key, 0)}"
+            )
     wrong = sorted(
         key for key in recorded.keys() | expected.keys() if recorded.get(key, 0) != expected[key]
     )
@@ -45,6 +54,7 @@ def check_usage_records(now: dt.datetime | None = None) -> UsageCheck:
         for key in wrong[:MAX_LINES]
     ]
     lines += _more(len(wrong), "records disagree with their attempts")
+    lines += lent_wrong[:MAX_LINES] + _more(len(lent_wrong), "borrowed totals disagree")
     return UsageCheck(lines + _stuck_attempts(now), metered)
 
 
@@ -53,17 +63,22 @@ def usage_violations(now: dt.datetime | None = None) -> list[str]:
     return check_usage_records(now).violations
 
 
-def _metered_totals() -> tuple[dict[Key, int], int]:
+def _metered_totals() -> tuple[dict[Key, int], dict[Key, int], int]:
+    """GPU-µs of the metered attempts per key, in all and on borrowed GPUs; their count."""
     totals: dict[Key, int] = defaultdict(int)
+    borrowed: dict[Key, int] = defaultdict(int)
     count = 0
     rows = Attempt.objects.filter(metered=True).values_list(
-        "job__team_id", "job__user_id", "job__cluster_id", "start_time", "end_time", "gpus"
-    )
-    for team, user, cluster, start, end, gpus in rows.iterator(chunk_size=5000):
+        "job__team_id", "job__user_id", "job__cluster_id", "start_time", "end_time", "gpus",
+        "borrowed_from_id",
+    )  # fmt: skip
+    for team, user, cluster, start, end, gpus, lender in rows.iterator(chunk_size=5000):
         count += 1
         for day, gpu_us in day_pieces(start, end, gpus, end):
             totals[(day, team, user, cluster)] += gpu_us
-    return totals, count
+            if lender is not None:
+                borrowed[(day, team, user, cluster)] += gpu_us
+    return totals, borrowed, count
 
 
 def _stuck_attempts(now: dt.datetime) -> list[str]:

@@ -21,6 +21,8 @@ class UsageRecord(models.Model):
     # The part of gpu_us whose attempts were deleted with their job: still billed, no longer
     # checkable against attempts.
     deleted_gpu_us = models.BigIntegerField(default=0)
+    # The part of gpu_us that ran on GPUs borrowed from another team's idle quota.
+    borrowed_gpu_us = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [

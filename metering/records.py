@@ -55,16 +55,20 @@ def meter_ended(job_ids: Iterable[int] | None = None) -> int:
             batch = list(
                 rows.values_list(
                     "pk", "job__team_id", "job__user_id", "job__cluster_id",
-                    "start_time", "end_time", "gpus",
+                    "start_time", "end_time", "gpus", "borrowed_from_id",
                 )[:SWEEP_BATCH]
             )  # fmt: skip
             if not batch:
                 return added
             totals: dict[Key, int] = defaultdict(int)
-            for _, team, user, cluster, start, end, gpus in batch:
+            borrowed: dict[Key, int] = defaultdict(int)
+            for _, team, user, cluster, start, end, gpus, lender in batch:
                 for day, gpu_us in day_pieces(start, end, gpus, end):
                     totals[(day, team, user, cluster)] += gpu_us
+                    if lender is not None:
+                        borrowed[(day, team, user, cluster)] += gpu_us
             _add(totals)
+            _add(borrowed, column="borrowed_gpu_us")
             Attempt.objects.filter(pk__in=[row[0] for row in batch]).update(metered=True)
             added += len(batch)
         if len(batch) < SWEEP_BATCH:
@@ -77,18 +81,25 @@ def _add(totals: dict[Key, int], column: str = "gpu_us") -> None:
         return
     table = UsageRecord._meta.db_table
     sql = (
-        f"INSERT INTO {table} (day, team_id, user_id, cluster_id, gpu_us, deleted_gpu_us) "
-        "VALUES (%s, %s, %s, %s, %s, %s) "
+        f"INSERT INTO {table} "
+        "(day, team_id, user_id, cluster_id, gpu_us, deleted_gpu_us, borrowed_gpu_us) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s) "
         "ON CONFLICT (day, team_id, user_id, cluster_id) "
         f"DO UPDATE SET {column} = {table}.{column} + EXCLUDED.{column}"
     )
+    # A deleted or borrowed part is part of gpu_us, which is added first (same transaction):
+    # a row this creates is one whose gpu_us was added by an earlier sweep.
     deleted = column == "deleted_gpu_us"
+    borrowed = column == "borrowed_gpu_us"
     # In key order: two sweeps that share keys then lock their rows in the same order and
     # cannot deadlock.
     params = [
-        (day, team, user, cluster, value, value if deleted else 0)
+        (
+            day, team, user, cluster,
+            0 if borrowed else value, value if deleted else 0, value if borrowed else 0,
+        )
         for (day, team, user, cluster), value in sorted(totals.items())
-    ]
+    ]  # fmt: skip
     with connection.cursor() as cursor:
         cursor.executemany(sql, params)
 
@@ -118,9 +129,10 @@ def usage_rows(
     now: dt.datetime | None = None,
     teams: Iterable[int] | None = None,
     users: Iterable[int] | None = None,
+    borrowed: bool = False,
 ) -> dict[Key, int]:
     """GPU-µs per (day, team, user, cluster) for days in [since, until), records plus the attempts
-    not recorded yet."""
+    not recorded yet; with `borrowed`, only what ran on GPUs borrowed from other teams."""
     now = now or timezone.now()
     team_ids = None if teams is None else list(teams)
     user_ids = None if users is None else list(users)
@@ -132,8 +144,11 @@ def usage_rows(
     if user_ids is not None:
         records = records.filter(user_id__in=user_ids)
         unrecorded = unrecorded.filter(job__user_id__in=user_ids)
+    if borrowed:
+        unrecorded = unrecorded.filter(borrowed_from__isnull=False)
+    column = "borrowed_gpu_us" if borrowed else "gpu_us"
     recorded, running = _read_consistently(
-        records.values_list("day", "team_id", "user_id", "cluster_id", "gpu_us"), unrecorded
+        records.values_list("day", "team_id", "user_id", "cluster_id", column), unrecorded
     )
     totals: dict[Key, int] = defaultdict(int)
     for day, team, user, cluster, gpu_us in recorded:

@@ -54,6 +54,7 @@ class UsageLine(NamedTuple):
     user: str
     cluster: str
     gpu_us: int
+    borrowed_us: int = 0  # the part of gpu_us that ran on GPUs borrowed from another team
 
 
 def _team_names(shape: tuple, user_id: int = 0, name: str = "") -> QuerySet:
@@ -84,21 +85,29 @@ def usage_lines(
     """Usage of `teams` per (day, team, user, cluster) for days in [since, until), sorted."""
     if not teams:
         return []
+    now = now or timezone.now()
     rows = usage_rows(since, until, now=now, teams=list(teams))
+    borrowed = usage_rows(since, until, now=now, teams=list(teams), borrowed=True)
     users = dict(User.objects.filter(pk__in={k[2] for k in rows}).values_list("pk", "username"))
     clusters = dict(Cluster.objects.filter(pk__in={k[3] for k in rows}).values_list("pk", "name"))
     return sorted(
-        UsageLine(day, teams[team], users[user], clusters[cluster], gpu_us)
-        for (day, team, user, cluster), gpu_us in rows.items()
+        UsageLine(day, teams[team], users[user], clusters[cluster], gpu_us, borrowed.get(key, 0))
+        for key, gpu_us in rows.items()
+        for day, team, user, cluster in (key,)
         if gpu_us
     )
 
 
-def totals_by(lines: Iterable[UsageLine], *dimensions: Dimension) -> list[tuple[tuple, int]]:
-    """GPU-µs per value of `dimensions` (e.g. ("team", "user")), sorted by those values."""
+def totals_by(
+    lines: Iterable[UsageLine], *dimensions: Dimension, borrowed: bool = False
+) -> list[tuple[tuple, int]]:
+    """GPU-µs per value of `dimensions` (e.g. ("team", "user")), sorted by those values; with
+    `borrowed`, only those on GPUs borrowed from other teams."""
     totals: dict[tuple, int] = defaultdict(int)
     for line in lines:
-        totals[tuple(getattr(line, d) for d in dimensions)] += line.gpu_us
+        totals[tuple(getattr(line, d) for d in dimensions)] += (
+            line.borrowed_us if borrowed else line.gpu_us
+        )
     return sorted(totals.items())
 
 

@@ -24,7 +24,7 @@ from metering.usage import (
 )
 
 MONTH = re.compile(r"(\d{4})-(\d{2})")
-CSV_COLUMNS = ("day", "team", "user", "cluster", "gpu_hours", "gpu_seconds")
+CSV_COLUMNS = ("day", "team", "user", "cluster", "gpu_hours", "gpu_seconds", "borrowed_gpu_hours")
 
 
 @login_required
@@ -42,6 +42,7 @@ def usage_page(request):
     lines = usage_lines(teams, month, until)
     if request.GET.get("format") == "csv":
         return _csv(lines, month)
+    borrowed = dict(totals_by(lines, "team", borrowed=True))
     hours = {
         dim: [(*key, gpu_hours(us)) for key, us in totals_by(lines, *dims)]
         for dim, dims in (
@@ -60,6 +61,11 @@ def usage_page(request):
             "teams": visible_teams(request.user).values_list("name", flat=True),
             "hours": hours,
             "total": gpu_hours(sum(line.gpu_us for line in lines)),
+            # Per team: GPU-hours, and the part on GPUs borrowed from other teams' idle quota.
+            "by_team": [
+                (team, gpu_hours(us), gpu_hours(borrowed.get((team,), 0)))
+                for (team,), us in totals_by(lines, "team")
+            ],
             "chart": json.dumps(stacked_chart(lines)),
         },
     )
@@ -95,6 +101,7 @@ def _csv(lines: list[UsageLine], month: dt.date) -> HttpResponse:
                 line.cluster,
                 gpu_hours(line.gpu_us),
                 gpu_seconds(line.gpu_us),
+                gpu_hours(line.borrowed_us),
             )
         )
     return response

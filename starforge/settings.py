@@ -271,6 +271,11 @@ SF_LOST_GRACE_S = _env_int("SF_LOST_GRACE_S", 60)
 # A job the scheduler reserves GPUs for (the first one of a cluster's order that does not fit)
 # that has waited this long may no longer be passed by jobs without a time limit.
 SF_RESERVE_AGE_S = _env_int("SF_RESERVE_AGE_S", 900)
+# Preemption (taking borrowed GPUs back): a job on borrowed GPUs that has run less than this is
+# never preempted; a preempted one gets SIGTERM, then SIGKILL this long after (a cluster's
+# `preempt_grace_s` setting overrides it).
+SF_PREEMPT_MIN_RUNTIME_S = _env_int("SF_PREEMPT_MIN_RUNTIME_S", 600)
+SF_PREEMPT_GRACE_S = _env_int("SF_PREEMPT_GRACE_S", 120)
 SF_RETRY_COOLDOWN_CAP_S = _env_int("SF_RETRY_COOLDOWN_CAP_S", 3600)
 SF_LAUNCH_STUCK_S = _env_int("SF_LAUNCH_STUCK_S", 30)
 # A launcher's claim on an attempt (jobs.loops.launcher): longer than any launch's engine calls

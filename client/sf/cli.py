@@ -806,9 +806,14 @@ def cmd_usage(args: argparse.Namespace) -> None:
     table.add_column(args.by.upper(), "TOTAL", no_wrap=True)
     table.add_column("GPU-HOURS", f"{answer['total_gpu_hours']:,.2f}", justify="right")
     table.add_column("GPU-SECONDS", f"{answer['total_gpu_seconds']:,.0f}", justify="right")
+    borrowed = sum(row.get("borrowed_gpu_hours", 0) for row in answer["rows"])
+    table.add_column("BORROWED GPU-HOURS", f"{borrowed:,.2f}", justify="right")
     for row in answer["rows"]:
         table.add_row(
-            _name(row.get(args.by)), f"{row['gpu_hours']:,.2f}", f"{row['gpu_seconds']:,.0f}"
+            _name(row.get(args.by)),
+            f"{row['gpu_hours']:,.2f}",
+            f"{row['gpu_seconds']:,.0f}",
+            f"{row.get('borrowed_gpu_hours', 0):,.2f}",
         )
     console = Console()
     if not console.is_terminal:

@@ -77,6 +77,7 @@ PROC_FILE = "proc.json"  # the runner's own pid, unsigned: where a stop is sent
 CONSOLE_LOG = "console.log"  # the job's stdout and stderr, line by line
 METRICS_FILE = "metrics.jsonl"  # the SDK's points, in the attempt dir or metrics/ below it
 RUN_DIR = "work"  # the run dir (the unpacked snapshot, the job's cwd) below the attempt dir
+NOTICE_FILE = "notice.json"  # written by the runner when a stop or a preemption is on its way
 # The local executor's liveness lock: the runner inherits it locked and holds it as long as it
 # lives (it never passes the descriptor on to the job), so a held lock means a live runner.
 LIVENESS_LOCK = "alive.lock"
@@ -87,6 +88,16 @@ EXIT_FILE_VAR = "SF_EXIT_FILE"
 STARTED_FILE_VAR = "SF_STARTED_FILE"
 PROC_FILE_VAR = "SF_PROC_FILE"
 RUN_DIR_VAR = "SF_RUN_DIR"
+# How a stop reaches the job (sf.supervise): SIGTERM to every process, SIGKILL a grace later.
+# A preemption (taking borrowed GPUs back) is the runner's SIGUSR1 where the executor can
+# signal the runner alone (local), else a SIGTERM like a stop (Slurm, Kubernetes), whose grace
+# is then the preemption's. The job sees SF_PREEMPT_GRACE_S and finds the notice (when it was
+# sent, when SIGKILL follows) in SF_NOTICE_FILE: `sf.should_checkpoint()` reads it.
+PREEMPT_GRACE_VAR = "SF_PREEMPT_GRACE_S"
+STOP_GRACE_VAR = "SF_STOP_GRACE_S"
+NOTICE_FILE_VAR = "SF_NOTICE_FILE"
+DEFAULT_STOP_GRACE_S = 10.0
+DEFAULT_PREEMPT_GRACE_S = 120.0
 # The runner's credentials: the attempt's job token and the key it signs its records with.
 # Only the runner may see them (never the job), and no engine whose job specs others can read
 # may carry them.

@@ -28,9 +28,12 @@ import threading
 import time
 from typing import IO, Any
 
+from sf.checkpoints import CheckpointWatcher, write_notice
 from sf.contract import (
     BOOTSTRAP_TOKEN_VAR,
     CONSOLE_LOG,
+    DEFAULT_PREEMPT_GRACE_S,
+    DEFAULT_STOP_GRACE_S,
     EXIT_FILE,
     EXIT_FILE_VAR,
     INGEST_EXIT,
@@ -38,6 +41,9 @@ from sf.contract import (
     JOB_TOKEN_VAR,
     METRICS_FILE,
     NODE_RANK_VAR,
+    NOTICE_FILE,
+    NOTICE_FILE_VAR,
+    PREEMPT_GRACE_VAR,
     PROC_FILE_VAR,
     RANK_GPUS_VAR,
     RANK_LAUNCH_VAR,
@@ -48,6 +54,7 @@ from sf.contract import (
     RUNNER_SECRETS,
     STARTED_FILE,
     STARTED_FILE_VAR,
+    STOP_GRACE_VAR,
     exit_status,
     record_mac,
 )
@@ -82,10 +89,18 @@ RUNNER_ONLY = RUNNER_SECRETS | frozenset(
         "SF_RUN_AS_USER",
         RANK_LAUNCH_VAR,
         RANK_GPUS_VAR,
+        STOP_GRACE_VAR,
     }
 )
 # What a job sees of the contract when its own variables come apart (SF_USER_ENV).
-CHILD_CONTRACT = ("SF_RUN_ID", "SF_ATTEMPT", "SF_JOB_ID", "SF_OUTPUT_DIR", "SF_CHECKPOINT_DIR")
+CHILD_CONTRACT = (
+    "SF_RUN_ID",
+    "SF_ATTEMPT",
+    "SF_JOB_ID",
+    "SF_OUTPUT_DIR",
+    "SF_CHECKPOINT_DIR",
+    PREEMPT_GRACE_VAR,
+)
 BASE_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME")
 
 
@@ -638,6 +653,9 @@ class RunnerEnv:
         if environ.get("SF_RUN_AS_UID"):
             metrics_dir = os.path.join(self.attempt_dir, "metrics")
         self.metrics_file = os.path.join(metrics_dir, METRICS_FILE)
+        self.notice_file = os.path.join(metrics_dir, NOTICE_FILE)
+        self.stop_grace = _seconds(environ.get(STOP_GRACE_VAR), DEFAULT_STOP_GRACE_S)
+        self.preempt_grace = _seconds(environ.get(PREEMPT_GRACE_VAR), DEFAULT_PREEMPT_GRACE_S)
         self.identity: JobIdentity | None = None
 
     def client(self) -> Client | None:
@@ -725,7 +743,14 @@ def child_env(env: RunnerEnv) -> dict[str, str]:
     out["PYTHONPATH"] = os.pathsep.join(p for p in (env.run_dir, out.get("PYTHONPATH")) if p)
     out["PYTHONUNBUFFERED"] = "1"
     out["SF_METRICS_FILE"] = env.metrics_file
+    out[NOTICE_FILE_VAR] = env.notice_file
+    out[PREEMPT_GRACE_VAR] = str(int(env.preempt_grace))
     return out
+
+
+def _seconds(raw: str | None, default: float) -> float:
+    """A grace in whole seconds from the executor's environment, else `default`."""
+    return float(raw) if raw and raw.isdigit() else default
 
 
 def _user_env(raw: str) -> dict[str, str]:
@@ -770,8 +795,15 @@ def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
                 for proc in procs:
                     proc.wait()
                 return _ingest_failed(env, f"cannot start entrypoint {plan.argv[0]!r}: {exc}")
-        supervisor = Supervisor(procs, terminator(env.environ, plans))
+        supervisor = Supervisor(
+            procs,
+            terminator(env.environ, plans),
+            stop_grace=env.stop_grace,
+            preempt_grace=env.preempt_grace,
+            notice=lambda kind, kill_at: write_notice(env.notice_file, kind, kill_at),
+        )
         supervisor.install()
+        checkpoints = CheckpointWatcher(client, env.attempt, env.checkpoint_dir)
         started_at = time.time()
         started: dict[str, Any] = {"started_at": started_at, "pid": procs[0].pid}
         if multi:
@@ -785,6 +817,7 @@ def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
         shipper.start()
         metrics.shipper.start()
         metrics.start()
+        checkpoints.start()
         # start_new_session=True: each rank's pid is its process group's id. An srun step's
         # processes run under slurmstepd, not here: nothing of theirs to sample on this host.
         samplers = [
@@ -816,6 +849,7 @@ def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
             sampler.stop()  # no samples of a finished job; before the final flush and exit file
         supervisor.end_leftovers(readers)
     metrics.stop()
+    checkpoints.stop()  # the checkpoint a preempted job saved on its notice, reported now
     # Both channels flush at once: a down server costs the give-up time once, not twice.
     for channel in (shipper, metrics.shipper):
         channel.begin_close()
@@ -949,6 +983,7 @@ def main() -> int:
     # Until the child exists there is nothing to forward to: a stop must still leave an exit file.
     signal.signal(signal.SIGTERM, _raise_terminated)
     signal.signal(signal.SIGINT, _raise_terminated)
+    signal.signal(signal.SIGUSR1, _raise_terminated)  # a preemption notice: nothing to save
     try:
         argv, child = prepare(env)
         plans = plan_ranks(env.environ, argv, child, env.run_dir)

@@ -86,42 +86,65 @@ def _reap_orphans() -> None:
 
 
 class Supervisor:
-    """Ends the whole job: on SIGTERM/SIGINT and when its entrypoint exits, every process below
-    the runner gets SIGTERM, then SIGKILL after KILL_GRACE_S; the runner waits until none is
-    left, so an exit file it writes means no process of the job remains."""
+    """Ends the whole job: on SIGTERM/SIGINT, on a preemption notice (SIGUSR1, which only an
+    executor that can signal the runner alone sends) and when its entrypoint exits, every
+    process below the runner gets SIGTERM, then SIGKILL after the grace; the runner waits
+    until none is left, so an exit file it writes means no process of the job remains.
+
+    A stop's grace is `stop_grace` (KILL_GRACE_S, or the preemption's where a SIGTERM may be
+    one: Slurm, Kubernetes), a preemption's `preempt_grace`. Before the SIGTERM, `notice`
+    (if given) is told what is coming and when SIGKILL follows: the job's notice file."""
 
     def __init__(
-        self, procs: list[subprocess.Popen], terminate: Callable[[], None] | None = None
+        self,
+        procs: list[subprocess.Popen],
+        terminate: Callable[[], None] | None = None,
+        *,
+        stop_grace: float = KILL_GRACE_S,
+        preempt_grace: float = KILL_GRACE_S,
+        notice: Callable[[str, float], None] | None = None,
     ) -> None:
         self.procs = procs  # one process group per rank
         # How a SIGTERM reaches the ranks when not through their processes here (srun steps:
         # `sf.ranks.terminator`); the SIGKILL after the grace is sent here either way.
         self.terminate = terminate
-        self.signalled = False  # a stop (SIGTERM/SIGINT) reached the runner
+        self.stop_grace, self.preempt_grace = stop_grace, preempt_grace
+        self.notice = notice
+        self.signalled = False  # a stop (SIGTERM/SIGINT) or a preemption reached the runner
         self.killer: threading.Timer | None = None
         self.kill_at: float | None = None  # monotonic time of the SIGKILL
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._forward)
         signal.signal(signal.SIGINT, self._forward)
+        signal.signal(signal.SIGUSR1, self._forward)
 
     def _forward(self, signum: int, _frame: Any) -> None:
         self.signalled = True
-        self._signal_all(signum)
-        self._arm()
+        preempted = signum == signal.SIGUSR1
+        grace = self.preempt_grace if preempted else self.stop_grace
+        if self.notice is not None:
+            self.notice("preempted" if preempted else "stopped", time.time() + grace)
+        self._signal_all(signal.SIGTERM if preempted else signum)
+        self._arm(grace)
 
     def end_all(self) -> None:
         """SIGTERM every process of the job now, SIGKILL after KILL_GRACE_S (a stop, or one
         rank failed and the others must not go on without it)."""
         self._signal_all(signal.SIGTERM)
-        self._arm()
+        self._arm(KILL_GRACE_S)
 
-    def _arm(self) -> None:
-        if self.killer is None:
-            self.kill_at = time.monotonic() + KILL_GRACE_S
-            self.killer = threading.Timer(KILL_GRACE_S, self._signal_all, (signal.SIGKILL,))
-            self.killer.daemon = True
-            self.killer.start()
+    def _arm(self, grace: float) -> None:
+        """SIGKILL in `grace` seconds, unless one is due sooner already."""
+        at = time.monotonic() + grace
+        if self.killer is not None:
+            if self.kill_at is not None and self.kill_at <= at:
+                return
+            self.killer.cancel()
+        self.kill_at = at
+        self.killer = threading.Timer(grace, self._signal_all, (signal.SIGKILL,))
+        self.killer.daemon = True
+        self.killer.start()
 
     def _signal_all(self, signum: int) -> None:
         if signum == signal.SIGTERM and self.terminate is not None:
@@ -143,7 +166,7 @@ class Supervisor:
         let the readers drain the pipes."""
         if descendants(os.getpid()):
             self._signal_all(signal.SIGTERM)
-            self._arm()
+            self._arm(KILL_GRACE_S)
         while True:
             _reap_orphans()
             if not descendants(os.getpid()):

@@ -156,10 +156,12 @@ def _resolve_cluster(team: Team, name: str | None) -> Cluster:
 
 
 def _check_fits(team: Team, cluster: Cluster, capacity: Capacity, gpus: int) -> None:
-    if gpus > team.gpu_quota:
+    # Past its quota a job may start only on borrowed GPUs, all of them, within the cap.
+    if gpus > max(team.gpu_quota, team.borrow_cap or 0):
+        may_borrow = f" and it may borrow at most {team.borrow_cap}" if team.borrow_cap else ""
         raise BadRequest(
             f"this job asks for {gpus} GPUs but team {team.name}'s quota is "
-            f"{team.gpu_quota}; it could never start"
+            f"{team.gpu_quota}{may_borrow}; it could never start"
         )
     if team.max_gpus_per_job is not None and gpus > team.max_gpus_per_job:
         raise BadRequest(

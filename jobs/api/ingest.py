@@ -6,9 +6,11 @@ by hand against hard caps, and a token's ingest closes INGEST_GRACE_S after its 
 `jobs.api.metrics` reads its batches with the helpers here.
 """
 
+import datetime as dt
 import json
 
 from django.conf import settings
+from django.db.models import Q
 from django.http import FileResponse
 from django.utils import timezone
 from ninja import Router
@@ -19,7 +21,7 @@ from jobs.executors.base import executor_class
 from jobs.job_tokens import job_token_for, spend_bootstrap
 from jobs.ledger import clocks
 from jobs.models import Attempt
-from jobs.schemas import ErrorOut, IngestResult, StartedOut, TokenExchangeOut
+from jobs.schemas import CheckpointOut, ErrorOut, IngestResult, StartedOut, TokenExchangeOut
 from jobs.states import JobStatus
 from jobs.stores import logstore
 from jobs.stores.objects import ObjectMissing
@@ -175,6 +177,35 @@ def ingest_started(request):
         return {"start_time": attempt.start_time}
     now = timezone.now()
     return {"start_time": clocks.mark_started(attempt, now, now)}
+
+
+CHECKPOINT_BODY_DOC = attempt_body_doc(
+    saved_at={"type": "number", "description": "epoch seconds: the newest checkpoint file's mtime"}
+)
+
+
+@router.post(
+    "/checkpoint",
+    response={200: CheckpointOut, (400, 401, 404, 410, 413, 429): ErrorOut},
+    summary="When the job last saved a checkpoint (the newest file under SF_CHECKPOINT_DIR)",
+    openapi_extra=CHECKPOINT_BODY_DOC,
+)
+def ingest_checkpoint(request):
+    """Keep the newest checkpoint time the runner saw: the scheduler preempts the borrowers
+    that saved most recently first. A file's mtime is the job's to set, so it is a claim: never
+    later than now by the server's clock, and it only moves forward."""
+    attempt = ingesting_attempt(request.auth)
+    saved = runner_body(ingest_body(request), attempt.number).get("saved_at")
+    if isinstance(saved, bool) or not isinstance(saved, int | float) or saved <= 0:
+        raise BadRequest('"saved_at" must be a positive number of epoch seconds')
+    now = timezone.now()
+    at = min(dt.datetime.fromtimestamp(min(saved, now.timestamp()), dt.UTC), now)
+    Attempt.objects.filter(pk=attempt.pk).filter(
+        Q(checkpoint_at__isnull=True) | Q(checkpoint_at__lt=at)
+    ).update(checkpoint_at=at)
+    return {
+        "checkpoint_at": Attempt.objects.values_list("checkpoint_at", flat=True).get(pk=attempt.pk)
+    }
 
 
 # The body of the bootstrap exchange: the attempt, and the rank where each has its own runner.

@@ -179,12 +179,31 @@ class Executor(Protocol):
 
     def cancel(self, job_ref: str) -> None: ...
 
+    # Whether a SIGTERM the engine sends the runner may be a preemption's notice (it cannot
+    # signal the runner alone): the runner then gives a stop the preemption's grace too.
+    PREEMPT_BY_TERM: ClassVar[bool]
+
+    def preempt(self, job_ref: str, grace_s: int) -> None:
+        """Give a job on borrowed GPUs its notice: SIGTERM to its processes (through the
+        runner, which writes the job's notice file first), SIGKILL `grace_s` later. The
+        reconciler cancels it once the grace is over, whatever this did (`deliver_notice`)."""
+        ...
+
     def starforge_objects(self) -> dict[str, Observation]:
         """Every Starforge object the engine holds pending or running, by ref, with its name
         where the engine reports one: `check_ledger` looks for those no attempt accounts for."""
         ...
 
     def capacity(self) -> Capacity: ...
+
+
+def deliver_notice(executor: Executor, job_ref: str, grace_s: int) -> None:
+    """`executor.preempt`, or a plain cancel where an executor has no notice to give."""
+    preempt = getattr(executor, "preempt", None)
+    if preempt is None:
+        executor.cancel(job_ref)
+    else:
+        preempt(job_ref, grace_s)
 
 
 def epoch(value: object) -> dt.datetime | None:
@@ -315,6 +334,10 @@ COMMON_SETTINGS = {
     "api_url": "URL the job-side runner uses to reach Starforge's API (default SF_API_URL)",
     "output_root": "directory of run outputs and checkpoints as the job sees it",
 }
+# Settings every kind understands that are numbers: how long a preempted job has between its
+# notice (SIGTERM) and SIGKILL, and its bounds.
+PREEMPT_GRACE = "preempt_grace_s"
+PREEMPT_GRACE_MAX_S = 3600
 KINDS = {
     "local": "jobs.executors.local.LocalExecutor",
     "slurm": "jobs.executors.slurm.SlurmExecutor",
@@ -360,9 +383,34 @@ def validate_cluster_settings(kind: str, settings: object) -> dict:
     api_url = settings.get("api_url")
     if api_url and not api_url.startswith(("http://", "https://")):
         raise ValueError(f"api_url must start with http:// or https://, not {api_url!r}")
-    own = {k: v for k, v in settings.items() if k not in COMMON_SETTINGS}
-    executor_class(kind).validate_settings(own)
+    grace = settings.get(PREEMPT_GRACE)
+    if grace is not None and (
+        isinstance(grace, bool)
+        or not isinstance(grace, int)
+        or not 0 <= grace <= PREEMPT_GRACE_MAX_S
+    ):
+        raise ValueError(
+            f"{PREEMPT_GRACE} must be a whole number of seconds from 0 to {PREEMPT_GRACE_MAX_S}, "
+            f"not {grace!r}"
+        )
+    executor_class(kind).validate_settings(own_settings(settings))
     return settings
+
+
+def own_settings(cluster_settings: dict) -> dict:
+    """A cluster's settings less those every kind understands: what its executor checks."""
+    return {
+        k: v for k, v in cluster_settings.items() if k not in COMMON_SETTINGS and k != PREEMPT_GRACE
+    }
+
+
+def preempt_grace_s(cluster_settings: dict) -> int:
+    """Seconds a preempted job of this cluster has from its notice (SIGTERM) to SIGKILL: the
+    cluster's `preempt_grace_s` setting, else SF_PREEMPT_GRACE_S."""
+    from django.conf import settings
+
+    grace = cluster_settings.get(PREEMPT_GRACE)
+    return grace if isinstance(grace, int) else settings.SF_PREEMPT_GRACE_S
 
 
 # The one test seam: what `override` put in place of the real engines, by cluster id (None: all).

@@ -74,6 +74,7 @@ from kubernetes.utils import parse_quantity
 from sf.contract import INGEST_EXIT, INGEST_FAILED, entrypoint_code, killed_by, rank_env
 
 from jobs.executors.base import (
+    PREEMPT_GRACE,
     TIME_LIMIT_BACKSTOP_S,
     Capacity,
     LaunchError,
@@ -83,6 +84,7 @@ from jobs.executors.base import (
     base_env,
     gpu_type_matches,
     passed_on,
+    preempt_grace_s,
 )
 from jobs.states import JobStatus
 
@@ -99,6 +101,7 @@ WORK_DIR = "/sf"  # an emptyDir: writable whatever user the image runs as
 # Finished Jobs are listed on every poll until Kubernetes deletes them, but one deleted before the
 # reconciler saw its end would be failed as lost: a day outlasts any reasonable worker outage.
 FINISHED_TTL_S = 24 * 3600
+POD_FLUSH_S = 15  # past the runner's own SIGKILL of the job: its last lines and exit record
 TIMEOUT = (5, 30)  # connect, read (seconds): an unreachable API fails a tick, never hangs it
 DEFAULTS = {
     "namespace": "default",
@@ -144,6 +147,8 @@ class KubernetesExecutor:
     # supervising them all: each rank exchanges the bootstrap credential once, and only the
     # engine knows when the last rank is up, so such an attempt's start is the poll's.
     RANK_RUNNERS: ClassVar[bool] = True
+    # A pod's deletion is its SIGTERM, its terminationGracePeriodSeconds the grace to SIGKILL.
+    PREEMPT_BY_TERM: ClassVar[bool] = True
     STATE_TABLE: ClassVar[dict[str, JobStatus]] = {
         "Pending": S.PENDING,  # the Job exists, its pod does not yet, or has no status yet
         "Pending/Suspended": S.PENDING,  # spec.suspend: a queue (Kueue) holds the Job back
@@ -173,7 +178,9 @@ class KubernetesExecutor:
     }
 
     def __init__(self, cluster: "Cluster") -> None:
-        self.validate_settings({k: v for k, v in cluster.settings.items() if k != "output_root"})
+        self.validate_settings(
+            {k: v for k, v in cluster.settings.items() if k not in ("output_root", PREEMPT_GRACE)}
+        )
         self.cluster = cluster
         self.settings = {**DEFAULTS, **cluster.settings}
         self.namespace: str = self.settings["namespace"]
@@ -314,6 +321,11 @@ class KubernetesExecutor:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+
+    def preempt(self, job_ref: str, grace_s: int) -> None:
+        """The Job's deletion: each pod gets SIGTERM and its termination grace period
+        (`preempt_grace_s` when it was made) before SIGKILL."""
+        self.cancel(job_ref)
 
     def capacity(self) -> Capacity:
         """Each usable node with the GPUs Starforge may use there and its GPU product label;
@@ -491,6 +503,9 @@ class KubernetesExecutor:
             container["resources"] = resources
         pod: dict[str, Any] = {
             "restartPolicy": "Never",
+            # The runner kills the job a preemption's grace after SIGTERM (SF_STOP_GRACE_S);
+            # the kubelet's SIGKILL comes past that, so the runner can ship its last lines.
+            "terminationGracePeriodSeconds": preempt_grace_s(self.cluster.settings) + POD_FLUSH_S,
             "enableServiceLinks": False,
             # No Kubernetes API credential in the pod unless an operator chose a service
             # account made for jobs and asked for its token (validated together).

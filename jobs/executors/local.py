@@ -49,12 +49,14 @@ from sf.contract import (
     JOB_TOKEN_VAR,
     LIVENESS_LOCK,
     NUM_NODES_VAR,
+    PREEMPT_GRACE_VAR,
     PROC_FILE,
     RANK_GPUS_VAR,
     RANK_LAUNCH_VAR,
     RECORD_KEY_VAR,
     RUN_DIR,
     STARTED_FILE,
+    STOP_GRACE_VAR,
     file_env,
     read_json,
 )
@@ -99,6 +101,8 @@ CONTRACT = frozenset(
         "SF_ENTRYPOINT",
         "SF_SNAPSHOT",
         "SF_API_URL",
+        PREEMPT_GRACE_VAR,
+        STOP_GRACE_VAR,
         JOB_TOKEN_VAR,
         BOOTSTRAP_TOKEN_VAR,
     }
@@ -117,6 +121,7 @@ class JobIdentity:
 
 
 class LocalExecutor:
+    PREEMPT_BY_TERM: ClassVar[bool] = False  # the runner alone gets SIGUSR1
     STATE_TABLE: ClassVar[dict[str, JobStatus]] = {
         "STARTING": JobStatus.PENDING,  # runner up, fetching/unpacking the snapshot
         "RUNNING": JobStatus.RUNNING,  # entrypoint spawned (started.json written)
@@ -223,11 +228,24 @@ class LocalExecutor:
             self._kill_orphans(attempt_dir)
             return
         first = read_json(attempt_dir / CANCEL_FILE)
-        if not first:
+        if not first or (first.get("preempted") and first["at"] > time.time()):
+            # A stop during a preemption's grace cuts it short: the runner's SIGKILL comes a
+            # stop's grace after this SIGTERM.
             _write_json(attempt_dir / CANCEL_FILE, {"at": time.time()})
             _signal_group(proc["pid"], signal.SIGTERM)
         elif time.time() - first["at"] > KILL_AFTER_S:
             kill_tree(proc["pid"])
+
+    def preempt(self, job_ref: str, grace_s: int) -> None:
+        """SIGUSR1 to the runner alone: it writes the job's notice file, sends the job SIGTERM
+        and SIGKILL `grace_s` later. A cancel after the grace (the reconciler's) escalates as a
+        stop's does, counted from the grace's end."""
+        attempt_dir = self.root / job_ref
+        proc = read_json(attempt_dir / PROC_FILE)
+        if not proc or not _runner_alive(attempt_dir) or read_json(attempt_dir / CANCEL_FILE):
+            return  # gone, or a stop is on its way already
+        _write_json(attempt_dir / CANCEL_FILE, {"at": time.time() + grace_s, "preempted": True})
+        _signal_group(proc["pid"], signal.SIGUSR1)
 
     def capacity(self) -> Capacity:
         """The host as one node: its NVIDIA GPUs (typed by NVML's device name), else the

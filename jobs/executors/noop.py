@@ -15,6 +15,7 @@ from jobs.states import JobStatus
 
 class NoopExecutor:
     STATE_TABLE: ClassVar[dict[str, JobStatus]] = {"ACCEPTED": JobStatus.PENDING}
+    PREEMPT_BY_TERM: ClassVar[bool] = False
 
     @staticmethod
     def validate_settings(settings: dict) -> None:

@@ -37,7 +37,6 @@ from django.conf import settings
 from sf.contract import INGEST_EXIT, INGEST_FAILED, RUN_DIR, RUN_DIR_VAR, entrypoint_code
 
 from jobs.executors.base import (
-    COMMON_SETTINGS,
     DEFAULT_PATH,
     GPU_VISIBILITY_VARS,
     Capacity,
@@ -47,6 +46,7 @@ from jobs.executors.base import (
     base_env,
     check_known,
     gpu_type_matches,
+    own_settings,
     passed_on,
 )
 from jobs.states import JobStatus
@@ -85,6 +85,9 @@ class RayExecutor:
     # The runner exchanges a one-time SF_BOOTSTRAP_TOKEN for its job token (POST
     # /api/v1/ingest/token): what the dashboard's job list shows is spent once it started.
     BOOTSTRAP_TOKEN: ClassVar[bool] = True
+    # Ray's stop is SIGTERM to the runner, SIGKILL after the Ray cluster's own
+    # RAY_JOB_STOP_WAIT_TIME_S: a preemption's grace there is Ray's setting (see `preempt`).
+    PREEMPT_BY_TERM: ClassVar[bool] = True
     # Ray's JobStatus (ray/dashboard/modules/job/common.py), one row per member.
     STATE_TABLE: ClassVar[dict[str, JobStatus]] = {
         # Waiting for the job's supervisor actor: its GPUs, its runtime env. Ray fails a job
@@ -172,7 +175,7 @@ class RayExecutor:
             raise ValueError(f"timeout_s must be a positive number of seconds, not {timeout!r}")
 
     def __init__(self, cluster) -> None:
-        own = {k: v for k, v in cluster.settings.items() if k not in COMMON_SETTINGS}
+        own = own_settings(cluster.settings)
         try:
             self.validate_settings(own)
         except ValueError as exc:
@@ -236,6 +239,11 @@ class RayExecutor:
             if ours and self.STATE_TABLE.get(state) in (JobStatus.PENDING, JobStatus.RUNNING):
                 found[name] = Observation(state, name=name)
         return found
+
+    def preempt(self, job_ref: str, grace_s: int) -> None:
+        """Ray's stop: the Jobs API has no signal of its own, so the grace is the Ray
+        cluster's RAY_JOB_STOP_WAIT_TIME_S, not `grace_s` (set it on the Ray head to match)."""
+        self.cancel(job_ref)
 
     def cancel(self, job_ref: str) -> None:
         """Ask Ray to stop the job; unknown and finished jobs are fine.

@@ -145,6 +145,7 @@ class SlurmExecutor:
     # export file). Slurm keeps that environment in slurmctld's state; `sacct --env-vars`
     # shows it to the job's unix user only where AccountingStoreFlags=job_env is set.
     BOOTSTRAP_TOKEN: ClassVar[bool] = False
+    PREEMPT_BY_TERM: ClassVar[bool] = True  # scancel --signal reaches the job's steps too
     # Every job state Slurm reports (22.05 and later: base states, then the flags that squeue
     # or the REST API show instead of the base state). COMPLETED and FAILED end with the
     # runner's exit code; the other ends carry the failure kind from END_STATES below.
@@ -312,6 +313,12 @@ class SlurmExecutor:
     def cancel(self, job_ref: str) -> None:
         # scancel exits 0 for unknown and finished jobs alike: the call is idempotent.
         self._slurm(["scancel", job_ref])
+
+    def preempt(self, job_ref: str, grace_s: int) -> None:
+        """The job's signal: SIGTERM to every step, the batch step (the runner) included; the
+        runner writes the notice and kills the job `grace_s` later (SF_STOP_GRACE_S). The
+        cancel after the grace is the reconciler's."""
+        self._slurm(["scancel", "--signal=TERM", "--full", job_ref])
 
     def capacity(self) -> Capacity:
         """GPUs of the partition's usable nodes, less those that jobs outside Starforge hold,

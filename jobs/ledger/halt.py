@@ -44,7 +44,8 @@ def halt(
     """Stop or pause these jobs where the table (and `expected`) allow it.
 
     `by_window` marks a pause the scheduler made for a closed window, which it resumes when the
-    window opens; a person's pause or stop is theirs, so it clears the mark.
+    window opens; a person's pause or stop is theirs, so it clears the mark (and a
+    preemption's, which the scheduler would otherwise queue again).
     """
     if not job_ids:
         return Halted([], [])
@@ -65,7 +66,9 @@ def halt(
         halted = [job.pk for job in changed]
         current = [a for pk in halted if (a := before[pk].current_attempt_id) is not None]
         clocks.close_open(current, now, reason)
-        Job.objects.filter(pk__in=halted).update(next_attempt_at=None, paused_by_window=by_window)
+        Job.objects.filter(pk__in=halted).update(
+            next_attempt_at=None, paused_by_window=by_window, paused_by_preemption=False
+        )
         if target == S.STOPPED:
             for pk in halted:
                 job = before[pk]

@@ -34,8 +34,10 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from sf.contract import PREEMPT_GRACE_VAR, STOP_GRACE_VAR
 
 from jobs.executors import LaunchError, LaunchSpec, executor_for
+from jobs.executors.base import executor_class, preempt_grace_s
 from jobs.job_tokens import runner_credentials
 from jobs.ledger import clocks
 from jobs.ledger.halt import cancel_attempt
@@ -238,6 +240,7 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
     output_root = cluster_settings.get("output_root")
     output_dir = run_output_dir(output_root, job.run_id)
     user_env = {str(k): str(v) for k, v in job.env.items()}
+    grace = preempt_grace_s(cluster_settings)
     env = {
         **user_env,
         "SF_API_URL": cluster_settings.get("api_url") or settings.SF_API_URL,
@@ -251,8 +254,11 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
         # The job's own variables apart, so a runner that runs as another user than the job
         # (the local executor's run_as) applies them to the job alone, never to itself.
         "SF_USER_ENV": json.dumps(user_env),
+        PREEMPT_GRACE_VAR: str(grace),
         **runner_credentials(job.cluster.kind, attempt),
     }
+    if executor_class(job.cluster.kind).PREEMPT_BY_TERM:
+        env[STOP_GRACE_VAR] = str(grace)  # a SIGTERM there may be a preemption's notice
     if job.parent_id:  # a follow-on job reads its parent's outputs
         parent_run = Job.objects.values_list("run_id", flat=True).get(pk=job.parent_id)
         env["SF_PARENT_RUN_ID"] = parent_run

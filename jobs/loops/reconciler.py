@@ -24,13 +24,15 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from sf.contract import INGEST_FAILED, RANK_STATES
 
+from jobs import kick
 from jobs.durations import time_limit_reason
 from jobs.executors import Executor, Observation, executor_for
+from jobs.executors.base import preempt_grace_s
 from jobs.ledger import clocks, lifecycle
 from jobs.ledger.halt import halt
 from jobs.ledger.transitions import TransitionRefused, transition
 from jobs.loops.launcher import launch_attempts
-from jobs.models import Attempt, Cluster, JobEvent
+from jobs.models import Attempt, Cluster, Job, JobEvent
 from jobs.states import JobStatus
 from jobs.stores import logstore
 
@@ -90,6 +92,7 @@ class OpenRow(NamedTuple):
     time_limit_s: int | None
     start_time: dt.datetime | None
     sighting_due: bool  # last_seen_at is older than SEEN_RESOLUTION, or unset
+    preempted_at: dt.datetime | None
 
 
 OPEN_COLUMNS = (
@@ -105,6 +108,7 @@ OPEN_COLUMNS = (
     "job__time_limit_s",
     "start_time",
     "sighting_due",
+    "preempted_at",
 )
 
 
@@ -138,14 +142,20 @@ def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
     Attempt.objects.filter(pk__in=seen).update(last_seen_at=now)
     running = [a.pk for a in rows if _maps_to(executor, mine.get(a.pk)) == S.RUNNING]
     clocks.seen_alive(running, now)
-    # Only an attempt whose poll says something new is read whole and acted on.
-    changed = [a.pk for a in rows if not _steady(executor, a, mine.get(a.pk), now)]
+    # Only an attempt whose poll says something new is read whole and acted on (or a preempted
+    # one past its grace: it is cancelled each tick until it ends).
+    grace = preempt_grace_s(cluster.settings)
+    changed = [
+        a.pk
+        for a in rows
+        if _grace_over(a.preempted_at, grace, now) or not _steady(executor, a, mine.get(a.pk), now)
+    ]
     attempts = list(_open(Attempt.objects.filter(pk__in=changed)).select_related("job"))
     _record_native(executor, attempts, mine)
     _record_ranks(attempts, mine)
     for attempt in attempts:
         try:
-            _reconcile_attempt(executor, attempt, mine.get(attempt.pk), now)
+            _reconcile_attempt(executor, attempt, mine.get(attempt.pk), now, grace)
         except TransitionRefused as exc:  # the job moved on (a user stop) since we read it
             log.info("reconcile of %s skipped: %s", attempt.backend_name, exc)
         except Exception:
@@ -205,8 +215,16 @@ def _observed(attempts: list, observations: dict[str, Observation]) -> dict:
     return found
 
 
+def _grace_over(preempted_at: dt.datetime | None, grace_s: int, now: dt.datetime) -> bool:
+    return preempted_at is not None and (now - preempted_at).total_seconds() > grace_s
+
+
 def _reconcile_attempt(
-    executor: Executor, attempt: Attempt, obs: Observation | None, now: dt.datetime
+    executor: Executor,
+    attempt: Attempt,
+    obs: Observation | None,
+    now: dt.datetime,
+    grace_s: int = 0,
 ) -> None:
     if not attempt.job_ref:
         _repair_launch(executor, attempt, now)
@@ -218,6 +236,13 @@ def _reconcile_attempt(
     if target is None:  # recorded by _record_native; the job keeps its status
         return
     job = attempt.job
+    if attempt.preempted_at is not None and target not in (S.PENDING, S.RUNNING):
+        if not (target == S.SUCCEEDED and _ended_before_notice(attempt, obs)):
+            _preempted(attempt, obs, now)
+            return
+    if attempt.preempted_at is not None and _grace_over(attempt.preempted_at, grace_s, now):
+        log.info("preempted %s is past its grace of %s s: cancelling", attempt.job_ref, grace_s)
+        executor.cancel(attempt.job_ref)
     if target in (S.PENDING, S.RUNNING) and job.status == S.RUNNING:
         if reason := _time_limit_reached(attempt, now):
             # Stopped as a person's stop is (closed now, cancelled after commit), and never
@@ -255,12 +280,37 @@ def _repair_launch(executor: Executor, attempt: Attempt, now: dt.datetime) -> No
         )
 
 
+def _ended_before_notice(attempt: Attempt, obs: Observation) -> bool:
+    """It exited 0 before its preemption notice was sent: a success like any other."""
+    notice = attempt.preempted_at
+    return obs.end_time is not None and notice is not None and obs.end_time <= notice
+
+
+def _preempted(attempt: Attempt, obs: Observation | None, now: dt.datetime) -> None:
+    """A preempted attempt ended (whatever its exit: it was told to stop): billed to its end
+    as run, the job PAUSED, marked for the scheduler to queue it again; no retry is spent."""
+    lender = attempt.borrowed_from.name if attempt.borrowed_from is not None else "its lender"
+    reason = f"preempted: GPUs returned to team {lender}"
+    end = obs.end_time if obs is not None else None
+    if obs is not None and obs.start_time:
+        clocks.mark_started(attempt, obs.start_time, now)
+    with transaction.atomic():
+        _close_and_transition(
+            attempt, S.PAUSED, reason, end, now, exit_code=obs.exit_code if obs else None
+        )
+        Job.objects.filter(pk=attempt.job_id, status=S.PAUSED).update(paused_by_preemption=True)
+    transaction.on_commit(kick.scheduler)
+
+
 def _maybe_lost(attempt: Attempt, now: dt.datetime) -> None:
     if attempt.last_seen_at:  # the last sighting was up to SEEN_RESOLUTION after it
         last = attempt.last_seen_at + SEEN_RESOLUTION
     else:
         last = attempt.pending_at or attempt.submitted_at
     if (now - last).total_seconds() < settings.SF_LOST_GRACE_S:
+        return
+    if attempt.preempted_at is not None:  # gone after its notice: it was told to go
+        _preempted(attempt, None, now)
         return
     reason = (
         f"lost on backend: {attempt.job_ref} is no longer known to cluster "

@@ -20,6 +20,14 @@ its GPUs then; one without a time limit also while the reserved job is younger t
 SF_RESERVE_AGE_S. Each tick also plans the whole queue it considered (`jobs.loops.queueplan`):
 where every waiting job stands and when it can start.
 
+Taking lent GPUs back: a lendable team's job that its own quota has room for, but that waits
+because GPUs of that quota are lent out, preempts borrowers (`_take_back`): only jobs on GPUs
+borrowed from that team, the lowest priority first, then those that saved a checkpoint most
+recently, then the most recently started, and never one whose attempt has run less than
+SF_PREEMPT_MIN_RUNTIME_S. Each victim gets its notice after commit (SIGTERM, SIGKILL after its
+cluster's grace) and keeps its GPUs until it ends; it then goes PAUSED (the reconciler) and the
+next tick queues it again, to resume from its checkpoint.
+
 The same tick applies the two time-driven rules: jobs submitted with `--window-policy pause`
 are paused when their window closes and queued again when it reopens, and a team whose monthly
 budget is used up with `budget_hard_stop` set has its running GPU jobs stopped.
@@ -30,8 +38,10 @@ import datetime as dt
 import heapq
 import logging
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import partial
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -39,7 +49,9 @@ from django.db.models import Count, F, OuterRef, Subquery, Sum
 from django.utils import timezone
 from sf.contract import backend_name
 
+from jobs.durations import say
 from jobs.executors import Capacity, executor_for, gpu_type_matches
+from jobs.executors.base import deliver_notice, preempt_grace_s
 from jobs.ledger import clocks
 from jobs.ledger.halt import halt
 from jobs.ledger.lifecycle import requeue_due_retries
@@ -50,6 +62,7 @@ from jobs.models import (
     Cluster,
     ClusterShare,
     Job,
+    JobEvent,
     ScheduleWindow,
     Team,
     TeamGpuTypeQuota,
@@ -98,6 +111,8 @@ class TickResult:
     paused: list[int] = field(default_factory=list)  # paused because their window closed
     resumed: list[int] = field(default_factory=list)  # queued again as their window opened
     stopped: list[int] = field(default_factory=list)  # stopped by a budget hard stop
+    preempted: list[int] = field(default_factory=list)  # told to give borrowed GPUs back
+    requeued: list[int] = field(default_factory=list)  # queued again after a preemption
 
 
 @dataclass
@@ -119,6 +134,7 @@ class _Holdings:
     cluster: dict[int, _Held] = field(default_factory=lambda: defaultdict(_Held))
     team_cluster: dict[tuple[int, int], _Held] = field(default_factory=lambda: defaultdict(_Held))
     borrowed: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # by borrower
+    lent: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # by lender
 
     def add(self, team: int, user: int, cluster: int, gpus: int, jobs: int = 1) -> None:
         for held in (
@@ -136,6 +152,39 @@ class _Holdings:
         self.team[team].gpus -= gpus
         self.team[lender].gpus += gpus
         self.borrowed[team] += gpus
+        self.lent[lender] += gpus
+
+
+@dataclass(frozen=True)
+class _Borrower:
+    """An active attempt on borrowed GPUs: a possible victim when its lender wants them back."""
+
+    attempt: int
+    job: int
+    lender: int
+    cluster: int
+    gpus: int
+    priority: int
+    job_ref: str
+    started: dt.datetime | None
+    checkpoint_at: dt.datetime | None
+    preempted_at: dt.datetime | None
+
+    def order(self) -> tuple:
+        """Victims first: the lowest priority, then the most recent checkpoint (none: last),
+        then the most recent start."""
+        saved = -self.checkpoint_at.timestamp() if self.checkpoint_at else float("inf")
+        started = -self.started.timestamp() if self.started else float("inf")
+        return (self.priority, saved, started, self.job)
+
+
+@dataclass
+class _Notice:
+    """Borrowers this tick tells to give their GPUs back, for one lender's job."""
+
+    job: "_Queued"
+    lender: int
+    victims: list[_Borrower]
 
 
 @dataclass(frozen=True)
@@ -233,10 +282,32 @@ class _Context:
     # needs it), and what this tick admitted.
     holdings: list[queueplan.Holding] | None = None
     admitted: list[queueplan.Holding] = field(default_factory=list)
+    # Jobs on borrowed GPUs by lender (read when a lender's job first wants its GPUs back),
+    # GPUs per lender whose notice went out and that no waiting job has counted on yet, and
+    # this tick's notices.
+    borrowers: dict[int, list[_Borrower]] | None = None
+    coming_back: dict[int, int] = field(default_factory=dict)
+    notices: list[_Notice] = field(default_factory=list)
+    notified: set[int] = field(default_factory=set)  # attempts this tick's notices name
+
+    def borrowers_of(self, lender: int) -> list[_Borrower]:
+        if self.borrowers is None:
+            self.borrowers = _borrowers()
+            for rows in self.borrowers.values():
+                for row in rows:
+                    if row.preempted_at is not None:
+                        self.coming_back[row.lender] = (
+                            self.coming_back.get(row.lender, 0) + row.gpus
+                        )
+        return self.borrowers.get(lender, [])
+
+    def grace_s(self, cluster: int) -> int:
+        cap = self.capacities.get(cluster)
+        return preempt_grace_s(cap[0].settings) if cap else settings.SF_PREEMPT_GRACE_S
 
     def all_holdings(self) -> list[queueplan.Holding]:
         if self.holdings is None:
-            self.holdings = _active_holdings(self.now.timestamp())
+            self.holdings = _active_holdings(self.now.timestamp(), self.grace_s)
         return self.holdings + self.admitted
 
     def nodes_of(self, cluster: Cluster, capacity: Capacity) -> _Nodes:
@@ -279,8 +350,10 @@ def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
         month_us = _month_usage(teams, now)
         stopped = _hard_stops(teams, month_us, now)
         paused, resumed = _apply_window_policy(now, teams, windows)
+        requeued = _requeue_preempted()
         result = _admit(now, teams, windows, capacities, month_us)
     result.stopped, result.paused, result.resumed = stopped, paused, resumed
+    result.requeued = requeued
     return result
 
 
@@ -354,10 +427,15 @@ def _admit(
         # A waiting reason is not a status change: no event, and only QUEUED rows are touched.
         Job.objects.filter(pk__in=ids, status=S.QUEUED).update(status_reason=reason)
     attempt_ids = _submit(admit, now)
+    preempted = _send_notices(ctx) if ctx.notices else []
     if considered_all:
         entries, totals = _plan(ctx, waiting)
         transaction.on_commit(lambda: store_plan.write(entries, totals, now.timestamp()))
-    return TickResult(admitted=attempt_ids, waiting=sum(len(v) for v in reasons.values()))
+    return TickResult(
+        admitted=attempt_ids,
+        waiting=sum(len(v) for v in reasons.values()),
+        preempted=preempted,
+    )
 
 
 def _plan(
@@ -379,8 +457,9 @@ def _plan(
     return {job_id: entry.packed() for job_id, entry in entries.items()}, totals
 
 
-def _active_holdings(now: float) -> list[queueplan.Holding]:
-    """What active jobs hold, until their time limits run out (None: no limit)."""
+def _active_holdings(now: float, grace_s: Callable[[int], int]) -> list[queueplan.Holding]:
+    """What active jobs hold, until their time limits run out (None: no limit), or for a
+    preempted one, its grace (`grace_s(cluster)`); borrowed GPUs count against their lender."""
     holdings = []
     active = Job.objects.filter(status__in=S.active(), gpus__gt=0).values_list(
         "team_id",
@@ -389,13 +468,18 @@ def _active_holdings(now: float) -> list[queueplan.Holding]:
         "time_limit_s",
         "current_attempt__start_time",
         "current_attempt__submitted_at",
+        "current_attempt__preempted_at",
+        "current_attempt__borrowed_from",
     )
-    for team_id, cluster_id, gpus, limit, started, admitted in active:
+    for team_id, cluster_id, gpus, limit, started, admitted, preempted, lender in active:
         # Not started yet: counted from its admission, a time that does not move, so a
         # reservation's start does not slide later tick after tick.
         start = started or admitted
         until = (start.timestamp() if start else now) + limit if limit else None
-        holdings.append(queueplan.Holding(team_id, cluster_id, gpus, until))
+        if preempted is not None:
+            killed = preempted.timestamp() + grace_s(cluster_id)
+            until = killed if until is None else min(until, killed)
+        holdings.append(queueplan.Holding(lender or team_id, cluster_id, gpus, until))
     return holdings
 
 
@@ -553,6 +637,8 @@ def _quota_gate(ctx: _Context, job: _Queued) -> str | None:
         )
     if held.gpus + job.gpus > team.gpu_quota:
         lender = _lender(ctx, team, job)
+        if lender is None and (taking := _take_back(ctx, team, job)) is not None:
+            return taking
         if lender is None:
             return Planned(
                 f"waiting for quota: team {team.name} uses {held.gpus} of "
@@ -593,6 +679,166 @@ def _lender(ctx: _Context, team: Team, job: _Queued) -> Team | None:
     if not fits:
         return None
     return ctx.teams[max(fits, key=lambda pk: (room[pk], -pk))]
+
+
+def _take_back(ctx: _Context, team: Team, job: _Queued) -> str | None:
+    """For a lendable team's job that its own quota has room for but that lent GPUs keep out:
+    borrowers of those GPUs get a notice (this tick's `ctx.notices`), enough of them for the
+    job, or none while too few may be preempted yet. The job's waiting reason, or None when
+    lending is not what holds it back."""
+    held, lent = ctx.held.team[team.pk].gpus, ctx.held.lent[team.pk]
+    if not team.lendable or not lent or not job.gpus or held - lent + job.gpus > team.gpu_quota:
+        return None
+    member = ctx.held.member[(team.pk, job.user)]
+    if team.user_gpu_cap is not None and member.gpus + job.gpus > team.user_gpu_cap:
+        return None  # the member's cap holds it back whatever comes back
+    short = held + job.gpus - team.gpu_quota
+    borrowers = ctx.borrowers_of(team.pk)
+    coming = ctx.coming_back.get(team.pk, 0)
+    counted = min(coming, short)
+    ctx.coming_back[team.pk] = coming - counted
+    short -= counted
+    lent_words = f"{lent} of team {team.name}'s {team.gpu_quota} GPUs are lent to other teams"
+    if short <= 0:
+        back = max(
+            (
+                (b.preempted_at or ctx.now) + dt.timedelta(seconds=ctx.grace_s(b.cluster))
+                for b in borrowers
+                if b.preempted_at or b.attempt in ctx.notified
+            ),
+            default=ctx.now,
+        )
+        return Planned(
+            f"waiting for lent GPUs: {lent_words}; the jobs on them have been preempted and "
+            f"give them back by {back:%H:%M:%S} UTC at the latest"
+        )
+    floor = settings.SF_PREEMPT_MIN_RUNTIME_S
+    started = {  # those that may be told: up, not told yet, on a cluster the tick reaches
+        b.attempt: b.started
+        for b in borrowers
+        if b.started is not None
+        and b.preempted_at is None
+        and b.attempt not in ctx.notified
+        and b.cluster in ctx.capacities
+    }
+    free = sorted((b for b in borrowers if b.attempt in started), key=_Borrower.order)
+    ripe = [b for b in free if (ctx.now - started[b.attempt]).total_seconds() >= floor]
+    victims, freed = [], 0
+    for borrower in ripe:
+        if freed >= short:
+            break
+        victims.append(borrower)
+        freed += borrower.gpus
+    if freed < short:
+        young = [started[b.attempt] + dt.timedelta(seconds=floor) for b in free if b not in ripe]
+        when = f"; the next may be preempted at {min(young):%H:%M:%S} UTC" if young else ""
+        return Planned(
+            f"waiting for lent GPUs: {lent_words}, and too few of the jobs on them have run "
+            f"the minimum {say(floor)} before they may be preempted{when}"
+        )
+    ctx.notified.update(v.attempt for v in victims)
+    ctx.coming_back[team.pk] = freed - short
+    ctx.notices.append(_Notice(job, team.pk, victims))
+    return Planned(
+        f"waiting for lent GPUs: {lent_words}; preempting {len(victims)} job(s) on them "
+        f"({freed} GPUs), which have {say(ctx.grace_s(victims[0].cluster))} to checkpoint"
+    )
+
+
+def _borrowers() -> dict[int, list[_Borrower]]:
+    """Active attempts on borrowed GPUs, by lender, in one query."""
+    rows = Attempt.objects.filter(
+        borrowed_from__isnull=False,
+        end_time__isnull=True,
+        job__status__in=S.active(),
+        job__current_attempt=F("pk"),
+    ).values_list(
+        "pk", "job_id", "borrowed_from_id", "job__cluster_id", "gpus", "job__priority",
+        "job_ref", "start_time", "checkpoint_at", "preempted_at",
+    )  # fmt: skip
+    found: dict[int, list[_Borrower]] = defaultdict(list)
+    for row in rows:
+        borrower = _Borrower(*row)
+        found[borrower.lender].append(borrower)
+    return found
+
+
+def _send_notices(ctx: _Context) -> list[int]:
+    """Record this tick's preemptions (each victim's attempt once, with a note on both sides)
+    and give the notices after commit. Returns the victims' job ids."""
+    sent, events, deliver = [], [], []
+    for notice in ctx.notices:
+        lender = ctx.teams[notice.lender].name
+        for victim in notice.victims:
+            marked = Attempt.objects.filter(pk=victim.attempt, preempted_at__isnull=True).update(
+                preempted_at=ctx.now, preempted_for_id=notice.job.id
+            )
+            if not marked:
+                continue
+            grace = ctx.grace_s(victim.cluster)
+            sent.append(victim.job)
+            deliver.append((victim.cluster, victim.job_ref, grace))
+            events.append(
+                JobEvent(
+                    job_id=victim.job,
+                    kind=JobEvent.Kind.NOTE,
+                    actor="scheduler",
+                    reason=(
+                        f"preemption notice: team {lender} needs back the {victim.gpus} GPUs "
+                        f"this job borrowed, for a job of its own; it has {say(grace)} to "
+                        "checkpoint (SIGTERM now, SIGKILL then), then goes PAUSED and is "
+                        "queued again to resume"
+                    ),
+                    data={"lender": lender, "gpus": victim.gpus, "grace_s": grace},
+                )
+            )
+        if notice.victims:
+            gpus = sum(v.gpus for v in notice.victims)
+            events.append(
+                JobEvent(
+                    job_id=notice.job.id,
+                    kind=JobEvent.Kind.NOTE,
+                    actor="scheduler",
+                    reason=(
+                        f"preempting {len(notice.victims)} job(s) on {gpus} GPUs that other "
+                        f"teams borrowed from team {lender}: this job needs them back"
+                    ),
+                    data={"victims": len(notice.victims), "gpus": gpus},
+                )
+            )
+    JobEvent.objects.bulk_create(events)
+    if deliver:
+        transaction.on_commit(partial(_deliver, deliver, ctx.capacities))
+    return sent
+
+
+def _deliver(
+    deliver: list[tuple[int, str, int]], capacities: dict[int, tuple[Cluster, Capacity]]
+) -> None:
+    for cluster_id, job_ref, grace in deliver:
+        try:
+            deliver_notice(executor_for(capacities[cluster_id][0]), job_ref, grace)
+        except Exception:  # the reconciler cancels it when the grace is over, notice or not
+            log.exception("preemption notice to %s failed", job_ref)
+
+
+def _requeue_preempted() -> list[int]:
+    """Jobs a preemption paused go back on the queue, to resume from their checkpoint; a
+    resume from a preemption is no retry, so no retry budget is spent."""
+    ids = list(
+        Job.objects.filter(status=S.PAUSED, paused_by_preemption=True).values_list("pk", flat=True)
+    )
+    if not ids:
+        return []
+    changed, _ = apply_transitions(
+        S.QUEUED,
+        [Change(pk, "resuming after preemption; waiting for the scheduler") for pk in ids],
+        actor="scheduler",
+        expected={S.PAUSED},
+    )
+    queued = [job.pk for job in changed]
+    Job.objects.filter(pk__in=ids).update(paused_by_preemption=False)
+    return queued
 
 
 def _borrow_words(ctx: _Context, team: Team, job: _Queued) -> str:

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from jobs.durations import say
+from jobs.executors.base import preempt_grace_s
 from jobs.models import Attempt, Job, JobEvent, Team
 from jobs.reads.queue import queue_places, queue_row
 from jobs.reads.visible import current_attempt, retry_unavailable_reason
@@ -20,12 +21,7 @@ def explain(job: Job, now: dt.datetime | None = None) -> list[str]:
     now = now or timezone.now()
     attempt = current_attempt(job)
     sentences = _by_status(job, attempt, now) + _ranks(job, attempt) + _cluster_health(job, now)
-    if job.status in S.active() and attempt is not None and attempt.borrowed_from_id:
-        lender = Team.objects.filter(pk=attempt.borrowed_from_id).values_list("name", flat=True)
-        sentences.append(
-            f"It runs on GPUs borrowed from team {lender.first()}'s idle quota, beyond its own "
-            "team's: it is preemptible while it holds them."
-        )
+    sentences += _preemption(job, attempt, now)
     if job.status in (S.FAILED, S.STOPPED):
         why_not = retry_unavailable_reason(job)
         sentences.append(
@@ -44,6 +40,68 @@ def explain(job: Job, now: dt.datetime | None = None) -> list[str]:
             "it did not change the job's status."
         )
     return sentences
+
+
+def _preemption(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str]:
+    """Borrowed GPUs: that the job holds some and may be preempted, that it is being
+    preempted, or that its last preemption paused it and how it resumes."""
+    sentences = []
+    if job.status in S.active() and attempt is not None and attempt.borrowed_from_id:
+        lender = Team.objects.get(pk=attempt.borrowed_from_id).name
+        if attempt.preempted_at is not None:
+            grace = preempt_grace_s(job.cluster.settings)
+            kill = attempt.preempted_at + dt.timedelta(seconds=grace)
+            sentences.append(
+                f"Preempted at {attempt.preempted_at:%H:%M:%S} UTC: team {lender} needs back "
+                f"the GPUs this job borrowed. It was sent SIGTERM and its notice "
+                f"(sf.should_checkpoint() is true) and is killed at {kill:%H:%M:%S} UTC unless "
+                "it exits first; it then goes PAUSED and is queued again to resume from its "
+                f"checkpoint{_checkpoint(attempt)}."
+            )
+        else:
+            floor = settings.SF_PREEMPT_MIN_RUNTIME_S
+            after = (
+                f" once it has run {say(floor)} (from "
+                f"{attempt.start_time + dt.timedelta(seconds=floor):%H:%M:%S} UTC)"
+                if attempt.start_time
+                else f" once it has run {say(floor)}"
+            )
+            sentences.append(
+                f"It runs on GPUs borrowed from team {lender}'s idle quota, beyond its own "
+                f"team's: it is preemptible while it holds them{after}, when team {lender} "
+                f"wants them back{_checkpoint(attempt)}."
+            )
+    last = (
+        Attempt.objects.filter(job=job, preempted_at__isnull=False, end_time__isnull=False)
+        .select_related("borrowed_from")
+        .order_by("-number")
+        .first()
+    )
+    if last is not None and job.status in (S.PAUSED, S.QUEUED, *S.active()):
+        lender = last.borrowed_from.name if last.borrowed_from else "its lender"
+        end = last.end_time or now
+        ran = say((end - last.start_time).total_seconds()) if last.start_time else "0 s"
+        if job.status == S.PAUSED and job.paused_by_preemption:
+            then = "the scheduler queues it again on its next tick"
+        elif job.status == S.PAUSED:
+            then = "it stays PAUSED until it is resumed (someone paused it since)"
+        elif job.status == S.QUEUED:
+            then = "it is queued again and resumes from its checkpoint when it can run"
+        else:
+            then = f"attempt {job.attempt_count} resumed it from its checkpoint"
+        sentences.append(
+            f"Attempt {last.number} was preempted at {last.preempted_at:%H:%M:%S} UTC: team "
+            f"{lender} took back the {last.gpus} GPUs it had borrowed. It ran {ran} (billed as "
+            f"run) and ended at {end:%H:%M:%S} UTC{_checkpoint(last)}; {then}. "
+            "A resume after a preemption spends no retry."
+        )
+    return sentences
+
+
+def _checkpoint(attempt: Attempt) -> str:
+    if attempt.checkpoint_at is None:
+        return " (no checkpoint of its seen yet)"
+    return f" (its newest checkpoint: {attempt.checkpoint_at:%H:%M:%S} UTC)"
 
 
 def _by_status(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str]:

@@ -207,7 +207,15 @@ class ChaosStack(Stack):
     def __init__(self, var: Path, database_url: str, redis_url: str) -> None:
         # Workers are killed every few seconds: a launch one died in is taken over after 15 s,
         # not production's two minutes, so the round settles within its time.
-        super().__init__(var, REDIS_URL=redis_url, SF_LOCAL_GPU_SLOTS="4", SF_LAUNCH_CLAIM_S="15")
+        # Preemption of borrowed GPUs after 2 s of running, not 10 min, so a round sees some.
+        super().__init__(
+            var,
+            REDIS_URL=redis_url,
+            SF_LOCAL_GPU_SLOTS="6",  # the quotas (1 + 1 + 3) and gold's 2 to lend
+            SF_LAUNCH_CLAIM_S="15",
+            SF_PREEMPT_MIN_RUNTIME_S="2",
+            SF_PREEMPT_GRACE_S="20",
+        )
         self.env["DATABASE_URL"] = database_url
         self.argv: dict[str, tuple[str, ...]] = {}
 
@@ -279,6 +287,13 @@ for name, (quota, max_jobs, cap) in TEAMS.items():
     team, _ = Team.objects.update_or_create(name=name, defaults=dict(
         gpu_quota=quota, max_jobs=max_jobs, user_gpu_cap=cap, default_cluster=cluster))
     Membership.objects.get_or_create(team=team, user=demo, defaults={"role": "admin"})
+# Borrowing on: red, down to a quota of 1, may borrow 2 GPUs past it (its 2-GPU jobs run only
+# on borrowed GPUs), from gold (which submits nothing) or from blue while blue is idle; with
+# the stack's 2 s minimum runtime, red's borrowers are preempted when blue wants its GPUs back.
+Team.objects.update_or_create(
+    name="gold", defaults=dict(gpu_quota=2, lendable=True, default_cluster=cluster))
+Team.objects.filter(name="blue").update(lendable=True)
+Team.objects.filter(name="red").update(gpu_quota=1, borrow_cap=2, user_gpu_cap=3)
 """
 
 TIMELINES = """
@@ -299,7 +314,9 @@ import json
 from django.db.models import Count
 from jobs.models import Attempt, Job
 print(json.dumps({"jobs": Job.objects.count(), "attempts": Attempt.objects.count(),
-    "status": dict(Job.objects.values_list("status").annotate(n=Count("id")))}))
+    "status": dict(Job.objects.values_list("status").annotate(n=Count("id"))),
+    "borrowed": Attempt.objects.filter(borrowed_from__isnull=False).count(),
+    "preempted": Attempt.objects.filter(preempted_at__isnull=False).count()}))
 """
 
 
@@ -486,6 +503,8 @@ class Result:
     not_final: list[dict]
     status: dict[str, int]
     seconds: float
+    borrowed: int = 0  # attempts on borrowed GPUs
+    preempted: int = 0  # attempts preempted to give them back
 
     @property
     def ok(self) -> bool:
@@ -494,7 +513,8 @@ class Result:
     def line(self) -> str:
         return (
             f"chaos: jobs={self.jobs} attempts={self.attempts} kills={self.kills} "
-            f"violations={len(self.violations)} not_final={len(self.not_final)}"
+            f"violations={len(self.violations)} not_final={len(self.not_final)} "
+            f"borrowed={self.borrowed} preempted={self.preempted}"
         )
 
 
@@ -576,6 +596,8 @@ def run(
             not_final=not_final,
             status=counts["status"],
             seconds=time.monotonic() - began,
+            borrowed=counts["borrowed"],
+            preempted=counts["preempted"],
         )
     except BaseException:
         if stack is not None:

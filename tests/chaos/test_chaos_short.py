@@ -22,6 +22,7 @@ def assert_held(result: driver.Result) -> None:
 def test_local_jobs_all_end_and_the_ledger_holds_while_processes_are_killed():
     result = driver.run("local", jobs=40, duration=50, interval=3, settle_timeout=120)
     assert_held(result)
+    assert result.borrowed > 0  # red ran on GPUs lent by gold or blue
     assert result.kills_by_kind.keys() >= {"worker", "beat", "beat2", "web", "websocket", "redis"}
 
 

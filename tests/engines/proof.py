@@ -13,9 +13,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from tests.e2e.stack import ROOT, Stack, sf_command, steps_printed, wait_until
 
@@ -23,6 +26,27 @@ ACTIVE = {"QUEUED", "SUBMITTED", "PENDING", "RUNNING"}
 SHOW_GPUS = """\
 import os
 print("CUDA_VISIBLE_DEVICES=" + os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+"""
+
+
+# Team lab lends its idle quota on the proof's cluster; the demo team has none of its own and
+# may borrow 2 GPUs. Prints a token of lab's member lea. LENDER_GONE puts demo back as it was.
+LENDER = """\
+from django.contrib.auth.models import User
+from jobs.auth import issue_token
+from jobs.models import Cluster, Membership, Team
+Team.objects.filter(name="demo").update(gpu_quota=0, borrow_cap=2)
+lab = Team.objects.create(
+    name="lab", gpu_quota=2, lendable=True, default_cluster=Cluster.objects.get(name="{cluster}")
+)
+lea = User.objects.create_user("lea")
+Membership.objects.create(team=lab, user=lea)
+print(issue_token(lea))
+"""
+LENDER_GONE = """\
+from jobs.models import Team
+Team.objects.filter(name="demo").update(gpu_quota=4, borrow_cap=None)
+Team.objects.filter(name="lab").update(lendable=False)
 """
 
 
@@ -35,6 +59,7 @@ class EngineProof:
         self.alive = alive
         self.submitted: list[int] = []
         workdir = home / "project"
+        self.home, self.workdir = home, workdir
         shutil.copytree(ROOT / "examples", workdir)
         (workdir / "show_gpus.py").write_text(SHOW_GPUS)
         (workdir / ".sfignore").write_text("checkpoints/\n")
@@ -165,6 +190,86 @@ class EngineProof:
         assert self.stack.job(job["id"])["status"] == "STOPPED"
         assert self.stack.attempts(job["id"])[0]["end_reason"].startswith("stopped by")
 
+    def preempts_a_borrower(self, grace_s: float, tick_s: float) -> None:
+        """Team demo borrows team lab's idle GPUs; lab submits; demo's job gets its notice,
+        checkpoints at the step it is at, goes PAUSED, is queued again, resumes from that
+        checkpoint once lab's job is done and finishes with every step run once; lab's job
+        starts within the grace plus two ticks; every attempt is billed as run, all of it as
+        borrowed. Needs a stack with a short SF_PREEMPT_MIN_RUNTIME_S (a few seconds)."""
+        lea_token = self.stack._manage("shell", "-c", LENDER.format(cluster=self.cluster))
+        lea_token = lea_token.stdout.strip().splitlines()[-1]
+        try:
+            self._preempts_a_borrower(lea_token, grace_s, tick_s)
+        finally:
+            self.stack._manage("shell", "-c", LENDER_GONE)
+
+    def _preempts_a_borrower(self, lea_token: str, grace_s: float, tick_s: float) -> None:
+        lab = sf_command(self.workdir, self.home / "lea.json")
+        lab("login", "--url", self.stack.url, "--token", lea_token)
+        steps = 60
+        borrower = self.submit(
+            "--gpus", "2", "--", "python", "train.py", "--steps", str(steps),
+            "--sleep", "0.25", "--ckpt-every", "20",
+        )  # fmt: skip
+        job_id = borrower["id"]
+        self.wait_status(job_id, "RUNNING")
+        assert self.stack.job(job_id)["borrowed_from"] == "lab"
+        wait_until(  # past the minimum runtime, between two periodic checkpoints
+            lambda: max(steps_printed(self.logs(job_id)), default=0) >= 23,
+            60,
+            "step 23",
+            self.stack.diagnostics,
+        )
+        mine = json.loads(
+            lab(
+                "submit", "--json", "--cluster", self.cluster, "--gpus", "2",
+                "--", "python", "train.py", "--steps", "4", "--sleep", "0.1",
+            ).stdout
+        )  # fmt: skip
+        self.submitted.append(mine["id"])
+        self.wait(job_id, lambda j: j["status"] == "PAUSED" or j["attempt"] > 1, "preempted")
+        why = self.sf("job", "why", str(job_id)).stdout  # PAUSED, QUEUED or resumed: it says so
+        assert "Attempt 1 was preempted at" in why and "team lab took back the 2 GPUs" in why, why
+        self.wait_status(mine["id"], "SUCCEEDED")
+        final = self.wait_status(job_id, "SUCCEEDED", timeout=120)
+
+        (ran,) = _api(self.stack, lea_token, f"/jobs/{mine['id']}/attempts")
+        waited = (_ts(ran["start_time"]) - _ts(mine["submitted_at"])).total_seconds()
+        bound = grace_s + 2 * tick_s
+        print(f"lab's job started {waited:.1f} s after its submission (bound {bound:.0f} s)")
+        assert waited <= bound
+
+        lines = self.logs(job_id)
+        noticed = [line for line in lines if line.startswith("notice received: checkpointed")]
+        assert len(noticed) == 1, lines
+        at = int(noticed[0].split()[4].rstrip(","))
+        assert f"resuming from step {at}" in lines and lines[-1] == "done", lines
+        assert steps_printed(lines) == list(range(1, steps + 1)), lines
+        assert final["retry_count"] == 0
+
+        attempts = self.stack.attempts(job_id)
+        assert len(attempts) == 2 and attempts[-1]["exit_code"] == 0, attempts
+        assert attempts[0]["end_reason"] == "preempted: GPUs returned to team lab"
+        reasons = [(e["kind"], e["to_status"], e["reason"]) for e in self.events(job_id)]
+        assert ("status", "PAUSED", "preempted: GPUs returned to team lab") in reasons
+        assert ("status", "QUEUED", "resuming after preemption; waiting for the scheduler") in (
+            reasons
+        )
+        assert any(
+            kind == "note" and text.startswith("preemption notice: team lab needs back the 2 GPUs")
+            for kind, _, text in reasons
+        )
+        # Billed as run, to the second, all of it on borrowed GPUs.
+        billed = sum(a["gpu_seconds"] for a in attempts)
+        assert billed == pytest.approx(
+            sum((_ts(a["end_time"]) - _ts(a["start_time"])).total_seconds() * 2 for a in attempts),
+            abs=0.01,
+        )
+        usage = json.loads(self.sf("usage", "--json").stdout)
+        row = next(r for r in usage["rows"] if r["team"] == "demo")
+        assert row["gpu_seconds"] == pytest.approx(billed, abs=0.01)
+        assert row["borrowed_gpu_hours"] == pytest.approx(row["gpu_hours"], abs=1e-4)
+
     def diagnostics(self, job_id: int) -> list[str]:
         return self.stack.api(f"/jobs/{job_id}/diagnostics")["sentences"]
 
@@ -199,6 +304,14 @@ def engine_proof(
         proof.no_orphans()
     finally:
         stack.close()
+
+
+def _api(stack: Stack, token: str, path: str):
+    request = urllib.request.Request(
+        f"{stack.url}/api/v1{path}", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
 
 
 def _ts(value: str) -> dt.datetime:

@@ -48,12 +48,13 @@ print(json.dumps({"env": dict(os.environ), "found": found, "uid": os.getuid()}),
 ALLOWED = {
     "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "PYTHONPATH",
     "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES", "SF_RUN_ID", "SF_ATTEMPT", "SF_JOB_ID",
-    "SF_OUTPUT_DIR", "SF_CHECKPOINT_DIR", "SF_METRICS_FILE",
+    "SF_OUTPUT_DIR", "SF_CHECKPOINT_DIR", "SF_METRICS_FILE", "SF_NOTICE_FILE",
+    "SF_PREEMPT_GRACE_S",
 }  # fmt: skip
 RUNNER_ONLY = {
     "SF_JOB_TOKEN", "SF_BOOTSTRAP_TOKEN", "SF_RECORD_KEY", "SF_EXIT_FILE", "SF_STARTED_FILE",
     "SF_PROC_FILE", "SF_API_URL", "SF_USER_ENV", "SF_RUN_AS_UID", "SF_RUN_AS_GID",
-    "SF_RUN_AS_USER",
+    "SF_RUN_AS_USER", "SF_STOP_GRACE_S",
 }  # fmt: skip
 
 

@@ -175,6 +175,16 @@ def test_more_gpus_than_the_team_quota_is_refused_as_never_startable(api, before
     assert ledger() == before
 
 
+def test_past_its_quota_a_team_that_may_borrow_submits_up_to_its_borrow_cap(api, team, before):
+    big = Cluster.objects.create(name="big", kind="noop", settings={"gpus": 64})
+    team.borrow_cap = 12
+    team.save()
+    job = {"entrypoint": ["a"], "cluster": big.name}
+    assert api.post("/jobs", {**job, "gpus": 12}).status_code == 201
+    response = api.post("/jobs", {**job, "gpus": 13})
+    assert_refused(response, 400, "quota is 8 and it may borrow at most 12; it could never start")
+
+
 def test_more_gpus_than_the_cluster_has_is_refused_as_never_startable(api, team, before):
     tiny = Cluster.objects.create(name="tiny", kind="noop", settings={"gpus": 2})
     response = api.post("/jobs", {"entrypoint": ["a"], "gpus": 3, "cluster": tiny.name})

@@ -73,9 +73,10 @@ def test_lent_gpus_count_against_the_lenders_quota(teams):
     admit_queued_jobs()  # 4 of lab's 8 lent
     mine = queued_job(lab, lea, gpus=6)
     admit_queued_jobs()
-    assert state(mine) == (
+    assert state(mine) == (  # and takes them back once they have run their minimum
         S.QUEUED,
-        "waiting for quota: team lab uses 4 of 8 GPUs; this job needs 6",
+        "waiting for lent GPUs: 4 of team lab's 8 GPUs are lent to other teams, and too few "
+        "of the jobs on them have run the minimum 10 min before they may be preempted",
     )
     assert violations() == []
 
@@ -123,7 +124,8 @@ def test_a_borrowed_job_says_so_in_the_api_diagnostics_and_the_list(teams, api_a
     assert api.get(f"/jobs/{borrowed.pk}").json()["borrowed_from"] == "lab"
     assert (
         "It runs on GPUs borrowed from team lab's idle quota, beyond its own team's: it is "
-        "preemptible while it holds them."
+        "preemptible while it holds them once it has run 10 min, when team lab wants them "
+        "back (no checkpoint of its seen yet)."
     ) in explain(Job.objects.get(pk=borrowed.pk))
     console = Client()
     console.force_login(vic)

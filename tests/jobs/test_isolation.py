@@ -436,6 +436,7 @@ ROUTES: dict[str, Check | Exempt] = {
     "GET /api/v1/jobs/{job_id}/metrics": api_read("GET", JOB + "/metrics", None, SECRET_METRIC),
     "POST /api/v1/ingest/logs": Exempt(RUNNER),
     "POST /api/v1/ingest/started": Exempt(RUNNER),
+    "POST /api/v1/ingest/checkpoint": Exempt(RUNNER),
     "GET /api/v1/ingest/snapshot": Exempt(RUNNER),
     "POST /api/v1/ingest/metrics": Exempt(RUNNER),
     "POST /api/v1/ingest/token": Exempt(RUNNER),

@@ -486,3 +486,56 @@ def test_a_start_report_is_refused_for_another_attempt_a_bad_body_or_a_closed_at
     assert post_started(runner(job_id, 2), {"attempt": 2}).status_code == 200
     attempt.refresh_from_db()
     assert attempt.start_time is None  # a closed attempt keeps what it has
+
+
+def post_checkpoint(client: Client, body) -> object:
+    return client.post("/api/v1/ingest/checkpoint", body, content_type="application/json")
+
+
+def test_the_newest_checkpoint_is_kept_only_moving_forward_never_past_now(api):
+    job_id = submit(api)
+    attempt = attach_attempt(job_id, 1)
+    earlier = now() - dt.timedelta(minutes=5)
+    answer = post_checkpoint(runner(job_id), {"attempt": 1, "saved_at": earlier.timestamp()})
+    assert answer.status_code == 200, answer.content
+    attempt.refresh_from_db()
+    assert abs((attempt.checkpoint_at - earlier).total_seconds()) < 0.01
+    older = earlier - dt.timedelta(minutes=5)
+    post_checkpoint(runner(job_id), {"attempt": 1, "saved_at": older.timestamp()})
+    attempt.refresh_from_db()
+    assert abs((attempt.checkpoint_at - earlier).total_seconds()) < 0.01  # never back
+    before = now()
+    # A job sets its files' mtime as it likes: a time in the future is now, by our clock.
+    post_checkpoint(runner(job_id), {"attempt": 1, "saved_at": 4e10})
+    attempt.refresh_from_db()
+    assert before <= attempt.checkpoint_at <= now()
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"attempt": 1}, '"saved_at" must be a positive number'),
+        ({"attempt": 1, "saved_at": "yesterday"}, '"saved_at" must be a positive number'),
+        ({"attempt": 1, "saved_at": True}, '"saved_at" must be a positive number'),
+        ({"attempt": 1, "saved_at": -5}, '"saved_at" must be a positive number'),
+        ({"attempt": 2, "saved_at": 1e9}, '"attempt": 1'),
+    ],
+)
+def test_a_bad_checkpoint_report_is_400_and_changes_nothing(api, body, words):
+    job_id = submit(api)
+    attempt = attach_attempt(job_id, 1)
+    answer = post_checkpoint(runner(job_id), body)
+    assert answer.status_code == 400 and words in answer.json()["detail"]
+    attempt.refresh_from_db()
+    assert attempt.checkpoint_at is None
+
+
+def test_a_checkpoint_report_needs_the_attempts_own_job_token(api):
+    job_id = submit(api)
+    attach_attempt(job_id, 1)
+    other = submit(api)
+    attach_attempt(other, 1)
+    assert post_checkpoint(runner(other), {"attempt": 1, "saved_at": 1e9}).status_code == 200
+    assert Attempt.objects.get(job_id=job_id).checkpoint_at is None
+    assert_refused(post_checkpoint(api.client, {"attempt": 1, "saved_at": 1e9}), 401)
+    assert Attempt.objects.get(job_id=job_id).checkpoint_at is None

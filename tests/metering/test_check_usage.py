@@ -101,3 +101,28 @@ def test_an_attempt_left_unmetered_for_over_ten_minutes_means_the_sweep_is_stuck
     ]
     meter_ended()
     assert check_usage()[1] is None
+
+
+def test_gpu_time_on_borrowed_gpus_is_recorded_apart_and_checked(team, alice, make_team):
+    lender = make_team("lab")
+    ended(team, alice, hours=1)
+    job = queued_job(team, alice, gpus=2)
+    with_attempt(
+        job,
+        "SUCCEEDED",
+        start_time=START,
+        end_time=START + dt.timedelta(hours=3),
+        borrowed_from=lender,
+    )
+    meter_ended()
+    record = UsageRecord.objects.get()
+    assert (record.gpu_us, record.borrowed_gpu_us) == (7 * 3600 * 10**6, 6 * 3600 * 10**6)
+    assert check_usage() == ("usage records agree with 2 metered attempts\n", None)
+    UsageRecord.objects.update(borrowed_gpu_us=F("borrowed_gpu_us") - 1)
+    out, error = check_usage()
+    assert error is not None
+    assert out.splitlines() == [
+        f"2026-11-10 team vision user alice cluster local: the records say "
+        f"{6 * 3600 * 10**6 - 1} GPU-µs on borrowed GPUs (of {7 * 3600 * 10**6}), the metered "
+        f"attempts on borrowed GPUs {6 * 3600 * 10**6}"
+    ]

@@ -44,7 +44,14 @@ def test_defaults_to_this_month_by_team_of_my_teams_with_running_attempts_live(u
         "since": "2026-11-01",
         "until": "2026-11-21",
         "by": "team",
-        "rows": [{"team": "vision", "gpu_seconds": 5 * 3600.0, "gpu_hours": 5.0}],
+        "rows": [
+            {
+                "team": "vision",
+                "gpu_seconds": 5 * 3600.0,
+                "gpu_hours": 5.0,
+                "borrowed_gpu_hours": 0.0,
+            }
+        ],
         "total_gpu_seconds": 5 * 3600.0,
         "total_gpu_hours": 5.0,
     }
@@ -62,12 +69,21 @@ def test_grouped_by_user_cluster_or_day(usage, api, by, rows):
     answer = api.get("/usage", by=by).json()
     assert answer["by"] == by
     assert [(row[by], row["gpu_hours"]) for row in answer["rows"]] == rows
-    assert all(set(row) == {by, "gpu_seconds", "gpu_hours"} for row in answer["rows"])
+    assert all(
+        set(row) == {by, "gpu_seconds", "gpu_hours", "borrowed_gpu_hours"} for row in answer["rows"]
+    )
 
 
 def test_since_and_until_choose_the_days(usage, api):
     answer = api.get("/usage", since="2026-10-01", until="2026-11-01", by="day").json()
-    assert answer["rows"] == [{"day": "2026-10-30", "gpu_seconds": 7 * 3600.0, "gpu_hours": 7.0}]
+    assert answer["rows"] == [
+        {
+            "day": "2026-10-30",
+            "gpu_seconds": 7 * 3600.0,
+            "gpu_hours": 7.0,
+            "borrowed_gpu_hours": 0.0,
+        }
+    ]
 
 
 def test_a_team_i_am_not_in_is_not_found(usage, api):
@@ -82,7 +98,9 @@ def test_a_team_i_am_not_in_is_not_found(usage, api):
 def test_a_viewer_reads_their_teams_usage(usage, make_user, api_as):
     viewer = make_user("val", usage["nlp"], role="viewer")
     answer = api_as(viewer).get("/usage", team="nlp").json()
-    assert answer["rows"] == [{"team": "nlp", "gpu_seconds": 5 * 3600.0, "gpu_hours": 5.0}]
+    assert answer["rows"] == [
+        {"team": "nlp", "gpu_seconds": 5 * 3600.0, "gpu_hours": 5.0, "borrowed_gpu_hours": 0.0}
+    ]
 
 
 def test_staff_see_every_team_and_a_user_in_no_team_sees_nothing(usage, make_user, api_as):

@@ -23,10 +23,16 @@ def _frozen(monkeypatch):
     monkeypatch.setattr(timezone, "now", lambda: NOW)
 
 
-def ran(team, user, start, hours, gpus=1, running=False):
+def ran(team, user, start, hours, gpus=1, running=False, borrowed_from=None):
     job = queued_job(team, user, gpus=gpus)
     end = None if running else start + dt.timedelta(hours=hours)
-    with_attempt(job, "RUNNING" if running else "SUCCEEDED", start_time=start, end_time=end)
+    with_attempt(
+        job,
+        "RUNNING" if running else "SUCCEEDED",
+        start_time=start,
+        end_time=end,
+        borrowed_from=borrowed_from,
+    )
 
 
 @pytest.fixture
@@ -107,10 +113,32 @@ def test_csv_export_has_one_row_per_day_team_user_cluster(page):
     assert response["Content-Disposition"] == 'attachment; filename="usage-2026-11.csv"'
     rows = list(csv.reader(io.StringIO(response.content.decode())))
     assert rows == [
-        ["day", "team", "user", "cluster", "gpu_hours", "gpu_seconds"],
-        ["2026-11-01", "vision", "alice", "local", "2.0", "7200.0"],
-        ["2026-11-05", "nlp", "alice", "local", "3.0", "10800.0"],
-        ["2026-11-20", "vision", "bob", "local", "2.0", "7200.0"],
+        ["day", "team", "user", "cluster", "gpu_hours", "gpu_seconds", "borrowed_gpu_hours"],
+        ["2026-11-01", "vision", "alice", "local", "2.0", "7200.0", "0.0"],
+        ["2026-11-05", "nlp", "alice", "local", "3.0", "10800.0", "0.0"],
+        ["2026-11-20", "vision", "bob", "local", "2.0", "7200.0", "0.0"],
+    ]
+
+
+def test_gpu_hours_on_borrowed_gpus_are_shown_per_team(page, team, make_user, api_as):
+    """Recorded (metered) and still running alike: 3 GPU-h on the 10th, and 2 GPUs for the
+    last hour, both on GPUs borrowed from team ops."""
+    from jobs.models import Team
+
+    ops = Team.objects.get(name="ops")
+    carl = make_user("carl", team)
+    ran(team, carl, dt.datetime(2026, 11, 10, 6, tzinfo=dt.UTC), hours=3, borrowed_from=ops)
+    meter_ended()
+    ran(team, carl, NOW - dt.timedelta(hours=1), 0, gpus=2, running=True, borrowed_from=ops)
+    html = page.get("/usage/").content.decode()
+    assert "<td>vision</td><td>9.00</td><td>5.00</td>" in html
+    assert "<td>nlp</td><td>3.00</td><td>0.00</td>" in html
+    rows = list(csv.reader(io.StringIO(page.get("/usage/", {"format": "csv"}).content.decode())))
+    assert ["2026-11-10", "vision", "carl", "local", "3.0", "10800.0", "3.0"] in rows
+    assert ["2026-11-20", "vision", "carl", "local", "2.0", "7200.0", "2.0"] in rows
+    by_team = api_as(carl).get("/usage", by="team").json()["rows"]
+    assert by_team == [
+        {"team": "vision", "gpu_seconds": 32400.0, "gpu_hours": 9.0, "borrowed_gpu_hours": 5.0}
     ]
 
 

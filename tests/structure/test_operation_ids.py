@@ -23,6 +23,7 @@ PINNED = {
     ("GET", "/api/v1/usage"): "metering_api_usage",
     ("PATCH", "/api/v1/teams/{name}"): "jobs_teams_api_set_defaults",
     ("PATCH", "/api/v1/teams/{name}/members/{username}"): "jobs_teams_api_change_role",
+    ("POST", "/api/v1/ingest/checkpoint"): "jobs_api_ingest_checkpoint",
     ("POST", "/api/v1/ingest/logs"): "jobs_api_ingest_logs",
     ("POST", "/api/v1/ingest/metrics"): "jobs_metrics_api_ingest_metrics",
     ("POST", "/api/v1/ingest/started"): "jobs_api_ingest_started",

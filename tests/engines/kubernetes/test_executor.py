@@ -53,6 +53,19 @@ def test_submit_creates_one_labelled_job_running_the_runner(executor, apiserver)
     assert pod["automountServiceAccountToken"] is False
 
 
+@pytest.mark.parametrize(("grace", "expected"), [(None, 120 + 15), (30, 30 + 15)])
+def test_a_pods_termination_grace_is_the_clusters_preemption_grace_and_a_flush(
+    k8s_settings, apiserver, grace, expected
+):
+    """Its deletion is a preemption's notice (SIGTERM): the runner kills the job a grace
+    later, and the kubelet's SIGKILL comes after the runner's last flush."""
+    settings = k8s_settings if grace is None else {**k8s_settings, "preempt_grace_s": grace}
+    executor = KubernetesExecutor(Cluster(name="gpu-k8s", kind="kubernetes", settings=settings))
+    ref = executor.submit(launch())
+    pod = apiserver.get("jobs", ref)["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == expected
+
+
 def test_a_second_submit_adopts_the_existing_job(executor, apiserver):
     first = executor.submit(launch())
     second = executor.submit(launch())

@@ -18,7 +18,13 @@ from tests.engines.ray.conftest import TERMINAL
 
 pytestmark = pytest.mark.ray
 PLANTED = {"DATABASE_URL": "postgres://leak", "SF_SECRET_KEY": "leak-key"}
-RUNNER_ADDS = {"PYTHONPATH", "PYTHONUNBUFFERED", "SF_METRICS_FILE"}  # client/sf/runner.py
+RUNNER_ADDS = {
+    "PYTHONPATH",
+    "PYTHONUNBUFFERED",
+    "SF_METRICS_FILE",
+    "SF_NOTICE_FILE",
+    "SF_PREEMPT_GRACE_S",
+}  # client/sf/runner.py
 DUMP = "import json, os; json.dump(dict(os.environ), open('env.json', 'w'))"
 
 

@@ -27,7 +27,10 @@ def proof(slurm_conf, tmp_path_factory) -> Iterator[EngineProof]:
 
     work = tmp_path_factory.mktemp("slurm-work")
     settings = {"slurm_conf": slurm_conf, "work_dir": str(work)}
-    with engine_proof(tmp_path_factory, "slurm", settings, alive) as running_proof:
+    # A 3 s minimum runtime before preemption (10 min by default), for the preemption proof.
+    with engine_proof(
+        tmp_path_factory, "slurm", settings, alive, SF_PREEMPT_MIN_RUNTIME_S="3"
+    ) as running_proof:
         yield running_proof
 
 
@@ -46,3 +49,10 @@ def test_a_non_zero_exit_fails_the_job_with_its_code(proof):
 
 def test_stop_cancels_the_batch_job(proof):
     proof.stops()
+
+
+def test_a_borrower_is_preempted_through_its_signal_checkpoints_and_resumes(proof):
+    """scancel --signal=TERM --full is the notice (the runner gives the job the grace, 120 s by
+    default, SF_STOP_GRACE_S); the job checkpoints and exits at once, so lab's job starts within
+    the grace plus two ticks; demo's resumes and finishes every step once."""
+    proof.preempts_a_borrower(grace_s=120, tick_s=2.0)

@@ -27,7 +27,13 @@ PLANTED = {
 # What slurmd and slurmstepd add to every batch job (SLURM_* aside).
 SLURM_ADDS = {"ENVIRONMENT", "HOSTNAME", "PWD", "TMPDIR", "SLURMD_NODENAME", "OLDPWD", "SHLVL", "_"}
 # What the runner adds for the job's code (client/sf/runner.py).
-RUNNER_ADDS = {"PYTHONPATH", "PYTHONUNBUFFERED", "SF_METRICS_FILE"}
+RUNNER_ADDS = {
+    "PYTHONPATH",
+    "PYTHONUNBUFFERED",
+    "SF_METRICS_FILE",
+    "SF_NOTICE_FILE",
+    "SF_PREEMPT_GRACE_S",
+}
 DUMP = "import json, os; json.dump(dict(os.environ), open('env.json', 'w'))"
 
 

@@ -1,0 +1,108 @@
+"""Owns what the runner tells the server about the job's checkpoints and stop notices: when
+the newest file under SF_CHECKPOINT_DIR was written (the scheduler preempts the borrowers
+that saved most recently first), and the notice file a stop or preemption leaves for the job.
+
+The checkpoint directory is the job's: it may hold any number of files, links and folders,
+made to slow the runner down or to point it elsewhere. The scan is bounded (entries, depth),
+follows no link, and only reads metadata. What it finds is a claim of the job's, which the
+server bounds by its own clock. Standard library only, like the rest of the runner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+
+from sf.http import ApiError, Client, ConnectError
+
+CHECKPOINT_POLL_S = 10.0
+MAX_ENTRIES = 2000
+MAX_DEPTH = 3
+
+
+def newest_mtime(root: str, max_entries: int = MAX_ENTRIES, max_depth: int = MAX_DEPTH) -> float:
+    """The newest modification time of a file below `root` (0.0: none, or no such folder),
+    looking at no more than `max_entries` entries and `max_depth` folders down; links are
+    neither followed nor counted."""
+    newest, seen = 0.0, 0
+    todo = [(root, 0)]
+    while todo and seen < max_entries:
+        folder, depth = todo.pop()
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    seen += 1
+                    if seen > max_entries:
+                        break
+                    if entry.is_symlink():
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        if depth + 1 < max_depth:
+                            todo.append((entry.path, depth + 1))
+                    elif entry.is_file(follow_symlinks=False):
+                        newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+        except OSError:
+            continue
+    return newest
+
+
+class CheckpointWatcher:
+    """Reports the newest checkpoint's time each time it changes: every CHECKPOINT_POLL_S,
+    and once more as the attempt ends (`stop`). Best effort: a report lost is only an older
+    time in the scheduler's choice of whom to preempt."""
+
+    def __init__(self, client: Client | None, attempt: int, root: str) -> None:
+        self.client, self.attempt, self.root = client, attempt, root
+        self.reported = 0.0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="sf-checkpoints", daemon=True)
+
+    def start(self) -> None:
+        if self.client is not None and self.root:
+            self.thread.start()
+
+    def stop(self) -> None:
+        if not self.thread.is_alive():
+            return
+        self.done.set()
+        self.thread.join(5.0)
+        self.report()
+
+    def _loop(self) -> None:
+        while not self.done.wait(CHECKPOINT_POLL_S):
+            self.report()
+
+    def report(self) -> None:
+        newest = newest_mtime(self.root)
+        if newest <= self.reported or self.client is None:
+            return
+        body = {"attempt": self.attempt, "saved_at": newest}
+        try:
+            self.client.request("POST", "/api/v1/ingest/checkpoint", json_body=body)
+            self.reported = newest
+        except (ApiError, ConnectError):
+            pass  # the next round sends it again
+
+
+def write_notice(path: str, kind: str, kill_at: float) -> None:
+    """The job's notice file: what is coming ("preempted" or "stopped"), when it was sent and
+    when SIGKILL follows (epoch seconds). Written beside a fresh name and renamed over the
+    old, never through a link the job may have left at either name."""
+    body = json.dumps({"kind": kind, "at": time.time(), "kill_at": kill_at}).encode()
+    tmp = f"{path}.{secrets.token_hex(6)}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # past the runner's umask: the job reads it
+            os.write(fd, body)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
