@@ -164,6 +164,13 @@ class JobOut(Schema):
         description="the team whose idle quota its GPUs are borrowed from while it holds "
         "them (it is preemptible then); null: its own team's quota"
     )
+    preempted_at: dt.datetime | None = Field(
+        description="when it was told to give its borrowed GPUs back (SIGTERM and its notice); "
+        "null unless that is under way"
+    )
+    preempt_kill_at: dt.datetime | None = Field(
+        description="when SIGKILL follows unless it exits first (its cluster's grace later)"
+    )
 
 
 class AheadOut(Schema):

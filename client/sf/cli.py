@@ -532,6 +532,13 @@ def cmd_status(args: argparse.Namespace) -> None:
     ]
     if job.get("status") == "QUEUED":
         lines += _queue_lines(job)
+    if job.get("borrowed_from"):
+        lines.append(f"{'borrowed from:':<15} team {job['borrowed_from']} (preemptible)")
+    if job.get("preempted_at"):
+        lines.append(
+            f"{'preempted:':<15} at {_when(job['preempted_at'])[11:]} UTC, SIGKILL at "
+            f"{_when(job.get('preempt_kill_at'))[11:]} UTC unless it exits first"
+        )
     if (job.get("nodes") or 1) > 1:
         lines += ["ranks:", *_rank_table(job.get("ranks") or [])]
     sys.stdout.write("\n".join(lines) + "\n")

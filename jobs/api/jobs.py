@@ -19,6 +19,7 @@ from jobs.actions.submit import submit_job
 from jobs.api.renderer import RENDERER
 from jobs.auth import ConsoleSession, UserToken
 from jobs.errors import BadRequest, NotFound
+from jobs.executors.base import PREEMPT_GRACE, preempt_grace_s
 from jobs.models import Job, Membership, gpus_per_node, run_output_dir, virtual_gpus
 from jobs.reads import diagnostics
 from jobs.reads.job_rows import JobFilter, Started, job_page, job_row, job_timeline
@@ -118,7 +119,17 @@ def job_out(job: dict, started: list[Started], now: dt.datetime) -> dict:
             if job["status"] in JobStatus.active()
             else None
         ),
+        **_preemption(job),
     }
+
+
+def _preemption(job: dict) -> dict:
+    """When an active job was told to give its borrowed GPUs back, and when SIGKILL follows."""
+    notice = job["current_attempt__preempted_at"] if job["status"] in JobStatus.active() else None
+    if notice is None:
+        return {"preempted_at": None, "preempt_kill_at": None}
+    grace = preempt_grace_s({PREEMPT_GRACE: job["cluster__settings__preempt_grace_s"]})
+    return {"preempted_at": notice, "preempt_kill_at": notice + dt.timedelta(seconds=grace)}
 
 
 def _job_answer(request, job_id: int, status: int = 200) -> HttpResponse:

@@ -307,10 +307,12 @@ def _maybe_lost(attempt: Attempt, now: dt.datetime) -> None:
         last = attempt.last_seen_at + SEEN_RESOLUTION
     else:
         last = attempt.pending_at or attempt.submitted_at
-    if (now - last).total_seconds() < settings.SF_LOST_GRACE_S:
-        return
-    if attempt.preempted_at is not None:  # gone after its notice: it was told to go
+    if attempt.preempted_at is not None and now >= last:
+        # Gone after its notice (a Kubernetes Job deleted for it is gone once its pods are):
+        # told to go, it went; no grace for an engine that may have lost it.
         _preempted(attempt, None, now)
+        return
+    if (now - last).total_seconds() < settings.SF_LOST_GRACE_S:
         return
     reason = (
         f"lost on backend: {attempt.job_ref} is no longer known to cluster "

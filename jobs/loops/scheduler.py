@@ -783,11 +783,11 @@ def _send_notices(ctx: _Context) -> list[int]:
                     job_id=victim.job,
                     kind=JobEvent.Kind.NOTE,
                     actor="scheduler",
+                    # Short enough for the Events tab's column (160 characters).
                     reason=(
                         f"preemption notice: team {lender} needs back the {victim.gpus} GPUs "
-                        f"this job borrowed, for a job of its own; it has {say(grace)} to "
-                        "checkpoint (SIGTERM now, SIGKILL then), then goes PAUSED and is "
-                        "queued again to resume"
+                        f"this job borrowed; SIGTERM now, SIGKILL in {say(grace)}; then PAUSED "
+                        "and queued again"
                     ),
                     data={"lender": lender, "gpus": victim.gpus, "grace_s": grace},
                 )

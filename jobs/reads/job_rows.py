@@ -61,6 +61,8 @@ JOB_COLUMNS = (
     "current_attempt__end_time",
     "current_attempt__exit_code",
     "current_attempt__borrowed_from__name",
+    "current_attempt__preempted_at",
+    "cluster__settings__preempt_grace_s",
 )
 ID_MAX = 2**63 - 1  # the largest id a 64-bit integer column holds
 EVENT_COLUMNS = ("time", "kind", "from_status", "to_status", "reason", "actor", "attempt", "data")

@@ -14,8 +14,8 @@ ANSWER = {
     "until": "2026-11-30",
     "by": "user",
     "rows": [
-        {"user": "alice", "gpu_seconds": 7200.0, "gpu_hours": 2.0},
-        {"user": "bob", "gpu_seconds": 45000.0, "gpu_hours": 12.5},
+        {"user": "alice", "gpu_seconds": 7200.0, "gpu_hours": 2.0, "borrowed_gpu_hours": 0.0},
+        {"user": "bob", "gpu_seconds": 45000.0, "gpu_hours": 12.5, "borrowed_gpu_hours": 4.25},
     ],
     "total_gpu_seconds": 52200.0,
     "total_gpu_hours": 14.5,
@@ -36,10 +36,10 @@ def test_usage_sends_the_filters_and_prints_a_table_with_the_total(
     assert api.requests[-1].query == {"team": "vision", "since": "2026-11-01", "by": "user"}
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "GPU usage 2026-11-01 to 2026-11-30 (UTC, until excluded)"
-    assert lines[1].split() == ["USER", "GPU-HOURS", "GPU-SECONDS"]
-    assert lines[2].split() == ["alice", "2.00", "7,200"]
-    assert lines[3].split() == ["bob", "12.50", "45,000"]
-    assert lines[-1].split() == ["TOTAL", "14.50", "52,200"]
+    assert lines[1].split() == ["USER", "GPU-HOURS", "GPU-SECONDS", "BORROWED", "GPU-HOURS"]
+    assert lines[2].split() == ["alice", "2.00", "7,200", "0.00"]
+    assert lines[3].split() == ["bob", "12.50", "45,000", "4.25"]
+    assert lines[-1].split() == ["TOTAL", "14.50", "52,200", "4.25"]
 
 
 def test_usage_defaults_to_by_team_and_lets_the_server_pick_the_days(

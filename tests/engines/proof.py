@@ -139,9 +139,11 @@ class EngineProof:
         paused = self.verb("pause", job_id)
         assert paused["status"] == "PAUSED"
         self.wait_gone(paused["job_ref"])
-        before = steps_printed(self.logs(job_id))
-        checkpoint = max(before) // 5 * 5
-        assert 5 <= checkpoint < 30, before
+        before = self.logs(job_id)
+        # The pause's SIGTERM is a notice: the job saved the step it was at, and exited.
+        checkpoint = max(steps_printed(before))
+        assert f"notice received: checkpointed step {checkpoint}, exiting" in before, before
+        assert 7 <= checkpoint < 30, before
         assert self.stack.job(job_id)["status"] == "PAUSED"
 
         self.sf("job", "resume", str(job_id))
@@ -266,9 +268,9 @@ class EngineProof:
             abs=0.01,
         )
         usage = json.loads(self.sf("usage", "--json").stdout)
-        row = next(r for r in usage["rows"] if r["team"] == "demo")
-        assert row["gpu_seconds"] == pytest.approx(billed, abs=0.01)
-        assert row["borrowed_gpu_hours"] == pytest.approx(row["gpu_hours"], abs=1e-4)
+        row = next(r for r in usage["rows"] if r["team"] == "demo")  # earlier jobs' too
+        assert row["borrowed_gpu_hours"] == pytest.approx(billed / 3600, abs=1e-4)
+        assert row["gpu_seconds"] >= billed - 0.01
 
     def diagnostics(self, job_id: int) -> list[str]:
         return self.stack.api(f"/jobs/{job_id}/diagnostics")["sentences"]

@@ -137,9 +137,11 @@ def test_the_lowest_priority_borrower_goes_first_and_only_as_many_as_needed(
         "1 job(s) on them (2 GPUs), which have 1 min 30 s to checkpoint"
     )
     notes = JobEvent.objects.filter(job=low, kind=JobEvent.Kind.NOTE)
-    assert notes.get().reason.startswith(
-        "preemption notice: team lab needs back the 2 GPUs this job borrowed"
+    assert notes.get().reason == (
+        "preemption notice: team lab needs back the 2 GPUs this job borrowed; SIGTERM now, "
+        "SIGKILL in 1 min 30 s; then PAUSED and queued again"
     )
+    assert len(notes.get().reason) <= 160  # whole in the Events tab
     assert JobEvent.objects.filter(job=mine, kind=JobEvent.Kind.NOTE).get().reason == (
         "preempting 1 job(s) on 2 GPUs that other teams borrowed from team lab: this job "
         "needs them back"
@@ -314,7 +316,7 @@ def test_a_preempted_job_pauses_resumes_without_a_retry_and_its_lender_starts(
 
 @pytest.mark.django_db
 def test_a_victim_past_its_grace_is_cancelled_every_tick_until_it_ends(
-    teams, django_capture_on_commit_callbacks
+    teams, django_capture_on_commit_callbacks, api_as
 ):
     lab, lea, vision, vic = teams
     (victim,) = run_borrowers(
@@ -322,6 +324,12 @@ def test_a_victim_past_its_grace_is_cancelled_every_tick_until_it_ends(
     )
     queued_job(lab, lea, gpus=8)
     tick(T0, django_capture_on_commit_callbacks)
+    read = api_as(vic).get(f"/jobs/{victim.pk}").json()
+    assert (read["borrowed_from"], read["preempted_at"], read["preempt_kill_at"]) == (
+        "lab",
+        "2026-12-02T12:00:00Z",
+        "2026-12-02T12:01:30Z",
+    )
     ref = f"ref-{victim.current_attempt.backend_name}"
     reconcile_all(now=T0 + dt.timedelta(seconds=60))  # within the 90 s grace
     assert Engine.cancels == []

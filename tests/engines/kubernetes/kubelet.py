@@ -31,7 +31,8 @@ succeeded, or FailureTarget + Failed at the first failed pod, with reason Deadli
 its podFailurePolicy matches the container's exit code, BackoffLimitExceeded otherwise; then
 the controller deletes the Job's other pods. When a pod disappears (its Job deleted with
 propagation, the controller ending it, or the pod itself deleted) its process group gets
-SIGTERM, then SIGKILL after `grace_s`.
+SIGTERM, then SIGKILL after the pod's `terminationGracePeriodSeconds` (as a kubelet does), or
+`grace_s` for a pod that sets none.
 
 Not emulated: image pulls (`image` is ignored), `workingDir` and volumes (the container runs in
 its temp dir), CPU and memory, taints, restarts, replacement pods (the first failed pod fails
@@ -104,6 +105,7 @@ class _Pod:
     exit_code: int | None = None
     term_sent_at: float | None = None
     killed: set[str] = field(default_factory=set)
+    grace_s: float | None = None  # its spec's terminationGracePeriodSeconds, if it has one
 
 
 class FakeKubelet:
@@ -304,7 +306,14 @@ class FakeKubelet:
             namespace=namespace,
         )
         self._pods[(namespace, name)] = _Pod(
-            namespace, meta["name"], meta["uid"], name, self.root / name, index or 0, _asks(spec)
+            namespace,
+            meta["name"],
+            meta["uid"],
+            name,
+            self.root / name,
+            index or 0,
+            _asks(spec),
+            grace_s=spec.get("terminationGracePeriodSeconds"),
         )
 
     def _sync_pod(self, pod: _Pod) -> None:
@@ -538,7 +547,9 @@ class FakeKubelet:
         if pod.term_sent_at is None:
             _signal(pod.proc, signal.SIGTERM)
             pod.term_sent_at = time.monotonic()
-        elif time.monotonic() - pod.term_sent_at > self.grace_s:
+        elif time.monotonic() - pod.term_sent_at > (
+            self.grace_s if pod.grace_s is None else pod.grace_s
+        ):
             _signal(pod.proc, signal.SIGKILL)
 
     # -- pod status shapes -------------------------------------------------------------------

@@ -50,7 +50,11 @@ def proof(cluster, tmp_path_factory) -> Iterator[EngineProof]:
         "image": "registry.example/train:v2",
         "python": sys.executable,  # the fake node runs the container's command on this host
     }
-    with engine_proof(tmp_path_factory, "kubernetes", settings, alive) as running_proof:
+    # A 3 s minimum runtime before preemption, for the preemption proof; a 30 s grace.
+    settings["preempt_grace_s"] = 30
+    with engine_proof(
+        tmp_path_factory, "kubernetes", settings, alive, SF_PREEMPT_MIN_RUNTIME_S="3"
+    ) as running_proof:
         yield running_proof
 
 
@@ -84,3 +88,9 @@ def test_stop_deletes_the_job_and_its_pod(proof, cluster):
         (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         for p in api.select("pods", "default", "app.kubernetes.io/managed-by=starforge")
     )
+
+
+def test_a_borrower_is_preempted_through_its_pods_deletion_checkpoints_and_resumes(proof):
+    """The Job's deletion is the notice: the pod's SIGTERM reaches the runner, which gives the
+    job the 30 s grace (SF_STOP_GRACE_S; the pod's terminationGracePeriodSeconds is 45 s)."""
+    proof.preempts_a_borrower(grace_s=30, tick_s=2.0)
