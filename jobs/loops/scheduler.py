@@ -828,16 +828,21 @@ def _requeue_preempted() -> list[int]:
     ids = list(
         Job.objects.filter(status=S.PAUSED, paused_by_preemption=True).values_list("pk", flat=True)
     )
+    reason = "resuming after preemption; waiting for the scheduler"
+    return _queue_again(ids, reason, "paused_by_preemption")
+
+
+def _queue_again(ids: list[int], reason: str, mark: str) -> list[int]:
+    """Jobs the scheduler paused itself (a closed window, a preemption) back to QUEUED, with
+    their mark (`paused_by_window`, `paused_by_preemption`) cleared; those that moved on
+    meanwhile (a person's stop) are left as they are."""
     if not ids:
         return []
     changed, _ = apply_transitions(
-        S.QUEUED,
-        [Change(pk, "resuming after preemption; waiting for the scheduler") for pk in ids],
-        actor="scheduler",
-        expected={S.PAUSED},
+        S.QUEUED, [Change(pk, reason) for pk in ids], actor="scheduler", expected={S.PAUSED}
     )
     queued = [job.pk for job in changed]
-    Job.objects.filter(pk__in=ids).update(paused_by_preemption=False)
+    Job.objects.filter(pk__in=queued).update(**{mark: False})
     return queued
 
 
@@ -1069,17 +1074,8 @@ def _apply_window_policy(
             ids, S.PAUSED, reason, actor="scheduler", now=now, expected=S.active(), by_window=True
         ).halted
     ]
-    resumed = []
-    if to_resume:
-        changed, _ = apply_transitions(
-            S.QUEUED,
-            [Change(pk, "window opened: resumed; waiting for the scheduler") for pk in to_resume],
-            actor="scheduler",
-            expected={S.PAUSED},
-        )
-        resumed = [job.pk for job in changed]
-        Job.objects.filter(pk__in=resumed).update(paused_by_window=False)
-    return paused, resumed
+    reason = "window opened: resumed; waiting for the scheduler"
+    return paused, _queue_again(to_resume, reason, "paused_by_window")
 
 
 def _submit(admit: list[tuple[int, int, dict]], now: dt.datetime) -> list[int]:

@@ -34,6 +34,7 @@ class Engine:
     notices: list[tuple[str, int]] = []
     cancels: list[str] = []
     ends: dict[str, Observation] = {}
+    gone: set[str] = set()  # refs the engine no longer knows (a deleted Kubernetes Job)
 
     def __init__(self, cluster) -> None:
         pass
@@ -45,7 +46,7 @@ class Engine:
         return None
 
     def poll(self, refs):
-        return {r: self.ends.get(r, Observation("RUNNING")) for r in refs}
+        return {r: self.ends.get(r, Observation("RUNNING")) for r in refs if r not in self.gone}
 
     def reap_stale(self, observations):
         return []
@@ -65,7 +66,7 @@ class Engine:
 
 @pytest.fixture
 def engine(db):
-    Engine.notices, Engine.cancels, Engine.ends = [], [], {}
+    Engine.notices, Engine.cancels, Engine.ends, Engine.gone = [], [], {}, set()
     cluster = Cluster.objects.create(name="gpu", kind="noop", settings={"preempt_grace_s": 90})
     with override(None, Engine):
         yield cluster
@@ -104,6 +105,22 @@ def run_borrowers(team, user, capture, *specs) -> list[Job]:
         )
         Job.objects.filter(pk=job.pk).update(status=S.RUNNING)
     return jobs
+
+
+def preempted_borrower(teams, capture) -> Job:
+    """A borrower of all 8 of lab's GPUs, up for an hour, preempted at T0 for lab's job."""
+    lab, lea, vision, vic = teams
+    (victim,) = run_borrowers(vision, vic, capture, (8, 0, T0 - 60 * MIN, None))
+    queued_job(lab, lea, gpus=8)
+    tick(T0, capture)
+    return victim
+
+
+def ends(victim: Job, state: str, code: int, at_s: float) -> None:
+    """The engine reports the victim's attempt ended `at_s` after T0; a reconcile 5 s later."""
+    ref = f"ref-{victim.current_attempt.backend_name}"
+    Engine.ends[ref] = Observation(state, exit_code=code, end_time=T0 + dt.timedelta(seconds=at_s))
+    reconcile_all(now=T0 + dt.timedelta(seconds=at_s + 5))
 
 
 def preempted(*jobs) -> list[bool]:
@@ -318,12 +335,8 @@ def test_a_preempted_job_pauses_resumes_without_a_retry_and_its_lender_starts(
 def test_a_victim_past_its_grace_is_cancelled_every_tick_until_it_ends(
     teams, django_capture_on_commit_callbacks, api_as
 ):
-    lab, lea, vision, vic = teams
-    (victim,) = run_borrowers(
-        vision, vic, django_capture_on_commit_callbacks, (8, 0, T0 - 60 * MIN, None)
-    )
-    queued_job(lab, lea, gpus=8)
-    tick(T0, django_capture_on_commit_callbacks)
+    vic = teams[3]
+    victim = preempted_borrower(teams, django_capture_on_commit_callbacks)
     read = api_as(vic).get(f"/jobs/{victim.pk}").json()
     assert (read["borrowed_from"], read["preempted_at"], read["preempt_kill_at"]) == (
         "lab",
@@ -344,15 +357,8 @@ def test_a_victim_past_its_grace_is_cancelled_every_tick_until_it_ends(
 
 @pytest.mark.django_db
 def test_a_job_that_succeeded_before_its_notice_succeeds(teams, django_capture_on_commit_callbacks):
-    lab, lea, vision, vic = teams
-    (victim,) = run_borrowers(
-        vision, vic, django_capture_on_commit_callbacks, (8, 0, T0 - 60 * MIN, None)
-    )
-    queued_job(lab, lea, gpus=8)
-    tick(T0, django_capture_on_commit_callbacks)
-    ref = f"ref-{victim.current_attempt.backend_name}"
-    Engine.ends[ref] = Observation("DONE", exit_code=0, end_time=T0 - dt.timedelta(seconds=2))
-    reconcile_all(now=T0 + dt.timedelta(seconds=5))
+    victim = preempted_borrower(teams, django_capture_on_commit_callbacks)
+    ends(victim, "DONE", 0, at_s=-2)
     victim.refresh_from_db()
     assert victim.status == S.SUCCEEDED
 
@@ -368,9 +374,8 @@ def test_no_preemption_loop_a_resumed_job_runs_its_minimum_before_another_notice
     )
     first = queued_job(lab, lea, gpus=8)
     tick(T0, django_capture_on_commit_callbacks)
-    ref = f"ref-{victim.current_attempt.backend_name}"
-    Engine.ends[ref] = Observation("FAILED", exit_code=143, end_time=T0 + dt.timedelta(seconds=30))
-    reconcile_all(now=T0 + dt.timedelta(seconds=35))
+    first_ref = f"ref-{victim.current_attempt.backend_name}"
+    ends(victim, "FAILED", 143, at_s=30)
     tick(T0 + dt.timedelta(seconds=40), django_capture_on_commit_callbacks)  # lab's job starts
     # lab's job ends; the victim borrows again and runs from T0 + 2 min ...
     Job.objects.filter(pk=first.pk).update(status=S.SUCCEEDED)
@@ -388,23 +393,33 @@ def test_no_preemption_loop_a_resumed_job_runs_its_minimum_before_another_notice
     assert preempted(victim) == [False]
     tick(T0 + 12 * MIN + dt.timedelta(seconds=1), django_capture_on_commit_callbacks)
     assert preempted(victim) == [True]
-    assert [ref for ref, _ in Engine.notices] == [ref, "ref-second"]
+    assert [ref for ref, _ in Engine.notices] == [first_ref, "ref-second"]
 
 
 @pytest.mark.django_db
-def test_a_persons_pause_of_a_preempted_job_keeps_it_paused(
+def test_a_persons_stop_of_a_preempted_job_is_kept_not_queued_again(
     teams, django_capture_on_commit_callbacks, api_as
 ):
-    lab, lea, vision, vic = teams
-    (victim,) = run_borrowers(
-        vision, vic, django_capture_on_commit_callbacks, (8, 0, T0 - 60 * MIN, None)
-    )
-    queued_job(lab, lea, gpus=8)
-    tick(T0, django_capture_on_commit_callbacks)
-    ref = f"ref-{victim.current_attempt.backend_name}"
-    Engine.ends[ref] = Observation("FAILED", exit_code=143, end_time=T0 + dt.timedelta(seconds=30))
-    reconcile_all(now=T0 + dt.timedelta(seconds=35))
+    vic = teams[3]
+    victim = preempted_borrower(teams, django_capture_on_commit_callbacks)
+    ends(victim, "FAILED", 143, at_s=30)
     assert api_as(vic).post(f"/jobs/{victim.pk}/stop").status_code == 200
     tick(T0 + dt.timedelta(seconds=40), django_capture_on_commit_callbacks)
     victim.refresh_from_db()
     assert victim.status == S.STOPPED and not victim.paused_by_preemption
+
+
+@pytest.mark.django_db
+def test_a_victim_gone_from_its_engine_after_its_notice_pauses_without_the_lost_grace(
+    teams, django_capture_on_commit_callbacks, settings
+):
+    settings.SF_LOST_GRACE_S = 60
+    victim = preempted_borrower(teams, django_capture_on_commit_callbacks)
+    reconcile_all(now=T0 + dt.timedelta(seconds=5))  # seen running: its last sighting
+    Engine.gone.add(f"ref-{victim.current_attempt.backend_name}")
+    reconcile_all(now=T0 + dt.timedelta(seconds=20))  # past the sighting's 10 s resolution
+    victim.refresh_from_db()
+    assert (victim.status, victim.status_reason) == (
+        S.PAUSED,
+        "preempted: GPUs returned to team lab",
+    )
