@@ -23,30 +23,51 @@ MAX_ENTRIES = 2000
 MAX_DEPTH = 3
 
 
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
 def newest_mtime(root: str, max_entries: int = MAX_ENTRIES, max_depth: int = MAX_DEPTH) -> float:
     """The newest modification time of a file below `root` (0.0: none, or no such folder),
     looking at no more than `max_entries` entries and `max_depth` folders down; links are
-    neither followed nor counted."""
+    neither followed nor counted. Each folder is opened by descriptor, relative to its parent
+    and without following a link, so a folder the job swaps for a link leads nowhere."""
+    try:
+        top = os.open(root, DIR_FLAGS)
+    except OSError:
+        return 0.0
     newest, seen = 0.0, 0
-    todo = [(root, 0)]
-    while todo and seen < max_entries:
-        folder, depth = todo.pop()
+    todo = [(top, 0)]
+    while todo:
+        fd, depth = todo.pop()
         try:
-            with os.scandir(folder) as entries:
-                for entry in entries:
-                    seen += 1
-                    if seen > max_entries:
-                        break
-                    if entry.is_symlink():
-                        continue
-                    if entry.is_dir(follow_symlinks=False):
-                        if depth + 1 < max_depth:
-                            todo.append((entry.path, depth + 1))
-                    elif entry.is_file(follow_symlinks=False):
-                        newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
-        except OSError:
-            continue
+            if seen < max_entries:
+                newest, seen = _scan(fd, depth, max_depth, max_entries, newest, seen, todo)
+        finally:
+            os.close(fd)
     return newest
+
+
+def _scan(
+    fd: int, depth: int, max_depth: int, max_entries: int, newest: float, seen: int, todo: list
+) -> tuple[float, int]:
+    """One folder: its files' newest mtime, its subfolders opened onto `todo`."""
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                seen += 1
+                if seen > max_entries:
+                    break
+                if entry.is_dir(follow_symlinks=False):
+                    if depth + 1 < max_depth:
+                        try:
+                            todo.append((os.open(entry.name, DIR_FLAGS, dir_fd=fd), depth + 1))
+                        except OSError:
+                            pass  # gone, or a link now
+                elif entry.is_file(follow_symlinks=False):
+                    newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+    except OSError:
+        pass
+    return newest, seen
 
 
 class CheckpointWatcher:
