@@ -129,10 +129,21 @@ def usage_rows(
     now: dt.datetime | None = None,
     teams: Iterable[int] | None = None,
     users: Iterable[int] | None = None,
-    borrowed: bool = False,
 ) -> dict[Key, int]:
     """GPU-µs per (day, team, user, cluster) for days in [since, until), records plus the attempts
-    not recorded yet; with `borrowed`, only what ran on GPUs borrowed from other teams."""
+    not recorded yet."""
+    return usage_totals(since, until, now, teams, users)[0]
+
+
+def usage_totals(
+    since: dt.date,
+    until: dt.date,
+    now: dt.datetime | None = None,
+    teams: Iterable[int] | None = None,
+    users: Iterable[int] | None = None,
+) -> tuple[dict[Key, int], dict[Key, int]]:
+    """`usage_rows`, and in the same read the part of each that ran on GPUs borrowed from
+    other teams (only keys with some)."""
     now = now or timezone.now()
     team_ids = None if teams is None else list(teams)
     user_ids = None if users is None else list(users)
@@ -144,20 +155,23 @@ def usage_rows(
     if user_ids is not None:
         records = records.filter(user_id__in=user_ids)
         unrecorded = unrecorded.filter(job__user_id__in=user_ids)
-    if borrowed:
-        unrecorded = unrecorded.filter(borrowed_from__isnull=False)
-    column = "borrowed_gpu_us" if borrowed else "gpu_us"
     recorded, running = _read_consistently(
-        records.values_list("day", "team_id", "user_id", "cluster_id", column), unrecorded
+        records.values_list("day", "team_id", "user_id", "cluster_id", "gpu_us", "borrowed_gpu_us"),
+        unrecorded,
     )
     totals: dict[Key, int] = defaultdict(int)
-    for day, team, user, cluster, gpu_us in recorded:
+    borrowed: dict[Key, int] = defaultdict(int)
+    for day, team, user, cluster, gpu_us, lent in recorded:
         totals[(day, team, user, cluster)] += gpu_us
-    for team, user, cluster, start, end, gpus in running:
+        if lent:
+            borrowed[(day, team, user, cluster)] += lent
+    for team, user, cluster, start, end, gpus, lender in running:
         for day, gpu_us in day_pieces(start, end, gpus, now):
             if since <= day < until:
                 totals[(day, team, user, cluster)] += gpu_us
-    return totals
+                if lender is not None:
+                    borrowed[(day, team, user, cluster)] += gpu_us
+    return totals, borrowed
 
 
 def team_gpu_us(since: dt.date, now: dt.datetime) -> dict[int, int]:
@@ -168,7 +182,7 @@ def team_gpu_us(since: dt.date, now: dt.datetime) -> dict[int, int]:
     totals: dict[int, int] = defaultdict(int)
     for team, gpu_us in recorded:
         totals[team] += gpu_us or 0
-    for team, _, _, start, end, gpus in running:
+    for team, _, _, start, end, gpus, _ in running:
         for day, gpu_us in day_pieces(start, end, gpus, now):
             if day >= since:
                 totals[team] += gpu_us
@@ -189,7 +203,7 @@ def _read_consistently(records: QuerySet, unrecorded: QuerySet[Attempt]) -> tupl
         running = list(
             unrecorded.values_list(
                 "pk", "job__team_id", "job__user_id", "job__cluster_id",
-                "start_time", "end_time", "gpus",
+                "start_time", "end_time", "gpus", "borrowed_from_id",
             )
         )  # fmt: skip
         recorded = list(records)

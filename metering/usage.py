@@ -4,7 +4,7 @@ GPU-seconds = (end − start_time) × GPUs per attempt, from the moment the proc
 Queued and pending time is never billed (docs/ARCHITECTURE.md, invariant 5): an attempt without a
 `start_time` contributes nothing, and a running attempt accrues up to `now`.
 
-Usage answers read only `metering.records.usage_rows` (records plus the attempts not recorded
+Usage answers read only `metering.records.usage_totals` (records plus the attempts not recorded
 yet), restricted to the teams the caller may see, and name teams, users and clusters for display.
 """
 
@@ -21,7 +21,7 @@ from jobs.errors import NotFound
 from jobs.models import Cluster
 from jobs.reads.prepared import Prepared, reader
 from jobs.teams import visible_teams
-from metering.records import usage_rows
+from metering.records import usage_totals
 
 US_PER_SECOND = 10**6
 US_PER_HOUR = 3600 * US_PER_SECOND
@@ -86,8 +86,7 @@ def usage_lines(
     if not teams:
         return []
     now = now or timezone.now()
-    rows = usage_rows(since, until, now=now, teams=list(teams))
-    borrowed = usage_rows(since, until, now=now, teams=list(teams), borrowed=True)
+    rows, borrowed = usage_totals(since, until, now=now, teams=list(teams))
     users = dict(User.objects.filter(pk__in={k[2] for k in rows}).values_list("pk", "username"))
     clusters = dict(Cluster.objects.filter(pk__in={k[3] for k in rows}).values_list("pk", "name"))
     return sorted(
