@@ -713,10 +713,13 @@ def _take_back(ctx: _Context, team: Team, job: _Queued) -> str | None:
             f"give them back by {back:%H:%M:%S} UTC at the latest"
         )
     floor = settings.SF_PREEMPT_MIN_RUNTIME_S
-    started = {  # those that may be told: up, not told yet, on a cluster the tick reaches
+    # Those that may be told: up (their launch recorded), not told yet, on a cluster the tick
+    # reaches.
+    started = {
         b.attempt: b.started
         for b in borrowers
         if b.started is not None
+        and b.job_ref
         and b.preempted_at is None
         and b.attempt not in ctx.notified
         and b.cluster in ctx.capacities
