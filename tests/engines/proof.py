@@ -139,8 +139,16 @@ class EngineProof:
         paused = self.verb("pause", job_id)
         assert paused["status"] == "PAUSED"
         self.wait_gone(paused["job_ref"])
+        # The pause's SIGTERM is a notice: the job saved the step it was at, and exited. Its
+        # last lines may arrive after the backend object is gone (a deleted Kubernetes Job
+        # vanishes at once while its pod's process still flushes), never long after.
+        wait_until(
+            lambda: any(line.startswith("notice received") for line in self.logs(job_id)),
+            30,
+            "the job's notice line in the logs",
+            self.stack.diagnostics,
+        )
         before = self.logs(job_id)
-        # The pause's SIGTERM is a notice: the job saved the step it was at, and exited.
         checkpoint = max(steps_printed(before))
         assert f"notice received: checkpointed step {checkpoint}, exiting" in before, before
         assert 7 <= checkpoint < 30, before

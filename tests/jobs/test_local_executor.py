@@ -44,18 +44,29 @@ class InFlight:
 
     def __init__(self) -> None:
         self.count, self.lock = 0, threading.Lock()
+        self.last_seen = time.monotonic()
 
     def started(self, **_kwargs) -> None:
         with self.lock:
             self.count += 1
+            self.last_seen = time.monotonic()
 
     def finished(self, **_kwargs) -> None:
         with self.lock:
             self.count -= 1
+            self.last_seen = time.monotonic()
 
-    def wait_idle(self, timeout: float) -> None:
+    def wait_idle(self, timeout: float, quiet_s: float = 0.5) -> None:
+        """Until no request is in progress and none began or ended for `quiet_s`: a request a
+        runner sent just before it died is read off the socket a moment later, and only then
+        counts as started."""
         deadline = time.monotonic() + timeout
-        while self.count > 0 and time.monotonic() < deadline:
+        with self.lock:
+            self.last_seen = time.monotonic()
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.count <= 0 and time.monotonic() - self.last_seen >= quiet_s:
+                    return
             time.sleep(0.05)
 
 
