@@ -1,8 +1,10 @@
-"""Django admin: clusters, teams and quotas, windows, tokens; jobs are read-only here.
+"""Django admin: clusters, teams and quotas, windows, tokens, webhooks; jobs are read-only here.
 
 Deleting a job here goes through `jobs.actions.control.delete_job`, like the API: an active or
 queued job is refused (stop it first), and its logs and last-referenced snapshot go with it.
 """
+
+import secrets
 
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected
@@ -23,6 +25,7 @@ from jobs.models import (
     ScheduleWindow,
     Team,
     TeamGpuTypeQuota,
+    Webhook,
 )
 from jobs.states import JobStatus
 
@@ -116,6 +119,22 @@ class ClusterAdmin(admin.ModelAdmin):
 @admin.register(ScheduleWindow)
 class ScheduleWindowAdmin(admin.ModelAdmin):
     list_display = ("name", "timezone", "spec")
+
+
+@admin.register(Webhook)
+class WebhookAdmin(admin.ModelAdmin):
+    """Where staff let a webhook reach private addresses (`allow_private`); users add theirs
+    through the API, the CLI and the console, which check the target."""
+
+    list_display = ("pk", "owner", "team", "url", "allow_private", "created_at")
+    list_filter = ("allow_private",)
+    fields = ("owner", "team", "url", "events", "wait_after_s", "allow_private", "created_at")
+    readonly_fields = ("created_at",)
+
+    def save_model(self, request, obj, form, change) -> None:
+        if not obj.secret:
+            obj.secret = secrets.token_hex(32)
+        super().save_model(request, obj, form, change)
 
 
 @admin.register(ApiToken)

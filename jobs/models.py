@@ -672,3 +672,63 @@ class MetricRollup(models.Model):
                 name="one_metric_rollup_bucket",
             ),
         ]
+
+
+class Webhook(models.Model):
+    """Where to tell someone that a job ended, failed, was preempted or waits too long
+    (jobs.webhooks). Scoped to its owner's own jobs, or to every job of one team (set up by a
+    team admin). `url` is an http(s) URL (a Slack incoming webhook gets Slack's body) or a
+    mailto: address (Django's email backend)."""
+
+    class Event(models.TextChoices):
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        STOPPED = "stopped"
+        PREEMPTED = "preempted"
+        WAITING = "waiting-too-long"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    team = models.ForeignKey(
+        Team, null=True, blank=True, on_delete=models.CASCADE, help_text="empty: the owner's jobs"
+    )
+    url = models.CharField(max_length=2000)
+    events = models.JSONField(default=list)
+    secret = models.CharField(max_length=64, editable=False)
+    wait_after_s = models.PositiveIntegerField(
+        default=3600, help_text="waiting-too-long: queued longer than this"
+    )
+    allow_private = models.BooleanField(
+        default=False,
+        help_text="staff only: may deliver to loopback, link-local and private addresses",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"webhook {self.pk} ({self.url[:60]})"
+
+
+class WebhookDelivery(models.Model):
+    """One notification to one webhook, tried until delivered or a day has passed (at least
+    once; `key` is the receiver's idempotency key). `tries` is its delivery log."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        DELIVERED = "delivered"
+        GAVE_UP = "gave-up"
+
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
+    job = models.ForeignKey(Job, null=True, on_delete=models.CASCADE, related_name="+")
+    event = models.CharField(max_length=20)
+    key = models.CharField(max_length=80)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    payload = models.JSONField(null=True, blank=True)
+    tries = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    next_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["webhook", "key"], name="one_delivery_per_key"),
+        ]
+        indexes = [models.Index(fields=["state", "next_at"], name="delivery_due")]

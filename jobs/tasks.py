@@ -5,7 +5,7 @@ import time
 from celery import shared_task
 from django.utils import timezone
 
-from jobs import kick
+from jobs import kick, webhooks
 from jobs.loops import tickstats
 from jobs.loops.launcher import launch_attempts
 from jobs.loops.reconciler import reconcile_all
@@ -49,3 +49,17 @@ def compact_log(stream_id: int) -> None:
 @shared_task(ignore_result=True)
 def compact_ended_logs() -> None:
     logstore.compact_ended(timezone.now())
+
+
+@shared_task(ignore_result=True)
+def deliver_webhooks(ids: list[int] | None = None) -> None:
+    """Send due webhook deliveries (those of `ids`, after the commit that wrote them; all that
+    are due, from beat: retries and deliveries whose task was lost)."""
+    while webhooks.deliver_due(ids) >= webhooks.BATCH and ids is None:
+        pass
+
+
+@shared_task(ignore_result=True)
+def notify_waiting() -> None:
+    webhooks.notify_waiting()
+    webhooks.deliver_due()

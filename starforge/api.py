@@ -14,6 +14,7 @@ from jobs.api.metrics import router as metrics_router
 from jobs.api.renderer import RENDERER
 from jobs.api.teams import router as teams_router
 from jobs.api.tokens import router as tokens_router
+from jobs.api.webhooks import router as webhooks_router
 from jobs.errors import ApiError
 from jobs.ledger.transitions import TransitionRefused
 from jobs.stores.logstore import LogGap
@@ -29,6 +30,7 @@ OPERATION_ID_PREFIX = {
     "jobs.api.metrics": "jobs_metrics_api",
     "jobs.api.teams": "jobs_teams_api",
     "jobs.api.tokens": "jobs_tokens_api",
+    "jobs.api.webhooks": "jobs_webhooks_api",
 }
 
 
@@ -54,6 +56,7 @@ api.add_router("/v1", metrics_router)
 api.add_router("/v1", tokens_router)
 api.add_router("/v1", teams_router)
 api.add_router("/v1", usage_router)
+api.add_router("/v1", webhooks_router)
 
 
 def _answer(request: HttpRequest, http_status: int, detail: str, /, **extra):

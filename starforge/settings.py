@@ -350,3 +350,27 @@ CELERY_BEAT_SCHEDULE["compact-ended-logs"] = {
     "schedule": 60.0,
     "options": {"expires": 50},
 }
+
+# Notifications (jobs.webhooks). Staff may let webhooks reach these networks (CIDRs, comma
+# separated), which are otherwise refused with every loopback, link-local and private address.
+SF_WEBHOOK_ALLOWED_NETS = _env_cidrs("SF_WEBHOOK_ALLOWED_NETS")
+# The console's address as people reach it, for the links notifications carry.
+SF_CONSOLE_URL = os.environ.get("SF_CONSOLE_URL", SF_API_URL)
+# Email (mailto: webhooks) goes through Django's email backend once EMAIL_HOST is set.
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "")
+EMAIL_PORT = _env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = os.environ.get("EMAIL_USE_TLS", "") == "1"
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "starforge@localhost")
+SF_NOTIFY_EMAIL = bool(EMAIL_HOST)
+CELERY_BEAT_SCHEDULE["deliver-webhooks"] = {
+    "task": "jobs.tasks.deliver_webhooks",
+    "schedule": 10.0,
+    "options": {"expires": 9},
+}
+CELERY_BEAT_SCHEDULE["notify-waiting"] = {
+    "task": "jobs.tasks.notify_waiting",
+    "schedule": 60.0,
+    "options": {"expires": 50},
+}

@@ -4,7 +4,7 @@ from django.urls import include, path, re_path
 
 from jobs import throttle
 from jobs.api.prometheus import metrics_view
-from jobs.console import teams, views
+from jobs.console import notify, teams, views
 from metering.views import usage_page
 from starforge.api import api
 
@@ -31,6 +31,18 @@ urlpatterns = [
     path("teams/<slug:name>/defaults/", teams.team_defaults, name="team-defaults"),
     path("tokens/", views.token_list, name="tokens"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token-revoke"),
+    path("notifications/", notify.notification_list, name="notifications"),
+    path("notifications/add/", notify.notification_add, name="notification-add"),
+    path(
+        "notifications/<int:webhook_id>/test/",
+        notify.notification_test,
+        name="notification-test",
+    ),
+    path(
+        "notifications/<int:webhook_id>/remove/",
+        notify.notification_remove,
+        name="notification-remove",
+    ),
     # The console's own assets (Plotly's bundle included) are served by the app: it works
     # with no internet access and without a separate web server.
     re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}),

@@ -3,7 +3,8 @@
 `apply_transitions` locks the job rows, checks the allowed-transition table, updates the rows
 and writes one `JobEvent` per change, all in one transaction. `transition` is its single-job
 form that raises when the change is refused. Each change is also pushed, after commit, to the
-job's page group and the jobs list group (`jobs.broadcast`).
+job's page group and the jobs list group (`jobs.broadcast`), and, in the same transaction,
+written as the deliveries webhooks ask for (`jobs.webhooks`).
 """
 
 from collections import defaultdict
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import broadcast
+from jobs import broadcast, webhooks
 from jobs.models import Job, JobEvent
 from jobs.states import JobStatus, is_allowed
 
@@ -113,6 +114,7 @@ def _write(target: JobStatus, jobs: list[Job], by_id: dict[int, Change], actor: 
             status=target, status_reason=reason, status_changed_at=now
         )
     JobEvent.objects.bulk_create(events, batch_size=1000)
+    webhooks.on_transitions(target, jobs, now)
     broadcast.publish_statuses(pushed)
 
 

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from jobs.auth import create_token
 from jobs.ledger.transitions import transition
-from jobs.models import ApiToken, Job, JobEvent, Membership, Team
+from jobs.models import ApiToken, Job, JobEvent, Membership, Team, Webhook, WebhookDelivery
 from jobs.states import JobStatus
 from jobs.stores import logstore, metrics
 from starforge.api import api as ninja_api
@@ -289,6 +289,91 @@ def metrics_endpoint_outsider(w: World) -> None:
         assert refused.status_code == 403 and "vision" not in body(refused)
 
 
+def vision_webhook(w: World) -> Webhook:
+    """A webhook of alice's team, set up by its admin ada."""
+    return Webhook.objects.create(
+        owner=User.objects.get(username="ada"),
+        team=w.team,
+        url="https://hooks.example.com/vision-alerts",
+        events=["failed"],
+        secret="s" * 64,
+    )
+
+
+def notifications_outsider(w: World) -> None:
+    vision_webhook(w)
+    absent(w.console(w.bob).get("/notifications/"), w)
+
+
+def notifications_viewer(w: World) -> None:
+    vision_webhook(w)
+    page = w.console(w.vic).get("/notifications/")
+    shows(page, "No webhooks yet.")
+    assert "vision-alerts" not in body(page) and "every job of team" not in body(page)
+
+
+def notification_add_outsider(w: World) -> None:
+    form = {"url": "https://hooks.example.com/x", "on": "failed", "team": "vision"}
+    hidden(w.console(w.bob).post("/notifications/add/", form), w)
+    assert not Webhook.objects.exists()
+
+
+def notification_add_viewer(w: World) -> None:
+    form = {"url": "https://hooks.example.com/x", "on": "failed", "team": "vision"}
+    assert w.console(w.vic).post("/notifications/add/", form).status_code == 403
+    assert not Webhook.objects.exists()
+
+
+def notification_control(action: str) -> Check:
+    """Testing or removing the team's webhook: 404 for bob and for vic (not its admin)."""
+
+    def probe(user: Callable[[World], User]) -> Probe:
+        def check(w: World) -> None:
+            hook = vision_webhook(w)
+            hidden(w.console(user(w)).post(f"/notifications/{hook.pk}/{action}/"), w)
+            assert Webhook.objects.filter(pk=hook.pk).exists()
+            assert not WebhookDelivery.objects.exists()
+            untouched(w)
+
+        return check
+
+    return Check(probe(lambda w: w.bob), probe(lambda w: w.vic))
+
+
+def webhooks_listed(w: World) -> None:
+    vision_webhook(w)
+    for user in (w.bob, w.vic):
+        answer = w.api(user).get("/api/v1/webhooks")
+        assert answer.status_code == 200 and answer.json() == [], body(answer)
+
+
+def webhook_add_refused(w: World) -> None:
+    """A team webhook of vision's: 404 for bob (not in it), 403 for vic (not its admin)."""
+    data = {"url": "https://hooks.example.com/x", "on": ["failed"], "team": "vision"}
+    hidden(send(w.api(w.bob), "POST", "/api/v1/webhooks", data), w)
+    refused = send(w.api(w.vic), "POST", "/api/v1/webhooks", data)
+    assert refused.status_code == 403 and "admins" in body(refused), body(refused)
+    assert not Webhook.objects.exists()
+
+
+def webhook_api_control(method: str, suffix: str = "") -> Check:
+    """Reading, testing or removing vision's webhook: 404 for bob and vic, nothing changes and
+    its secret never shows."""
+
+    def probe(user: Callable[[World], User]) -> Probe:
+        def check(w: World) -> None:
+            hook = vision_webhook(w)
+            answer = send(w.api(user(w)), method, f"/api/v1/webhooks/{hook.pk}{suffix}")
+            hidden(answer, w)
+            assert hook.secret not in body(answer)
+            assert Webhook.objects.filter(pk=hook.pk).exists()
+            assert not WebhookDelivery.objects.exists()
+
+        return check
+
+    return Check(probe(lambda w: w.bob), probe(lambda w: w.vic))
+
+
 def usage_api_outsider(w: World) -> None:
     client = w.api(w.bob)
     for by in ("team", "user", "cluster", "day"):
@@ -401,6 +486,10 @@ ROUTES: dict[str, Check | Exempt] = {
     ),
     "* /tokens/": Check(lambda w: absent(w.console(w.bob).get("/tokens/"), w)),
     "* /tokens/<int:token_id>/revoke/": Check(token_revoke_outsider),
+    "* /notifications/": Check(notifications_outsider, notifications_viewer),
+    "* /notifications/add/": Check(notification_add_outsider, notification_add_viewer),
+    "* /notifications/<int:webhook_id>/test/": notification_control("test"),
+    "* /notifications/<int:webhook_id>/remove/": notification_control("remove"),
     "* /static/…": Exempt("the console's own assets (CSS, scripts, Plotly): " + NOT_LEDGER),
     "* /accounts/…": Exempt("Django's sign-in, sign-out and password pages: " + NOT_LEDGER),
     "* /admin/…": Exempt("the Django admin: staff only, checked by the admin site"),
@@ -440,6 +529,11 @@ ROUTES: dict[str, Check | Exempt] = {
     "GET /api/v1/ingest/snapshot": Exempt(RUNNER),
     "POST /api/v1/ingest/metrics": Exempt(RUNNER),
     "POST /api/v1/ingest/token": Exempt(RUNNER),
+    "GET /api/v1/webhooks": Check(webhooks_listed),
+    "POST /api/v1/webhooks": Check(webhook_add_refused),
+    "GET /api/v1/webhooks/{webhook_id}": webhook_api_control("GET"),
+    "DELETE /api/v1/webhooks/{webhook_id}": webhook_api_control("DELETE"),
+    "POST /api/v1/webhooks/{webhook_id}/test": webhook_api_control("POST", "/test"),
     "GET /api/v1/tokens": Check(lambda w: absent(w.api(w.bob).get("/api/v1/tokens"), w)),
     "POST /api/v1/tokens": Check(token_create_outsider),
     "DELETE /api/v1/tokens/{token_id}": Check(token_revoke_outsider),

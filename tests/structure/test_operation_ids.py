@@ -7,6 +7,7 @@ PINNED = {
     ("DELETE", "/api/v1/jobs/{job_id}"): "jobs_api_delete_job",
     ("DELETE", "/api/v1/teams/{name}/members/{username}"): "jobs_teams_api_remove_member",
     ("DELETE", "/api/v1/tokens/{token_id}"): "jobs_tokens_api_revoke_token",
+    ("DELETE", "/api/v1/webhooks/{webhook_id}"): "jobs_webhooks_api_remove_webhook",
     ("GET", "/api/v1/ingest/snapshot"): "jobs_api_ingest_snapshot",
     ("GET", "/api/v1/jobs"): "jobs_api_list_jobs",
     ("GET", "/api/v1/jobs/{job_id}"): "jobs_api_get_job",
@@ -21,6 +22,8 @@ PINNED = {
     ("GET", "/api/v1/teams/{name}"): "jobs_teams_api_get_team",
     ("GET", "/api/v1/tokens"): "jobs_tokens_api_list_tokens",
     ("GET", "/api/v1/usage"): "metering_api_usage",
+    ("GET", "/api/v1/webhooks"): "jobs_webhooks_api_list_webhooks",
+    ("GET", "/api/v1/webhooks/{webhook_id}"): "jobs_webhooks_api_get_webhook",
     ("PATCH", "/api/v1/teams/{name}"): "jobs_teams_api_set_defaults",
     ("PATCH", "/api/v1/teams/{name}/members/{username}"): "jobs_teams_api_change_role",
     ("POST", "/api/v1/ingest/checkpoint"): "jobs_api_ingest_checkpoint",
@@ -36,6 +39,8 @@ PINNED = {
     ("POST", "/api/v1/snapshots"): "jobs_api_upload_snapshot",
     ("POST", "/api/v1/teams/{name}/members"): "jobs_teams_api_add_member",
     ("POST", "/api/v1/tokens"): "jobs_tokens_api_create_token",
+    ("POST", "/api/v1/webhooks"): "jobs_webhooks_api_add_webhook",
+    ("POST", "/api/v1/webhooks/{webhook_id}/test"): "jobs_webhooks_api_test_webhook",
 }
 
 

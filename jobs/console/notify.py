@@ -1,0 +1,157 @@
+"""The console's Notifications page: a user's webhooks and those of the teams they admin, with
+each one's latest deliveries and every try of them (the delivery log).
+
+Adding, testing and removing are CSRF-protected forms that call the same `jobs.webhooks`
+actions as the API (`/api/v1/webhooks`); a refusal comes back as a message on the page.
+"""
+
+from collections import defaultdict
+from collections.abc import Callable
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
+from django.http import Http404, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from jobs import webhooks
+from jobs.api.webhooks import kind
+from jobs.errors import ApiError, BadRequest, Forbidden, NotFound
+from jobs.models import Membership, Team, WebhookDelivery
+
+RECENT_DELIVERIES = 20
+EVENT_HELP: dict[str, str] = {
+    webhooks.Event.SUCCEEDED: "a job succeeded",
+    webhooks.Event.FAILED: "a job failed",
+    webhooks.Event.STOPPED: "a job was stopped",
+    webhooks.Event.PREEMPTED: "a job was preempted (paused when its borrowed GPUs went back)",
+    webhooks.Event.WAITING: "a job has waited in the queue longer than the time below",
+}
+CHECKED_BY_DEFAULT = (webhooks.Event.SUCCEEDED, webhooks.Event.FAILED)
+
+
+@login_required
+def notification_list(request):
+    hooks = list(webhooks.visible(request.user))
+    recent = latest_deliveries([h.pk for h in hooks])
+    rows = [{"hook": h, "kind": kind(h.url), "deliveries": recent.get(h.pk, [])} for h in hooks]
+    return render(
+        request,
+        "jobs/notifications.html",
+        {
+            "rows": rows,
+            "events": [
+                {"name": e, "help": EVENT_HELP.get(e, ""), "checked": e in CHECKED_BY_DEFAULT}
+                for e in webhooks.EVENTS
+            ],
+            "scopes": scopes(request.user),
+            "wait_default_min": webhooks.WAIT_DEFAULT_S // 60,
+            "wait_min_min": webhooks.WAIT_MIN_S // 60,
+            "wait_max_min": webhooks.WAIT_MAX_S // 60,
+            "url_max": webhooks.URL_MAX,
+            "recent": RECENT_DELIVERIES,
+            "signature_header": webhooks.SIGNATURE_HEADER,
+        },
+    )
+
+
+def latest_deliveries(webhook_ids: list[int]) -> dict[int, list[WebhookDelivery]]:
+    """The latest RECENT_DELIVERIES deliveries of each webhook, newest first, in one query (a
+    row number per webhook), without their payloads."""
+    if not webhook_ids:
+        return {}
+    rows = (
+        WebhookDelivery.objects.filter(webhook_id__in=webhook_ids)
+        .defer("payload")
+        .annotate(rank=Window(RowNumber(), partition_by=[F("webhook_id")], order_by=F("pk").desc()))
+        .filter(rank__lte=RECENT_DELIVERIES)
+        .order_by("webhook_id", "-pk")
+    )
+    grouped: dict[int, list[WebhookDelivery]] = defaultdict(list)
+    for row in rows:
+        grouped[row.webhook_id].append(row)
+    return grouped
+
+
+def scopes(user) -> list[str]:
+    """Team names the user may add a team webhook for: those they admin (every team for staff).
+    The form's other choice, "my jobs", is the empty value."""
+    if user.is_staff:
+        return list(Team.objects.order_by("name").values_list("name", flat=True))
+    return list(
+        Membership.objects.filter(user=user, role=Membership.Role.ADMIN)
+        .order_by("team__name")
+        .values_list("team__name", flat=True)
+    )
+
+
+@login_required
+@require_POST
+def notification_add(request):
+    url = request.POST.get("url", "").strip()
+    team_name = request.POST.get("team", "").strip() or None
+
+    def add() -> str:
+        hook = webhooks.create(
+            request.user,
+            url,
+            request.POST.getlist("on"),
+            team_name,
+            _wait_s(request.POST.get("wait_after_min", "")),
+        )
+        return f"webhook {hook.pk} added: {', '.join(hook.events)} to {url}"
+
+    return _act(request, add)
+
+
+@login_required
+@require_POST
+def notification_test(request, webhook_id: int):
+    def test() -> str:
+        delivery = webhooks.send_test(request.user, webhook_id)
+        return (
+            f"test delivery {delivery.pk} to webhook {webhook_id} queued; "
+            "its tries show in the log below"
+        )
+
+    return _act(request, test)
+
+
+@login_required
+@require_POST
+def notification_remove(request, webhook_id: int):
+    def remove() -> str:
+        webhooks.remove(request.user, webhook_id)
+        return f"webhook {webhook_id} and its delivery log removed"
+
+    return _act(request, remove)
+
+
+def _wait_s(text: str) -> int | None:
+    """The form's minutes as seconds; empty: the default. `webhooks.create` checks the range."""
+    text = text.strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise BadRequest(f"waiting longer than must be a whole number of minutes, not {text!r}")
+    return int(text) * 60
+
+
+def _act(request, action: Callable[[], str]) -> HttpResponseRedirect:
+    """Run a webhook action; 404 and 403 as pages, other refusals as a message on the page.
+    `action` returns the sentence to show when it is done."""
+    try:
+        done = action()
+    except NotFound as exc:
+        raise Http404(exc.detail) from exc
+    except Forbidden as exc:
+        raise PermissionDenied(exc.detail) from exc
+    except ApiError as exc:
+        messages.error(request, exc.detail)
+    else:
+        messages.success(request, done)
+    return HttpResponseRedirect(reverse("notifications"))
