@@ -285,6 +285,23 @@ class SnapshotOwner(models.Model):
         ]
 
 
+class JobArray(models.Model):
+    """A job array (`sf submit --array 0-31 -- ...`): N tasks sharing one snapshot, each a
+    full job of the ledger (`Job.array`), at most `max_parallel` of them active at once. The
+    array has no status of its own: its tasks' statuses are counted (jobs.arrays)."""
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="arrays")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
+    name = models.CharField(max_length=200, blank=True)
+    spec = models.CharField(max_length=100, help_text='"0-31:2", or "file" for --array-file')
+    size = models.PositiveIntegerField()
+    max_parallel = models.PositiveIntegerField(null=True, blank=True, help_text="empty: no cap")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"array {self.pk} ({self.size} tasks)"
+
+
 class Job(models.Model):
     run_id = models.CharField(max_length=32, unique=True)
     name = models.CharField(max_length=200, blank=True)
@@ -346,6 +363,12 @@ class Job(models.Model):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="follow_ons"
     )
     follow_on_name = models.CharField(max_length=50, blank=True)
+    # A task of a job array: its index and its parameter set (--array-file's line).
+    array = models.ForeignKey(
+        JobArray, null=True, blank=True, on_delete=models.PROTECT, related_name="tasks"
+    )
+    array_index = models.PositiveIntegerField(null=True, blank=True)
+    array_params = models.JSONField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -365,6 +388,8 @@ class Job(models.Model):
             models.Index(fields=["status", "-priority", "submitted_at"], name="job_queue_order"),
             models.Index(fields=["cluster", "status"], name="job_cluster_status"),
             models.Index(fields=["status", "next_attempt_at"], name="job_retry_due"),
+            # An array's tasks by status (its counts, the scheduler's --max-parallel gate).
+            models.Index(fields=["array", "status"], name="job_array_status"),
         ]
 
     def __str__(self) -> str:

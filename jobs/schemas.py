@@ -102,6 +102,23 @@ class JobIn(Schema):
         return self
 
 
+class ArrayIn(JobIn):
+    """A job array: the job's fields once, and its tasks as `array` or `array_params`."""
+
+    array: Text | None = Field(
+        None, max_length=1000, description='indices and ranges, e.g. "0-31", "0-31:4", "1,3,5"'
+    )
+    # Items are checked by `jobs.actions.arrays.check_params`, whose sentence names the line.
+    array_params: list[Any] | None = Field(
+        None,
+        max_length=10_000,
+        description="one parameter set per task (the array file's lines); task i gets set i",
+    )
+    max_parallel: int | None = Field(
+        None, ge=1, strict=True, description="tasks active at once (default: no cap)"
+    )
+
+
 class JobOut(Schema):
     id: int
     run_id: str

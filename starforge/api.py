@@ -8,6 +8,7 @@ from django.http import HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from jobs.api.arrays import router as arrays_router
 from jobs.api.ingest import router as ingest_router
 from jobs.api.jobs import router as jobs_router
 from jobs.api.metrics import router as metrics_router
@@ -31,6 +32,7 @@ OPERATION_ID_PREFIX = {
     "jobs.api.teams": "jobs_teams_api",
     "jobs.api.tokens": "jobs_tokens_api",
     "jobs.api.webhooks": "jobs_webhooks_api",
+    "jobs.api.arrays": "jobs_arrays_api",
 }
 
 
@@ -57,6 +59,7 @@ api.add_router("/v1", tokens_router)
 api.add_router("/v1", teams_router)
 api.add_router("/v1", usage_router)
 api.add_router("/v1", webhooks_router)
+api.add_router("/v1", arrays_router)
 
 
 def _answer(request: HttpRequest, http_status: int, detail: str, /, **extra):

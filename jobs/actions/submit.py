@@ -10,6 +10,7 @@ import logging
 import re
 import secrets
 import shlex
+from dataclasses import dataclass
 
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -46,7 +47,41 @@ def parse_memory(text: str) -> int:
     return int(mib)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What a submission resolved and checked before its transaction."""
+
+    team: Team
+    cluster: Cluster
+    capacity: Capacity
+    memory_mb: int | None
+    window: ScheduleWindow | None
+
+
 def submit_job(user: User, data: JobIn) -> Job:
+    prepared = prepare(user, data)
+    with transaction.atomic():
+        job = Job.objects.create(
+            run_id=secrets.token_hex(8),
+            name=data.name or " ".join(data.entrypoint)[:200],
+            entrypoint=data.entrypoint,
+            env=data.env,
+            **job_fields(user, data, prepared),
+        )
+        JobEvent.objects.create(
+            job=job,
+            kind=JobEvent.Kind.STATUS,
+            to_status=S.QUEUED,
+            reason="submitted",
+            actor=user.username,
+        )
+        transaction.on_commit(kick.scheduler)
+    return job
+
+
+def prepare(user: User, data: JobIn) -> Prepared:
+    """Every check of a submission that needs no lock: team and role, cluster and what it
+    could ever hold, priority, environment, window."""
     membership = _resolve_membership(user, data.team)
     team = membership.team
     cluster = _resolve_cluster(team, data.cluster)
@@ -69,45 +104,38 @@ def submit_job(user: User, data: JobIn) -> Job:
             "--window-policy pause needs a window: pass --window NAME, or use a team or "
             "cluster that has one"
         )
-    with transaction.atomic():
-        # Locking the snapshot row keeps a concurrent job deletion from removing the blob.
-        snapshot = _resolve_snapshot(data.snapshot, team)
-        follow_ons = _follow_on_specs(team, cluster, capacity, data.then, snapshot)
-        job = Job.objects.create(
-            run_id=secrets.token_hex(8),
-            name=data.name or " ".join(data.entrypoint)[:200],
-            team=team,
-            user=user,
-            cluster=cluster,
-            gpus=data.gpus * data.nodes,
-            nodes=data.nodes,
-            gpu_type=data.gpu_type or "",
-            cpus=data.cpus,
-            memory_mb=memory_mb,
-            image=data.image or "",
-            entrypoint=data.entrypoint,
-            env=data.env,
-            snapshot=snapshot,
-            priority=data.priority,
-            window=window,
-            window_policy=data.window_policy,
-            pending_deadline_s=data.pending_deadline_s,
-            max_retries=_or(data.max_retries, team.default_max_retries),
-            retry_cooldown_s=_or(data.retry_cooldown_s, team.default_retry_cooldown_s),
-            time_limit_s=data.time_limit_s or team.default_time_limit_s,
-            then=list(follow_ons),
-            follow_on_specs=follow_ons,
-            status_reason="waiting for the scheduler's next tick",
-        )
-        JobEvent.objects.create(
-            job=job,
-            kind=JobEvent.Kind.STATUS,
-            to_status=S.QUEUED,
-            reason="submitted",
-            actor=user.username,
-        )
-        transaction.on_commit(kick.scheduler)
-    return job
+    return Prepared(team, cluster, capacity, memory_mb, window)
+
+
+def job_fields(user: User, data: JobIn, prepared: Prepared) -> dict:
+    """The QUEUED row's columns but its run id, name, entrypoint and environment; inside the
+    submission's transaction (the snapshot's row is locked, so a concurrent job deletion
+    cannot remove the blob)."""
+    team, cluster = prepared.team, prepared.cluster
+    snapshot = _resolve_snapshot(data.snapshot, team)
+    follow_ons = _follow_on_specs(team, cluster, prepared.capacity, data.then, snapshot)
+    return {
+        "team": team,
+        "user": user,
+        "cluster": cluster,
+        "gpus": data.gpus * data.nodes,
+        "nodes": data.nodes,
+        "gpu_type": data.gpu_type or "",
+        "cpus": data.cpus,
+        "memory_mb": prepared.memory_mb,
+        "image": data.image or "",
+        "snapshot": snapshot,
+        "priority": data.priority,
+        "window": prepared.window,
+        "window_policy": data.window_policy,
+        "pending_deadline_s": data.pending_deadline_s,
+        "max_retries": _or(data.max_retries, team.default_max_retries),
+        "retry_cooldown_s": _or(data.retry_cooldown_s, team.default_retry_cooldown_s),
+        "time_limit_s": data.time_limit_s or team.default_time_limit_s,
+        "then": list(follow_ons),
+        "follow_on_specs": follow_ons,
+        "status_reason": "waiting for the scheduler's next tick",
+    }
 
 
 def _or(value: int | None, default: int) -> int:

@@ -259,6 +259,10 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
     }
     if executor_class(job.cluster.kind).PREEMPT_BY_TERM:
         env[STOP_GRACE_VAR] = str(grace)  # a SIGTERM there may be a preemption's notice
+    if job.array_id:  # a task of an array: which one, and its parameters
+        env["SF_ARRAY_ID"] = str(job.array_id)
+        env["SF_ARRAY_INDEX"] = str(job.array_index)
+        env["SF_ARRAY_PARAMS"] = json.dumps(job.array_params or {})
     if job.parent_id:  # a follow-on job reads its parent's outputs
         parent_run = Job.objects.values_list("run_id", flat=True).get(pk=job.parent_id)
         env["SF_PARENT_RUN_ID"] = parent_run

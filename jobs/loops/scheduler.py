@@ -201,6 +201,8 @@ class _Queued:
     gpu_type: str = ""
     time_limit_s: int | None = None
     queued_at: dt.datetime | None = None
+    array: int | None = None
+    array_cap: int | None = None  # the array's --max-parallel
 
     @property
     def gpus_per_node(self) -> int:
@@ -289,6 +291,18 @@ class _Context:
     coming_back: dict[int, int] = field(default_factory=dict)
     notices: list[_Notice] = field(default_factory=list)
     notified: set[int] = field(default_factory=set)  # attempts this tick's notices name
+    # Active tasks per array with a --max-parallel (read when the first such task is met).
+    array_active: dict[int, int] | None = None
+
+    def active_tasks(self, array: int) -> int:
+        if self.array_active is None:
+            self.array_active = _array_active()
+        return self.array_active.get(array, 0)
+
+    def took_task(self, array: int) -> None:
+        active = self.active_tasks(array)
+        assert self.array_active is not None  # read by active_tasks
+        self.array_active[array] = active + 1
 
     def borrowers_of(self, lender: int) -> list[_Borrower]:
         if self.borrowers is None:
@@ -382,6 +396,7 @@ def _admit(
         .values_list(
             "id", "team_id", "user_id", "user__username", "cluster_id", "gpus", "window_id",
             "status_reason", "nodes", "gpu_type", "time_limit_s", "status_changed_at",
+            "array_id", "array__max_parallel",
         )
     )  # fmt: skip
     for row in rows:
@@ -406,6 +421,8 @@ def _admit(
                 break
             _hold(ctx, job, placed)
             _took(ctx, job)
+            if job.array_cap is not None and job.array is not None:
+                ctx.took_task(job.array)
             ctx.held.add(job.team, job.user, job.cluster, job.gpus)
             lender = ctx.borrowing.get(job.id)
             if lender is not None:
@@ -604,13 +621,37 @@ def _fair_share_order(ctx: _Context, team_ids: list[int]) -> list[tuple[float, i
 def _gate(ctx: _Context, job: _Queued) -> tuple[str | None, list[str] | None]:
     """Why this job cannot be admitted now (None: it can), and the nodes its ranks would take
     where the cluster reports its nodes."""
-    reason = _quota_gate(ctx, job)
+    reason = _array_gate(ctx, job) or _quota_gate(ctx, job)
     if reason is not None:
         return reason, None
     reason = _cluster_gate(ctx, ctx.teams[job.team], job)
     if reason is not None:
         return reason, None
     return _node_gate(ctx, job)
+
+
+def _array_gate(ctx: _Context, job: _Queued) -> str | None:
+    """A task of an array already running its --max-parallel tasks waits. The words do not
+    count them, so the reason stays the same (and unwritten) tick after tick."""
+    if job.array is None or job.array_cap is None:
+        return None
+    if ctx.active_tasks(job.array) < job.array_cap:
+        return None
+    return (
+        f"waiting for its array: at most {job.array_cap} of array {job.array}'s tasks run at "
+        "once (--max-parallel)"
+    )
+
+
+def _array_active() -> dict[int, int]:
+    """Tasks of capped arrays that hold their place (SUBMITTED, PENDING, RUNNING), per array,
+    in one grouped query."""
+    rows = (
+        Job.objects.filter(status__in=S.active(), array__max_parallel__isnull=False)
+        .values("array_id")
+        .annotate(n=Count("id"))
+    )
+    return {row["array_id"]: row["n"] for row in rows}
 
 
 def _quota_gate(ctx: _Context, job: _Queued) -> str | None:

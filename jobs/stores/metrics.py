@@ -759,24 +759,29 @@ def latest(job_id: int, kind: str) -> dict[str, dict]:
 
     One index probe per metric: the chunks holding its highest step (`MetricSeries.max_step`).
     """
+    return latest_of([job_id], kind).get(job_id, {})
+
+
+def latest_of(job_ids: list[int], kind: str) -> dict[int, dict[str, dict]]:
+    """`latest` of several jobs (an array's tasks) in one query."""
     highest = MetricSeries.objects.filter(
         job_id=OuterRef("job_id"), kind=OuterRef("kind"), name=OuterRef("name")
     ).values("max_step")
     chunks = MetricChunk.objects.filter(
-        job_id=job_id, kind=kind, max_step=Subquery(highest)
-    ).values_list("name", "attempt", "max_step", "points")
-    best: dict[str, tuple] = {}
-    for name, attempt, step, packed in chunks:
+        job_id__in=job_ids, kind=kind, max_step=Subquery(highest)
+    ).values_list("job_id", "name", "attempt", "max_step", "points")
+    best: dict[tuple[int, str], tuple] = {}
+    for job_id, name, attempt, step, packed in chunks:
         seqs, steps, values, ts = unpack(packed)
         # Seqs rise within a chunk: its last point at the highest step is the one logged last.
         i = len(steps) - 1 - steps[::-1].index(step)
         point = (step, attempt, seqs[i], values[i], ts[i])
-        if name not in best or point > best[name]:
-            best[name] = point
-    return {
-        name: {"step": step, "value": value, "ts": ts}
-        for name, (step, _, _, value, ts) in sorted(best.items())
-    }
+        if (job_id, name) not in best or point > best[(job_id, name)]:
+            best[(job_id, name)] = point
+    found: dict[int, dict[str, dict]] = {}
+    for (job_id, name), (step, _, _, value, ts) in sorted(best.items()):
+        found.setdefault(job_id, {})[name] = {"step": step, "value": value, "ts": ts}
+    return found
 
 
 def lttb(xs: Sequence[float], ys: Sequence[float], threshold: int) -> list[int]:

@@ -23,7 +23,16 @@ from django.utils import timezone
 
 from jobs.auth import create_token
 from jobs.ledger.transitions import transition
-from jobs.models import ApiToken, Job, JobEvent, Membership, Team, Webhook, WebhookDelivery
+from jobs.models import (
+    ApiToken,
+    Job,
+    JobArray,
+    JobEvent,
+    Membership,
+    Team,
+    Webhook,
+    WebhookDelivery,
+)
 from jobs.states import JobStatus
 from jobs.stores import logstore, metrics
 from starforge.api import api as ninja_api
@@ -340,6 +349,52 @@ def notification_control(action: str) -> Check:
     return Check(probe(lambda w: w.bob), probe(lambda w: w.vic))
 
 
+def vision_array(w: World) -> JobArray:
+    """An array of alice's with two queued tasks."""
+    alice = User.objects.get(username="alice")
+    array = JobArray.objects.create(
+        team=w.team, user=alice, name=f"{SECRET_NAME}-sweep", spec="0-1", size=2
+    )
+    for index in range(2):
+        queued_job(w.team, alice, name=f"{SECRET_NAME}[{index}]", array=array, array_index=index)
+    return array
+
+
+def arrays_listed(w: World) -> None:
+    vision_array(w)
+    absent(w.api(w.bob).get("/api/v1/arrays"), w)
+    shows(w.api(w.vic).get("/api/v1/arrays"), f"{SECRET_NAME}-sweep")
+
+
+def array_submit_refused(w: World) -> None:
+    data = {"entrypoint": ["x"], "team": "vision", "array": "0-3"}
+    for user, words in ((w.bob, "not a member"), (w.vic, "viewer")):
+        refused = send(w.api(user), "POST", "/api/v1/arrays", data)
+        assert refused.status_code == 403 and words in body(refused), body(refused)
+    assert not JobArray.objects.exists()
+
+
+def array_read(w: World) -> None:
+    array = vision_array(w)
+    hidden(w.api(w.bob).get(f"/api/v1/arrays/{array.pk}"), w)
+
+
+def array_read_viewer(w: World) -> None:
+    array = vision_array(w)
+    shows(w.api(w.vic).get(f"/api/v1/arrays/{array.pk}"), f"{SECRET_NAME}-sweep")
+
+
+def array_verbs(w: World) -> None:
+    """Every verb on alice's array: 404 for bob, 403 for vic; no task moves."""
+    array = vision_array(w)
+    for verb in VERBS:
+        hidden(send(w.api(w.bob), "POST", f"/api/v1/arrays/{array.pk}/{verb}"), w)
+        refused = send(w.api(w.vic), "POST", f"/api/v1/arrays/{array.pk}/{verb}")
+        assert refused.status_code == 403 and "viewer" in body(refused), body(refused)
+    assert set(Job.objects.filter(array=array).values_list("status", flat=True)) == {"QUEUED"}
+    untouched(w)
+
+
 def webhooks_listed(w: World) -> None:
     vision_webhook(w)
     for user in (w.bob, w.vic):
@@ -529,6 +584,10 @@ ROUTES: dict[str, Check | Exempt] = {
     "GET /api/v1/ingest/snapshot": Exempt(RUNNER),
     "POST /api/v1/ingest/metrics": Exempt(RUNNER),
     "POST /api/v1/ingest/token": Exempt(RUNNER),
+    "GET /api/v1/arrays": Check(arrays_listed),
+    "POST /api/v1/arrays": Check(array_submit_refused),
+    "GET /api/v1/arrays/{array_id}": Check(array_read, array_read_viewer),
+    "POST /api/v1/arrays/{array_id}/{verb}": Check(array_verbs),
     "GET /api/v1/webhooks": Check(webhooks_listed),
     "POST /api/v1/webhooks": Check(webhook_add_refused),
     "GET /api/v1/webhooks/{webhook_id}": webhook_api_control("GET"),
