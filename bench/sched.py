@@ -250,3 +250,76 @@ def _starvation_stream(seed: int, name: str) -> dict:
         "ticks": ticks,
         "wall_s": round(time.perf_counter() - t0, 2),
     }
+
+
+ARRAY_TASKS = 10_000
+ARRAY_CAP = 500  # --max-parallel of the capped run
+
+
+def array_10k() -> dict:
+    """A 10,000-task array submitted in one request (POST /api/v1/arrays through Django's
+    request path, with a user's token), then admitted: ticks (and launches on the noop
+    engine) until every task is PENDING; and the same array with --max-parallel 500, where
+    a tick over 10,000 queued tasks admits 500 and then, steady, none."""
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.auth import issue_token
+    from jobs.loops.launcher import launch_attempts
+    from jobs.loops.scheduler import admit_queued_jobs
+    from jobs.models import Job
+    from jobs.tasks import LAUNCH_CHUNK
+
+    user = common.make_user()
+    cluster = common.make_cluster(gpus=ARRAY_TASKS * 2)
+    (team,) = common.make_teams(1, ARRAY_TASKS * 2, cluster, user)
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {issue_token(user)}")
+    out: dict = {"tasks": ARRAY_TASKS}
+
+    def submit(**extra) -> tuple[float, int]:
+        body = {
+            "entrypoint": ["python", "train.py", "--seed", "{index}"],
+            "array": f"0-{ARRAY_TASKS - 1}",
+            "team": team.name,
+            **extra,
+        }
+        with CaptureQueriesContext(connection) as seen:
+            t0 = time.perf_counter()
+            answer = client.post("/api/v1/arrays", body, content_type="application/json")
+            took = time.perf_counter() - t0
+        if answer.status_code != 201:
+            raise RuntimeError(f"submit answered {answer.status_code}: {answer.content[:300]}")
+        return took, len(seen.captured_queries)
+
+    took, queries = submit()
+    out["submit_s"], out["submit_queries"] = round(took, 3), queries
+    common.analyze()
+    start, ticks = time.perf_counter(), 0
+    while Job.objects.filter(status="QUEUED").exists():
+        result = admit_queued_jobs()
+        ticks += 1
+        for i in range(0, len(result.admitted), LAUNCH_CHUNK):
+            launch_attempts(result.admitted[i : i + LAUNCH_CHUNK])
+        if not result.admitted:
+            raise RuntimeError("a tick admitted nothing with tasks still queued")
+    elapsed = time.perf_counter() - start
+    out["admit_all_s"], out["ticks"] = round(elapsed, 3), ticks
+    out["admitted_per_s"] = round(ARRAY_TASKS / elapsed, 1)
+
+    Job.objects.filter(status="PENDING").update(status="SUCCEEDED")  # free the quota
+    took, queries = submit(max_parallel=ARRAY_CAP)
+    out["capped"] = {"max_parallel": ARRAY_CAP, "submit_s": round(took, 3)}
+    for label in ("first", "steady"):
+        with CaptureQueriesContext(connection) as seen:
+            t0 = time.perf_counter()
+            result = admit_queued_jobs()
+            wall = time.perf_counter() - t0
+        out["capped"][label] = {
+            "wall_s": round(wall, 3),
+            "queries": len(seen.captured_queries),
+            "admitted": len(result.admitted),
+        }
+    if out["capped"]["first"]["admitted"] != ARRAY_CAP or out["capped"]["steady"]["admitted"]:
+        raise RuntimeError(f"--max-parallel not kept: {out['capped']}")
+    return out

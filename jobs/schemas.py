@@ -188,6 +188,8 @@ class JobOut(Schema):
     preempt_kill_at: dt.datetime | None = Field(
         description="when SIGKILL follows unless it exits first (its cluster's grace later)"
     )
+    array: int | None = Field(None, description="the job array it is a task of, if any")
+    array_index: int | None = Field(None, description="its index in that array")
 
 
 class AheadOut(Schema):

@@ -4,7 +4,7 @@ from django.urls import include, path, re_path
 
 from jobs import throttle
 from jobs.api.prometheus import metrics_view
-from jobs.console import notify, teams, views
+from jobs.console import arrays, notify, teams, views
 from metering.views import usage_page
 from starforge.api import api
 
@@ -12,6 +12,8 @@ urlpatterns = [
     path("", views.job_list, name="job-list"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/<str:verb>/", views.job_action, name="job-action"),
+    path("arrays/<int:array_id>/", arrays.array_detail, name="array-detail"),
+    path("arrays/<int:array_id>/<str:verb>/", arrays.array_action, name="array-action"),
     path("states/", views.states_help, name="states"),
     path("usage/", usage_page, name="usage"),
     path("metrics", metrics_view, name="metrics"),

@@ -11,7 +11,7 @@ from jobs.actions import arrays as array_actions
 from jobs.auth import ConsoleSession, UserToken
 from jobs.models import JobArray
 from jobs.reads import arrays
-from jobs.schemas import ArrayIn, ErrorOut
+from jobs.schemas import ArrayIn, ErrorOut, Text
 
 router = Router(auth=[UserToken(), ConsoleSession()], tags=["arrays"])
 Verb = Literal["stop", "pause", "resume", "retry"]
@@ -48,6 +48,9 @@ class ArrayDetailOut(ArrayOut):
 
 class ListQuery(Schema):
     limit: int = Field(50, ge=1, le=500)
+    team: Text | None = Field(None, max_length=50, description="only this team's arrays")
+    user: Text | None = Field(None, max_length=150, description="only this user's arrays")
+    mine: bool = Field(False, description="only my arrays")
 
 
 class ActIn(Schema):
@@ -115,7 +118,14 @@ def submit_array(request, body: ArrayIn):
     summary="The latest arrays of my teams, with their counts",
 )
 def list_arrays(request, query: Query[ListQuery]):
-    found = list(arrays.visible_arrays(request.auth)[: query.limit])
+    found = arrays.visible_arrays(request.auth)
+    if query.team:
+        found = found.filter(team__name=query.team)
+    if query.mine:
+        found = found.filter(user=request.auth)
+    elif query.user:
+        found = found.filter(user__username=query.user)
+    found = list(found[: query.limit])
     by_array = arrays.counts([a.pk for a in found])
     return [array_out(a, by_array[a.pk]) for a in found]
 

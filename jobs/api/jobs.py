@@ -119,6 +119,8 @@ def job_out(job: dict, started: list[Started], now: dt.datetime) -> dict:
             if job["status"] in JobStatus.active()
             else None
         ),
+        "array": job["array_id"],
+        "array_index": job["array_index"],
         **_preemption(job),
     }
 
@@ -216,6 +218,7 @@ class JobFilters(Schema):
     mine: bool = False
     limit: int = Field(50, ge=1, le=500)
     before: int | None = Field(None, ge=1, description="job id to page back from")
+    tasks: bool = Field(True, description="false: leave out the tasks of job arrays")
 
 
 @router.get(
@@ -234,6 +237,7 @@ def list_jobs(request, filters: Query[JobFilters]):
         mine=filters.mine,
         before=filters.before,
         limit=filters.limit + 1,
+        tasks=filters.tasks,
     )
     page, started = job_page(request.auth, wanted)
     more = len(page) > filters.limit

@@ -63,6 +63,8 @@ JOB_COLUMNS = (
     "current_attempt__borrowed_from__name",
     "current_attempt__preempted_at",
     "cluster__settings__preempt_grace_s",
+    "array_id",
+    "array_index",
 )
 ID_MAX = 2**63 - 1  # the largest id a 64-bit integer column holds
 EVENT_COLUMNS = ("time", "kind", "from_status", "to_status", "reason", "actor", "attempt", "data")
@@ -78,6 +80,7 @@ class JobFilter:
     mine: bool = False
     before: int | None = None
     limit: int = 50
+    tasks: bool = True  # False: leave out the tasks of arrays (`sf job list` shows arrays)
 
 
 def _one_job(shape: tuple, job_id: int, user_id: int = 0) -> QuerySet:
@@ -90,8 +93,10 @@ def _page(shape: tuple, user_id: int = 0, **values: int | str) -> QuerySet:
 
 
 def _page_jobs(shape: tuple, user_id: int = 0, **values: int | str) -> QuerySet:
-    staff, status, team, user, mine, before, _ = shape
+    staff, status, team, user, mine, before, no_tasks, _ = shape
     jobs = visible_jobs(reader(user_id, staff))
+    if no_tasks:
+        jobs = jobs.filter(array__isnull=True)
     if status:
         jobs = jobs.filter(status=values["status"])
     if team:
@@ -181,6 +186,7 @@ def job_page(user: User, jobs: JobFilter) -> tuple[list[dict], dict[int, list[St
         "user" in values,
         jobs.mine,
         bool(jobs.before),
+        not jobs.tasks,
         jobs.limit,
     )
     page = [dict(zip(JOB_COLUMNS, row, strict=True)) for row in PAGE.rows(shape, **values)]

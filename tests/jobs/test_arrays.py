@@ -234,3 +234,38 @@ def test_another_teams_array_is_not_there(api, api_as, make_team, make_user):
 def _ends(job: Job, status: str) -> None:
     for step in (S.SUBMITTED, S.PENDING, S.RUNNING, status):
         transition(job.pk, step, actor="test")
+
+
+def test_the_console_shows_the_array_as_a_table_of_tasks_and_acts_on_all(api, alice):
+    from django.test import Client
+
+    array = submit(api, array="0-3", name="sweep").json()
+    _ends(Job.objects.get(array_index=3), S.FAILED)
+    console = Client()
+    console.force_login(alice)
+    page = console.get(f"/arrays/{array['id']}/")
+    text = page.content.decode()
+    assert page.status_code == 200 and "3 QUEUED, 1 FAILED" in text
+    assert text.count('href="/jobs/') == 4
+    moved = console.post(f"/arrays/{array['id']}/retry/", {"failed": "1"}, follow=True)
+    assert "retry: 1 task(s) moved, 3 left as they were" in moved.content.decode()
+    assert Job.objects.filter(status=S.QUEUED).count() == 4
+    assert console.get(f"/arrays/{array['id']}/nonsense/").status_code == 405
+    assert console.post(f"/arrays/{array['id']}/nonsense/").status_code == 404
+
+
+def test_the_jobs_list_can_leave_the_tasks_out_and_says_whose_a_task_is(api, alice, make_user):
+    from tests.jobs.factories import queued_job
+
+    array = submit(api, array="0-2").json()
+    single = queued_job(Job.objects.first().team, alice)
+    every = api.get("/jobs").json()["items"]
+    assert len(every) == 4
+    tasks = [j for j in every if j["array"] == array["id"]]
+    assert sorted(j["array_index"] for j in tasks) == [0, 1, 2]
+    folded = api.get("/jobs", tasks="false").json()["items"]
+    assert [j["id"] for j in folded] == [single.pk] and folded[0]["array"] is None
+    carol = make_user("carol", single.team)
+    assert api.get("/arrays", mine="true").json()[0]["id"] == array["id"]
+    assert api.get("/arrays", user="carol").json() == [] and carol
+    assert api.get("/arrays", team="nope").json() == []

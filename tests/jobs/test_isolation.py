@@ -395,6 +395,27 @@ def array_verbs(w: World) -> None:
     untouched(w)
 
 
+def array_page(w: World) -> None:
+    array = vision_array(w)
+    hidden(w.console(w.bob).get(f"/arrays/{array.pk}/"), w)
+
+
+def array_page_viewer(w: World) -> None:
+    array = vision_array(w)
+    page = w.console(w.vic).get(f"/arrays/{array.pk}/")
+    shows(page, f"{SECRET_NAME}-sweep", "2 QUEUED")
+    assert "Stop all" not in body(page)  # a viewer gets no verbs
+
+
+def array_page_verbs(w: World) -> None:
+    array = vision_array(w)
+    for verb in VERBS:
+        hidden(w.console(w.bob).post(f"/arrays/{array.pk}/{verb}/"), w)
+        assert w.console(w.vic).post(f"/arrays/{array.pk}/{verb}/").status_code == 403
+    assert set(Job.objects.filter(array=array).values_list("status", flat=True)) == {"QUEUED"}
+    untouched(w)
+
+
 def webhooks_listed(w: World) -> None:
     vision_webhook(w)
     for user in (w.bob, w.vic):
@@ -541,6 +562,8 @@ ROUTES: dict[str, Check | Exempt] = {
     ),
     "* /tokens/": Check(lambda w: absent(w.console(w.bob).get("/tokens/"), w)),
     "* /tokens/<int:token_id>/revoke/": Check(token_revoke_outsider),
+    "* /arrays/<int:array_id>/": Check(array_page, array_page_viewer),
+    "* /arrays/<int:array_id>/<str:verb>/": Check(array_page_verbs),
     "* /notifications/": Check(notifications_outsider, notifications_viewer),
     "* /notifications/add/": Check(notification_add_outsider, notification_add_viewer),
     "* /notifications/<int:webhook_id>/test/": notification_control("test"),

@@ -1,0 +1,74 @@
+"""The console's array page: an array's counts per state and its tasks as a table, each with
+its parameters, status and latest metric values, and the verbs for the whole array (the same
+`jobs.actions.arrays.act` as `POST /api/v1/arrays/{id}/{verb}`)."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from jobs import teams
+from jobs.actions import arrays as array_actions
+from jobs.errors import ApiError, Forbidden, NotFound
+from jobs.reads import arrays
+
+VERBS = ("stop", "pause", "resume", "retry")
+
+
+@login_required
+def array_detail(request, array_id: int):
+    try:
+        array = arrays.get_visible_array(request.user, array_id)
+    except NotFound as exc:
+        raise Http404(exc.detail) from exc
+    tasks = arrays.tasks(array)
+    names, latest = arrays.latest_values([t.pk for t in tasks])
+    by_state = arrays.counts([array.pk])[array.pk]
+    rows = [
+        {
+            "task": t,
+            "params": t.array_params,
+            "reason": (t.status_reason.splitlines() or [""])[0],
+            "values": [latest.get(t.pk, {}).get(name) for name in names],
+        }
+        for t in tasks
+    ]
+    return render(
+        request,
+        "jobs/array.html",
+        {
+            "array": array,
+            "counts": by_state,
+            "summary": arrays.summary(by_state),
+            "metric_names": names,
+            "rows": rows,
+            "shown": len(tasks),
+            "can_control": teams.can_control_jobs(request.user, array.team_id),
+            "verbs": VERBS,
+        },
+    )
+
+
+@login_required
+@require_POST
+def array_action(request, array_id: int, verb: str):
+    if verb not in VERBS:
+        raise Http404(f"no verb {verb}")
+    try:
+        done = array_actions.act(
+            request.user, array_id, verb, failed_only=request.POST.get("failed") == "1"
+        )
+    except NotFound as exc:
+        raise Http404(exc.detail) from exc
+    except Forbidden as exc:
+        raise PermissionDenied(exc.detail) from exc
+    except ApiError as exc:
+        messages.error(request, exc.detail)
+    else:
+        messages.success(
+            request, f"{verb}: {done['acted']} task(s) moved, {done['left']} left as they were"
+        )
+    return HttpResponseRedirect(reverse("array-detail", args=[array_id]))
