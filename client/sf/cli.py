@@ -22,6 +22,7 @@ LOG_TAIL_DEFAULT = 50
 LOG_WAIT_S = 20
 LOG_POLL_MAX_S = 5.0  # the longest pause between follows a server's poll_after_s gets
 LOG_PAGE_LINES = 50_000
+WATCH_DEFAULT_S, WATCH_MIN_S = 2.0, 0.5  # `sf job list --watch`: between redraws
 
 
 class CliError(Exception):
@@ -103,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_token(sub, common)
     _add_usage(sub, common)
     _add_notify(sub, common)
+    _add_team(sub, common)
+    _add_completion(sub)
     return parser
 
 
@@ -180,6 +183,24 @@ def _add_submit(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="N",
         help="snapshot size cap in MiB (default $SF_MAX_SNAPSHOT_MB or 100)",
     )
+    p.add_argument(
+        "--array",
+        metavar="SPEC",
+        help="a job array: one task per index, e.g. 0-31, 0-31:4 or 1,3,5; {index} in the "
+        "command becomes the task's index (SF_ARRAY_INDEX)",
+    )
+    p.add_argument(
+        "--array-file",
+        metavar="PATH",
+        help="a job array: one task per line of PATH, each a JSON object of parameters; "
+        "{NAME} in the command becomes the task's NAME (all of them: SF_ARRAY_PARAMS)",
+    )
+    p.add_argument(
+        "--max-parallel",
+        type=int,
+        metavar="N",
+        help="with --array or --array-file: at most N tasks active at once",
+    )
     p.add_argument("--dir", default=".", help="directory to snapshot (default .)")
     p.add_argument("--json", action="store_true", help="print the created job as JSON")
     p.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
@@ -203,8 +224,14 @@ def _add_job(sub: Any, common: argparse.ArgumentParser) -> None:
     _add_logs(verbs, common)
     for verb in ("stop", "pause", "resume", "retry"):
         p = verbs.add_parser(verb, parents=[common], help=f"{verb} a job (default: latest)")
-        p.add_argument("id", nargs="?", help="job id (default: your latest job)")
+        p.add_argument(
+            "id", nargs="?", help="job id, or aN for every task of array N (default: latest job)"
+        )
         p.add_argument("--json", action="store_true")
+        if verb == "retry":
+            p.add_argument(
+                "--failed", action="store_true", help="with an array: its FAILED tasks only"
+            )
         p.set_defaults(handler=cmd_action, parser=p, verb=verb)
     delete = verbs.add_parser("delete", parents=[common], help="delete a finished job")
     delete.add_argument("id", help="job id (required: deleting is not undone)")
@@ -220,6 +247,19 @@ def _add_list(verbs: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--all", action="store_true", help="every job of my teams, not only mine")
     p.add_argument("--limit", type=int, default=20, help="at most N jobs (default 20)")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--tasks",
+        action="store_true",
+        help="list an array's tasks one by one (default: one row per array, with its counts)",
+    )
+    p.add_argument("--watch", action="store_true", help="redraw the table until Ctrl-C")
+    p.add_argument(
+        "--interval",
+        type=float,
+        metavar="S",
+        help=f"with --watch: seconds between redraws (default {WATCH_DEFAULT_S:g}, "
+        f"at least {WATCH_MIN_S:g})",
+    )
     p.set_defaults(handler=cmd_list, parser=p)
 
 
@@ -333,6 +373,51 @@ def _events_option(text: str) -> list[str]:
     return [event.strip() for event in text.split(",") if event.strip()]
 
 
+# The API's roles (jobs/api/teams.py); choices here so a typo is caught, and completed, locally.
+TEAM_ROLES = ("member", "viewer", "admin")
+
+
+def _add_team(sub: Any, common: argparse.ArgumentParser) -> None:
+    team = sub.add_parser("team", parents=[common], help="my teams, their quotas and members")
+    verbs = team.add_subparsers(title="team commands", metavar="VERB")
+    listing = verbs.add_parser("list", parents=[common], help="list my teams (staff: every team)")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(handler=cmd_team_list, parser=listing)
+    show = verbs.add_parser(
+        "show", parents=[common], help="one team: its quotas, defaults and members"
+    )
+    show.add_argument("name", metavar="TEAM")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(handler=cmd_team_show, parser=show)
+    add = verbs.add_parser("add-member", parents=[common], help="add a user (team admins)")
+    add.add_argument("name", metavar="TEAM")
+    add.add_argument("username", metavar="USER")
+    add.add_argument("--role", choices=TEAM_ROLES, default="member", help="default member")
+    add.set_defaults(handler=cmd_team_add_member, parser=add)
+    remove = verbs.add_parser("remove-member", parents=[common], help="remove a member (admins)")
+    remove.add_argument("name", metavar="TEAM")
+    remove.add_argument("username", metavar="USER")
+    remove.set_defaults(handler=cmd_team_remove_member, parser=remove)
+    role = verbs.add_parser("set-role", parents=[common], help="change a member's role (admins)")
+    role.add_argument("name", metavar="TEAM")
+    role.add_argument("username", metavar="USER")
+    role.add_argument("role", metavar="ROLE", choices=TEAM_ROLES, help=", ".join(TEAM_ROLES))
+    role.set_defaults(handler=cmd_team_set_role, parser=role)
+    team.set_defaults(handler=None, parser=team)
+
+
+def _add_completion(sub: Any) -> None:
+    p = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a completion script for bash or zsh, made from this sf's own "
+        'commands. Load it with: source <(sf completion bash), or eval "$(sf completion zsh)" '
+        "in ~/.zshrc.",
+    )
+    p.add_argument("shell", metavar="SHELL", choices=("bash", "zsh"), help="bash or zsh")
+    p.set_defaults(handler=cmd_completion, parser=p)
+
+
 def _usage(parser: argparse.ArgumentParser, message: str) -> None:
     parser.error(message)  # prints usage and exits 2
 
@@ -404,16 +489,69 @@ def cmd_login(args: argparse.Namespace) -> None:
 def cmd_submit(args: argparse.Namespace) -> None:
     """Snapshot the directory, upload it, and create the job."""
     payload = _submit_payload(args)
+    array = _array_fields(args)  # checked before the snapshot is made and uploaded
     client = _client(args)
     # Snapshots belong to teams: upload for the team the job is submitted to.
     payload["team"] = payload["team"] or _default_team(client)
     payload["snapshot"] = _upload_snapshot(client, args, payload["team"])
+    if array:
+        _submit_array(client, args, {**payload, **array})
+        return
     job = client.request("POST", "/api/v1/jobs", json_body=payload)
     if args.json:
         _print_json(job)
         return
     print(f"submitted job {job['id']} run_id {job.get('run_id', '-')} ({job.get('status', '-')})")
     print(f"follow it: sf job logs {job['id']}")
+
+
+def _array_fields(args: argparse.Namespace) -> dict:
+    """The array part of a submission ({} for one job); the array file is read here, so a
+    malformed line is named by its number before anything is uploaded."""
+    if args.array is not None and args.array_file is not None:
+        _usage(args.parser, "give the tasks as --array SPEC or as --array-file PATH, not both")
+    if args.array is None and args.array_file is None:
+        if args.max_parallel is not None:
+            _usage(args.parser, "--max-parallel goes with --array or --array-file")
+        return {}
+    if args.max_parallel is not None and args.max_parallel < 1:
+        _usage(args.parser, "--max-parallel must be >= 1")
+    fields: dict = {"max_parallel": args.max_parallel}
+    if args.array is not None:
+        return {**fields, "array": args.array}
+    return {**fields, "array_params": _read_array_file(args.parser, args.array_file)}
+
+
+def _read_array_file(parser: argparse.ArgumentParser, path: str) -> list[dict]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        _usage(parser, f"--array-file {path}: cannot read it ({exc})")
+    params = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue  # blank lines make no task
+        try:
+            value = json.loads(line)
+        except ValueError as exc:
+            _usage(parser, f"--array-file {path}, line {number}: not JSON ({exc})")
+        if not isinstance(value, dict):
+            _usage(parser, f"--array-file {path}, line {number}: not a JSON object")
+        params.append(value)
+    if not params:
+        _usage(parser, f"--array-file {path} has no parameter sets (one JSON object per line)")
+    return params
+
+
+def _submit_array(client: Any, args: argparse.Namespace, payload: dict) -> None:
+    made = client.request("POST", "/api/v1/arrays", json_body=payload)
+    if args.json:
+        _print_json(made)
+        return
+    cap = f", at most {made['max_parallel']} at once" if made.get("max_parallel") else ""
+    print(f"submitted array a{made['id']}: {made['size']} tasks{cap} ({made['summary']})")
+    print(f"follow it: sf job status a{made['id']}")
 
 
 # The option that sets a field of [job] (sf.project.KEYS), where it is not the field's name.
@@ -582,6 +720,10 @@ STATUS_IF_SET = ("cpus", "memory_mb", "image")  # what the job asked for, if it 
 def cmd_status(args: argparse.Namespace) -> None:
     """Show one job as aligned `key: value` lines (or JSON); a multi-node job's ranks after."""
     client = _client(args)
+    array = _array_id(args.id)
+    if array is not None:
+        _array_status(client, args, array)
+        return
     job = client.request("GET", f"/api/v1/jobs/{_job_id(client, args)}")
     if args.json:
         _print_json(job)
@@ -696,20 +838,120 @@ def _mib(mib: int) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> None:
-    """List jobs as a rich table (or JSON)."""
+    """List jobs as a rich table (or JSON); --watch redraws the table until Ctrl-C."""
+    if args.watch or args.interval is not None:
+        _watch_list(args)
+        return
+    client = _client(args)
+    if args.json:  # the jobs as the API has them, every task of an array too
+        _print_json(_list_items(client, args))
+        return
+    _print_table(_table_items(client, args))
+
+
+def _list_items(client: Any, args: argparse.Namespace, tasks: bool = True) -> list[dict]:
     query = {"status": args.status, "team": args.team, "user": args.user, "limit": args.limit}
     if not args.all:
         query["mine"] = "true"
-    page = _client(args).request("GET", "/api/v1/jobs", query=query)
-    items = page.get("items", []) if isinstance(page, dict) else page
+    if not tasks:
+        query["tasks"] = "false"
+    page = client.request("GET", "/api/v1/jobs", query=query)
+    return page.get("items", []) if isinstance(page, dict) else page
+
+
+def _table_items(client: Any, args: argparse.Namespace) -> list[dict]:
+    """The table's rows: jobs, and each array as one row with its counts per state (its
+    tasks one by one with --tasks), newest first."""
+    if args.tasks:
+        return _list_items(client, args)
+    jobs = _list_items(client, args, tasks=False)
+    query = {"team": args.team, "user": args.user, "limit": args.limit}
+    if not args.all:
+        query["mine"] = "true"
+    rows = [_array_row(a) for a in client.request("GET", "/api/v1/arrays", query=query)]
+    if args.status:  # an array is listed while a task of it is in that status
+        rows = [r for r in rows if args.status.upper() in r["counts"]]
+    merged = sorted(jobs + rows, key=lambda r: str(r.get("submitted_at") or ""), reverse=True)
+    return merged[: args.limit]
+
+
+def _array_row(array: dict) -> dict:
+    cap = array.get("max_parallel")
+    return {
+        "id": f"a{array['id']}",
+        "name": array.get("name"),
+        "status": array.get("summary"),
+        "counts": array.get("counts") or {},
+        "gpus": None,
+        "attempt": None,
+        "team": array.get("team"),
+        "user": array.get("user"),
+        "submitted_at": array.get("created_at"),
+        "status_reason": f"array of {array.get('size')} tasks"
+        + (f", at most {cap} at once" if cap else ""),
+    }
+
+
+def _watch_list(args: argparse.Namespace) -> None:
+    """Fetch and redraw the job table every --interval seconds until Ctrl-C, which is how a
+    watch is left, so it exits 0. A terminal sees the table redrawn in place; anything else
+    (a pipe, a log file) gets every table, a blank line after each, since there is no place."""
+    if not args.watch:
+        _usage(args.parser, "--interval goes with --watch")
     if args.json:
-        _print_json(items)
+        _usage(args.parser, "--watch redraws a table for people; scripts poll `sf job list --json`")
+    interval = WATCH_DEFAULT_S if args.interval is None else args.interval
+    if not WATCH_MIN_S <= interval < float("inf"):
+        _usage(args.parser, f"--interval must be a number of seconds, at least {WATCH_MIN_S:g}")
+    client = _client(args)
+    from rich.console import Console
+
+    console = Console()
+    try:
+        if console.is_terminal:
+            _watch_live(console, client, args, interval)
+        else:
+            _watch_lines(client, args, interval)
+    except KeyboardInterrupt:
         return
-    _print_table(items)
+
+
+def _watch_live(console: Any, client: Any, args: argparse.Namespace, interval: float) -> None:
+    from rich.console import Group
+    from rich.live import Live
+    from rich.text import Text
+
+    # No auto refresh: the view changes only when a fetch comes back. Not transient: the last
+    # table stays on screen after Ctrl-C.
+    with Live(console=console, auto_refresh=False) as live:
+        while True:
+            table = _jobs_table(_table_items(client, args))
+            head = f"every {interval:g}s, last at {time.strftime('%H:%M:%S')}; Ctrl-C stops"
+            live.update(Group(Text(head, style="dim"), table), refresh=True)
+            time.sleep(interval)
+
+
+def _watch_lines(client: Any, args: argparse.Namespace, interval: float) -> None:
+    from rich.console import Console
+
+    console = Console(width=200)  # as _print_table: no terminal width to fit
+    while True:
+        console.print(_jobs_table(_table_items(client, args)))
+        console.print()
+        sys.stdout.flush()  # a reader at the other end of a pipe sees each table at once
+        time.sleep(interval)
 
 
 def _print_table(items: list[dict]) -> None:
     from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)  # piped output: no terminal width to fit, keep columns whole
+    console.print(_jobs_table(items))
+
+
+def _jobs_table(items: list[dict]) -> Any:
     from rich.table import Table
 
     table = Table(box=None, header_style="bold", pad_edge=False)
@@ -730,21 +972,71 @@ def _print_table(items: list[dict]) -> None:
         row += [job.get("team"), job.get("user")]
         reason = _name(job.get("status_reason")).split("\n")[0]
         table.add_row(*map(_name, row), submitted, reason)
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)  # piped output: no terminal width to fit, keep columns whole
-    console.print(table)
+    return table
+
+
+def _array_id(value: Any) -> int | None:
+    """N of an "aN" id (an array's), else None."""
+    text = str(value or "")
+    return int(text[1:]) if text[:1] == "a" and text[1:].isdigit() else None
 
 
 def cmd_action(args: argparse.Namespace) -> None:
     """POST stop/pause/resume/retry and print the resulting status."""
     client = _client(args)
+    array = _array_id(args.id)
+    if array is not None:
+        _array_action(client, args, array)
+        return
+    if getattr(args, "failed", False):
+        _usage(args.parser, "--failed goes with an array id: sf job retry aN --failed")
     job = client.request("POST", f"/api/v1/jobs/{_job_id(client, args)}/{args.verb}")
     if args.json:
         _print_json(job)
         return
     reason = job.get("status_reason")
     print(f"job {job.get('id')}: {job.get('status')}" + (f" ({reason})" if reason else ""))
+
+
+def _array_status(client: Any, args: argparse.Namespace, array: int) -> None:
+    """An array's fields and its tasks, one line each (index, job id, status, latest metric
+    values, parameters)."""
+    shown = client.request("GET", f"/api/v1/arrays/{array}")
+    if args.json:
+        _print_json(shown)
+        return
+    cap = shown.get("max_parallel")
+    fields = [
+        ("array", f"a{shown['id']}"),
+        ("name", shown.get("name")),
+        ("team", shown.get("team")),
+        ("user", shown.get("user")),
+        ("tasks", f"{shown['size']} (indices {shown.get('spec')})"),
+        ("max parallel", cap if cap else "no cap"),
+        ("progress", shown.get("summary")),
+    ]
+    lines = [f"{label + ':':<15} {_name(value)}" for label, value in fields]
+    names = shown.get("metrics") or []
+    for task in shown.get("tasks") or []:
+        latest = task.get("latest") or {}
+        values = " ".join(f"{n}={latest[n]:.4g}" for n in names if n in latest)
+        params = json.dumps(task["params"], sort_keys=True) if task.get("params") else ""
+        line = f"  [{task['index']}] job {task['id']} {task['status']}"
+        lines.append(" ".join(part for part in (line, values, params) if part))
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _array_action(client: Any, args: argparse.Namespace, array: int) -> None:
+    body = {"failed": bool(getattr(args, "failed", False))}
+    done = client.request("POST", f"/api/v1/arrays/{array}/{args.verb}", json_body=body)
+    if args.json:
+        _print_json(done)
+        return
+    counts = ", ".join(f"{n} {state}" for state, n in (done.get("counts") or {}).items())
+    print(
+        f"array a{array} {args.verb}: {done['acted']} task(s) moved, {done['left']} left as "
+        f"they were; now {counts or 'no tasks'}"
+    )
 
 
 def cmd_delete(args: argparse.Namespace) -> None:
@@ -1011,6 +1303,259 @@ def _second(value: Any) -> str:
 
 def _when(value: Any, empty: str = "-") -> str:
     return str(value)[:16].replace("T", " ") if value else empty
+
+
+def cmd_team_list(args: argparse.Namespace) -> None:
+    """List my teams as a table (or JSON): my role in each, and whether I may manage it."""
+    teams = _client(args).request("GET", "/api/v1/teams")
+    if args.json:
+        _print_json(teams)
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("NAME", "ROLE", "MEMBERS", "GPU QUOTA", "CAN MANAGE"):
+        table.add_column(col, no_wrap=True, overflow="fold")
+    for team in teams:
+        table.add_row(
+            _name(team.get("name")),
+            _team_role(team),
+            str(len(team.get("members") or [])),
+            _name((team.get("quotas") or {}).get("gpu_quota")),
+            "yes" if team.get("can_manage") else "no",
+        )
+    _console().print(table)
+
+
+def cmd_team_show(args: argparse.Namespace) -> None:
+    """Show one team: what staff allow it (quotas), what its jobs get when they name nothing
+    (defaults), and who is in it with which role."""
+    team = _client(args).request("GET", f"/api/v1/teams/{_segment(args.name)}")
+    if args.json:
+        _print_json(team)
+        return
+    from sf.project import say_duration
+
+    quotas, defaults = team.get("quotas") or {}, team.get("defaults") or {}
+    month = quotas.get("gpu_hours_per_month")
+    limit = defaults.get("default_time_limit_s")
+    lines = _labelled(
+        ("team", team.get("name")),
+        ("my role", _team_role(team)),
+        ("can manage", "yes" if team.get("can_manage") else "no"),
+    )
+    lines += ["quotas (set by staff):"] + _labelled(
+        ("gpu quota", quotas.get("gpu_quota")),
+        ("max jobs", _or_none(quotas.get("max_jobs"))),
+        ("gpu-hours/month", "none" if month is None else f"{month:g}"),
+        ("budget hard stop", "yes" if quotas.get("budget_hard_stop") else "no"),
+        ("user gpu cap", _or_none(quotas.get("user_gpu_cap"))),
+        ("max gpus per job", _or_none(quotas.get("max_gpus_per_job"))),
+        ("max priority", quotas.get("max_member_priority")),
+        indent=2,
+    )
+    lines += ["defaults:"] + _labelled(
+        ("cluster", _or_none(defaults.get("default_cluster"))),
+        ("window", _or_none(defaults.get("window"))),
+        ("max retries", defaults.get("default_max_retries")),
+        ("retry cooldown", say_duration(defaults.get("default_retry_cooldown_s") or 0)),
+        ("time limit", say_duration(limit) if limit else "none"),
+        indent=2,
+    )
+    members = team.get("members") or []
+    width = max((len(m.get("username", "")) for m in members), default=0)
+    lines += [f"members ({len(members)}):"]
+    lines += [f"  {m.get('username', ''):<{width}}  {_name(m.get('role'))}" for m in members]
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def cmd_team_add_member(args: argparse.Namespace) -> None:
+    """POST a membership; the server checks that I am the team's admin and the user exists."""
+    body = {"username": args.username, "role": args.role}
+    path = f"/api/v1/teams/{_segment(args.name)}/members"
+    member = _client(args).request("POST", path, json_body=body)
+    print(f"added {member['username']} to team {args.name} as {member['role']}")
+
+
+def cmd_team_remove_member(args: argparse.Namespace) -> None:
+    """DELETE a membership; the server refuses to remove a team's last admin."""
+    path = f"/api/v1/teams/{_segment(args.name)}/members/{_segment(args.username)}"
+    _client(args).request("DELETE", path)
+    print(f"removed {args.username} from team {args.name}")
+
+
+def cmd_team_set_role(args: argparse.Namespace) -> None:
+    """PATCH a member's role; the server refuses to demote a team's last admin."""
+    path = f"/api/v1/teams/{_segment(args.name)}/members/{_segment(args.username)}"
+    member = _client(args).request("PATCH", path, json_body={"role": args.role})
+    print(f"{member['username']} is now {member['role']} in team {args.name}")
+
+
+def _labelled(*fields: tuple[str, Any], indent: int = 0) -> list[str]:
+    # One column for the values of every section: labels padded to the widest, indent included.
+    return [f"{' ' * indent}{label + ':':<{20 - indent}} {_name(value)}" for label, value in fields]
+
+
+def _team_role(team: dict) -> str:
+    # No role: staff reading a team they are not in.
+    return _name(team.get("role")) if team.get("role") else "- (staff)"
+
+
+def _or_none(value: Any) -> Any:
+    return "none" if value is None else value
+
+
+def _segment(text: str) -> str:
+    """`text` as one path segment: a name with / or ? must not change which URL is asked."""
+    from urllib.parse import quote
+
+    return quote(text, safe="")
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def cmd_completion(args: argparse.Namespace) -> None:
+    """Print a completion script made from the parser, so that a command or option is
+    completed as soon as it exists; zsh runs the bash one through its bashcompinit."""
+    script = _bash_completion(build_parser())
+    sys.stdout.write(ZSH_PRELUDE + script if args.shell == "zsh" else script)
+
+
+ZSH_PRELUDE = """# zsh completion for sf: load it with eval "$(sf completion zsh)" in ~/.zshrc.
+# It is the bash completion, run by zsh's bashcompinit (which needs compinit).
+(( $+functions[compdef] )) || { autoload -U +X compinit && compinit }
+(( $+functions[complete] )) || { autoload -U +X bashcompinit && bashcompinit }
+"""
+
+# Bash 3.2 (macOS) and zsh's bashcompinit run this too: no associative arrays, and no
+# variable called path or words (zsh's own). `_sf_words` etc. are generated: see _sf_cases.
+BASH_COMPLETE = r"""
+_sf_complete() {
+    local cur="${COMP_WORDS[COMP_CWORD]}" at='' word i=1 npos=0 _sf_reply='' _sf_opts=''
+    COMPREPLY=()
+    while [ "$i" -lt "$COMP_CWORD" ]; do
+        word="${COMP_WORDS[i]}"
+        case "$word" in
+            --) return 0 ;;  # the job's own command follows: the shell's default completion
+            -*)
+                if _sf_values "$at|$word" || _sf_values "$word"; then
+                    i=$((i + 1))  # its value
+                    if [ "$i" -eq "$COMP_CWORD" ]; then
+                        COMPREPLY=($(compgen -W "$_sf_reply" -- "$cur"))
+                        return 0
+                    fi
+                fi ;;
+            *)
+                if _sf_words "${at:+$at }$word"; then
+                    at="${at:+$at }$word"
+                    npos=0
+                else
+                    npos=$((npos + 1))
+                fi ;;
+        esac
+        i=$((i + 1))
+    done
+    _sf_words "$at"
+    local subs="$_sf_reply" opts="$_sf_opts" candidates
+    _sf_positional "$at|$npos"
+    candidates="$subs $_sf_reply"
+    case "$cur" in
+        -*) candidates="$opts" ;;
+        *) [ -n "$subs$_sf_reply" ] || candidates="$opts" ;;
+    esac
+    COMPREPLY=($(compgen -W "$candidates" -- "$cur"))
+}
+
+complete -o default -F _sf_complete sf
+"""
+
+
+def _bash_completion(parser: argparse.ArgumentParser) -> str:
+    words, values, positionals = _sf_cases(parser)
+    return (
+        f"# bash completion for sf {__version__}, made from its parser by `sf completion bash`.\n"
+        "# Load it with: source <(sf completion bash)\n\n"
+        "_sf_words() {\n"
+        "    # A command path's sub-commands (_sf_reply) and options (_sf_opts); 1: no command.\n"
+        + _shell_case(words, "*) return 1 ;;")
+        + "}\n\n_sf_values() {\n"
+        "    # [PATH|]OPTION: 0 when the option takes a value; its choices in _sf_reply.\n"
+        + _shell_case(values, "*) return 1 ;;")
+        + "}\n\n_sf_positional() {\n"
+        "    # PATH|N: the choices of the command's positional argument N (from 0), if any.\n"
+        + _shell_case(positionals, "*) _sf_reply='' ;;")
+        + "}\n"
+        + BASH_COMPLETE
+    )
+
+
+def _sf_cases(parser: argparse.ArgumentParser) -> tuple[dict, dict, dict]:
+    """What the completion asks of the parser, keyed as the script asks: a command path to
+    its (sub-commands, options); an option that takes a value to its choices (by "PATH|OPTION"
+    only where commands disagree on it); "PATH|N" to the choices of positional argument N."""
+    words: dict[str, str] = {}
+    takes: dict[str, dict[str, str | None]] = {}  # option -> path -> its choices (None: a flag)
+    positionals: dict[str, str] = {}
+    for at, p in _command_paths(parser):
+        subs: list[str] = []
+        opts: list[str] = []
+        n = 0
+        for action in p._actions:
+            if action.help == argparse.SUPPRESS:
+                continue
+            if isinstance(action, argparse._SubParsersAction):
+                subs += list(action.choices)
+                continue
+            choices = " ".join(map(str, action.choices or ()))
+            if not action.option_strings:
+                if choices:
+                    positionals[f"{at}|{n}"] = choices
+                n += 1
+                continue
+            opts += action.option_strings
+            for opt in action.option_strings:
+                takes.setdefault(opt, {})[at] = None if action.nargs == 0 else choices
+        words[at] = f"_sf_reply={_sh(' '.join(subs))}; _sf_opts={_sh(' '.join(opts))}"
+    values: dict[str, str] = {}
+    for opt, by_path in takes.items():
+        if len(set(by_path.values())) == 1:
+            by_path = {"": next(iter(by_path.values()))}  # one answer wherever it appears
+        for at, offered in by_path.items():
+            if offered is not None:
+                values[f"{at}|{opt}" if at else opt] = f"_sf_reply={_sh(offered)}"
+    return words, values, {k: f"_sf_reply={_sh(v)}" for k, v in positionals.items()}
+
+
+def _command_paths(parser: argparse.ArgumentParser, at: str = "") -> Any:
+    """Every command path ("", "job", "job list", ...) with its parser. argparse lists its
+    sub-commands only in its actions, so this reads them as completion tools do."""
+    yield at, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _command_paths(child, f"{at} {name}".strip())
+
+
+def _shell_case(arms: dict[str, str], default: str) -> str:
+    """A `case "$1"` with one arm per distinct body, its keys joined: the script stays short."""
+    keys: dict[str, list[str]] = {}
+    for key, body in arms.items():
+        keys.setdefault(body, []).append(_sh(key))
+    lines = [f"        {'|'.join(k)}) {body} ;;" for body, k in keys.items()]
+    return (
+        '    case "$1" in\n' + "".join(f"{ln}\n" for ln in lines) + f"        {default}\n    esac\n"
+    )
+
+
+def _sh(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
 
 
 if __name__ == "__main__":

@@ -118,14 +118,14 @@ def submit_array(request, body: ArrayIn):
     summary="The latest arrays of my teams, with their counts",
 )
 def list_arrays(request, query: Query[ListQuery]):
-    found = arrays.visible_arrays(request.auth)
+    chosen = arrays.visible_arrays(request.auth)
     if query.team:
-        found = found.filter(team__name=query.team)
+        chosen = chosen.filter(team__name=query.team)
     if query.mine:
-        found = found.filter(user=request.auth)
+        chosen = chosen.filter(user=request.auth)
     elif query.user:
-        found = found.filter(user__username=query.user)
-    found = list(found[: query.limit])
+        chosen = chosen.filter(user__username=query.user)
+    found = list(chosen[: query.limit])
     by_array = arrays.counts([a.pk for a in found])
     return [array_out(a, by_array[a.pk]) for a in found]
 

@@ -5,6 +5,8 @@ Views read the ledger through the same service functions as the API and call the
 """
 
 import json
+from collections import defaultdict
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -19,7 +21,7 @@ from jobs import auth, teams
 from jobs.actions import control
 from jobs.errors import ApiError, BadRequest, Forbidden, NotFound
 from jobs.ledger.transitions import TransitionRefused
-from jobs.models import Cluster, Membership
+from jobs.models import Attempt, Cluster, Membership
 from jobs.reads import diagnostics
 from jobs.reads.queue import queue_places, queue_row
 from jobs.reads.visible import (
@@ -29,7 +31,7 @@ from jobs.reads.visible import (
     visible_jobs,
 )
 from jobs.states import VERBS, JobStatus
-from metering.usage import attempt_gpu_seconds
+from metering.usage import attempt_gpu_seconds, job_gpu_seconds
 
 PAGE_SIZE = 50
 ACTIONS = {
@@ -81,6 +83,7 @@ def job_list(request):
             if start
             else f"no estimate: {place['estimate_reason']}"
         )
+    _run_columns(page, timezone.now())
     return render(
         request,
         "jobs/list.html",
@@ -96,6 +99,55 @@ def job_list(request):
             "oldest_first": oldest_first,
         },
     )
+
+
+def _run_columns(page: list, now) -> None:
+    """The list's Duration and GPU-hours of each job on the page, from one query for the
+    attempts of all of them.
+
+    `job.run` is a dict: `state` is "waiting" (QUEUED: `seconds` since it last entered the
+    queue), "running" (an attempt is up: from the first attempt's start to now), "ran" (from
+    the first attempt's start to the last attempt's end, gaps between attempts included, as a
+    run's wall clock) or "none" (never started). `gpu_seconds` is what the meter bills: each
+    attempt's (end, or now while up, − start) × its GPUs (`metering.usage.job_gpu_seconds`);
+    `gpu_seconds_ended` leaves out the attempt that is up (`open_start`; `open_gpus` are its
+    GPUs, else the job's), so the page can count it on (static/js/durations.js)."""
+    attempts = defaultdict(list)
+    rows = Attempt.objects.filter(job_id__in=[job.pk for job in page]).only(
+        "job_id", "start_time", "end_time", "gpus"
+    )
+    for attempt in rows:
+        attempts[attempt.job_id].append(attempt)
+    for job in page:
+        mine = attempts[job.pk]
+        starts = [a.start_time for a in mine if a.start_time]
+        ends = [a.end_time for a in mine if a.start_time and a.end_time]
+        up = (
+            next((a for a in mine if a.start_time and a.end_time is None), None)
+            if job.status in JobStatus.active()
+            else None
+        )
+        first = min(starts) if starts else None
+        last = (max(ends) if ends else job.status_changed_at) if starts and up is None else None
+        run: dict[str, Any] = {
+            "state": "none",
+            "start": first,
+            "end": last,
+            "since": None,
+            "seconds": None,
+            "gpu_seconds": job_gpu_seconds(mine, now),
+            "gpu_seconds_ended": job_gpu_seconds([a for a in mine if a is not up], now),
+            "open_start": up.start_time if up else None,
+            "open_gpus": up.gpus if up else job.gpus,
+        }
+        if job.status == JobStatus.QUEUED:
+            since = job.status_changed_at
+            run.update(state="waiting", since=since, seconds=(now - since).total_seconds())
+        elif up is not None and first is not None:
+            run.update(state="running", seconds=(now - first).total_seconds())
+        elif first is not None and last is not None:
+            run.update(state="ran", seconds=(last - first).total_seconds())
+        job.run = run  # type: ignore[attr-defined]
 
 
 @login_required

@@ -4,11 +4,28 @@
   const head = document.querySelector(".job-head");
   if (!head || typeof Plotly === "undefined") return;
   const jobId = head.dataset.jobId;
-  const dark = window.matchMedia("(prefers-color-scheme: dark)").matches;
-  const layout = (name, x) => ({
-    title: { text: name, font: { size: 13 } }, height: 260, margin: { l: 50, r: 10, t: 30, b: 35 },
-    xaxis: { title: { text: x } }, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
-    font: { color: dark ? "#d6dbe4" : "#1d2330" },
+  // Colours from the console's theme (theme.js), redone when it changes.
+  const themed = () => {
+    const line = window.StarforgeTheme.color("--line");
+    return {
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+      font: { color: window.StarforgeTheme.color("--fg") },
+      "xaxis.gridcolor": line, "yaxis.gridcolor": line,
+      "xaxis.zerolinecolor": line, "yaxis.zerolinecolor": line,
+    };
+  };
+  const layout = (name, x) => {
+    const t = themed();
+    return {
+      title: { text: name, font: { size: 13 } }, height: 260, margin: { l: 50, r: 10, t: 30, b: 35 },
+      xaxis: { title: { text: x }, gridcolor: t["xaxis.gridcolor"], zerolinecolor: t["xaxis.zerolinecolor"] },
+      yaxis: { gridcolor: t["yaxis.gridcolor"], zerolinecolor: t["yaxis.zerolinecolor"] },
+      paper_bgcolor: t.paper_bgcolor, plot_bgcolor: t.plot_bgcolor, font: t.font,
+    };
+  };
+  document.addEventListener("sf:theme", () => {
+    const t = themed();
+    document.querySelectorAll("[data-metric].js-plotly-plot").forEach((div) => Plotly.relayout(div, t));
   });
   async function fetchMetrics(id, kind, x) {
     const response = await fetch(`/api/v1/jobs/${id}/metrics?kind=${kind}&x=${x}`,

@@ -181,8 +181,10 @@ def test_list_all_drops_mine_filter(
 ) -> None:
     sf_env(fake_api.url)
     fake_api.route("GET /api/v1/jobs", lambda r: (200, {"items": [JOB]}))
+    fake_api.route("GET /api/v1/arrays", lambda r: (200, []))
     assert run_cli(["job", "list", "--all", "--status", "RUNNING"]) == 0
-    assert fake_api.requests[0].query == {"status": "RUNNING", "limit": "20"}
+    assert fake_api.requests[0].query == {"status": "RUNNING", "limit": "20", "tasks": "false"}
+    assert fake_api.requests[1].query == {"limit": "20"}
     assert "demo" in capsys.readouterr().out
 
 
@@ -356,6 +358,7 @@ def test_list_shows_queued_jobs_positions(
         {**JOB, "id": 8, "status": "RUNNING"},
     ]
     fake_api.route("GET /api/v1/jobs", lambda r: (200, {"items": items, "next_before": None}))
+    fake_api.route("GET /api/v1/arrays", lambda r: (200, []))
     assert run_cli(["job", "list"]) == 0
     header, first, second = capsys.readouterr().out.splitlines()[:3]
     assert header.split()[:4] == ["ID", "NAME", "STATUS", "POS"]

@@ -247,6 +247,8 @@ def test_the_console_shows_the_array_as_a_table_of_tasks_and_acts_on_all(api, al
     text = page.content.decode()
     assert page.status_code == 200 and "3 QUEUED, 1 FAILED" in text
     assert text.count('href="/jobs/') == 4
+    task = console.get(f"/jobs/{Job.objects.get(array_index=2).pk}/").content.decode()
+    assert f'Task 2 of <a href="/arrays/{array["id"]}/">array a{array["id"]}</a>' in task
     moved = console.post(f"/arrays/{array['id']}/retry/", {"failed": "1"}, follow=True)
     assert "retry: 1 task(s) moved, 3 left as they were" in moved.content.decode()
     assert Job.objects.filter(status=S.QUEUED).count() == 4
