@@ -103,3 +103,23 @@ def run_cli(argv: list[str]) -> int:
         return cli.main(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
+
+
+@pytest.fixture
+def sf(live_server, alice, monkeypatch, tmp_path, capsys) -> Callable[..., tuple[int, str, str]]:
+    """`sf ARGS` as alice against the live server (a real Starforge): (exit code, stdout,
+    stderr). Tests using it need `django_db(transaction=True)`: the server reads what they
+    wrote."""
+    from jobs.auth import issue_token
+
+    monkeypatch.setenv("SF_CONFIG", str(tmp_path / "sf.json"))
+    monkeypatch.setenv("SF_URL", live_server.url)
+    monkeypatch.setenv("SF_TOKEN", issue_token(alice))
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = run_cli(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

@@ -8,32 +8,19 @@ from collections.abc import Callable
 
 import pytest
 
-from jobs.auth import issue_token
 from jobs.ledger.transitions import transition
 from jobs.models import Job, JobArray
 from jobs.states import JobStatus as S
-from tests.client.conftest import run_cli
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Sf = Callable[..., tuple[int, str, str]]
 
 
-@pytest.fixture
-def sf(live_server, alice, monkeypatch, tmp_path, capsys) -> Sf:
-    """`sf ARGS` as alice in a small project directory: (exit code, stdout, stderr)."""
+@pytest.fixture(autouse=True)
+def project(tmp_path, monkeypatch) -> None:
+    """A small project directory to submit from."""
     (tmp_path / "train.py").write_text("print('hi')\n")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("SF_CONFIG", str(tmp_path / "sf.json"))
-    monkeypatch.setenv("SF_URL", live_server.url)
-    monkeypatch.setenv("SF_TOKEN", issue_token(alice))
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = run_cli(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
 
 
 def test_an_array_submits_lists_as_one_row_and_its_tasks_act_together(sf):

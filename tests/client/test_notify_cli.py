@@ -12,29 +12,11 @@ from typing import Any
 import pytest
 
 from jobs import webhooks
-from jobs.auth import issue_token
 from jobs.models import Membership, Webhook, WebhookDelivery
-from tests.client.conftest import run_cli
 
 pytestmark = pytest.mark.django_db(transaction=True)
 HOOK = "http://127.0.0.1:9/hook"  # resolves; nothing listens, and `add` sends nothing
 Sf = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def sf(live_server, alice, monkeypatch, tmp_path, capsys) -> Sf:
-    """`sf ARGS` as alice against the live server: (exit code, stdout, stderr)."""
-    monkeypatch.setenv("SF_CONFIG", str(tmp_path / "sf.json"))
-    monkeypatch.setenv("SF_URL", live_server.url)
-    monkeypatch.setenv("SF_TOKEN", issue_token(alice))
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = run_cli(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
 
 
 @pytest.fixture(autouse=True)

@@ -9,28 +9,10 @@ from collections.abc import Callable
 
 import pytest
 
-from jobs.auth import issue_token
 from jobs.models import Membership
-from tests.client.conftest import run_cli
 
 pytestmark = pytest.mark.django_db(transaction=True)
 Sf = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def sf(live_server, alice, monkeypatch, tmp_path, capsys) -> Sf:
-    """`sf ARGS` as alice against the live server: (exit code, stdout, stderr)."""
-    monkeypatch.setenv("SF_CONFIG", str(tmp_path / "sf.json"))
-    monkeypatch.setenv("SF_URL", live_server.url)
-    monkeypatch.setenv("SF_TOKEN", issue_token(alice))
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = run_cli(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
 
 
 @pytest.fixture
