@@ -2,17 +2,16 @@
 its parameters, status and latest metric values, and the verbs for the whole array (the same
 `jobs.actions.arrays.act` as `POST /api/v1/arrays/{id}/{verb}`)."""
 
-from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponseRedirect
+from django.http import Http404
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from jobs import teams
 from jobs.actions import arrays as array_actions
-from jobs.errors import ApiError, Forbidden, NotFound
+from jobs.console import refusals
+from jobs.errors import NotFound
 from jobs.reads import arrays
 
 VERBS = ("stop", "pause", "resume", "retry")
@@ -57,18 +56,10 @@ def array_detail(request, array_id: int):
 def array_action(request, array_id: int, verb: str):
     if verb not in VERBS:
         raise Http404(f"no verb {verb}")
-    try:
-        done = array_actions.act(
-            request.user, array_id, verb, failed_only=request.POST.get("failed") == "1"
-        )
-    except NotFound as exc:
-        raise Http404(exc.detail) from exc
-    except Forbidden as exc:
-        raise PermissionDenied(exc.detail) from exc
-    except ApiError as exc:
-        messages.error(request, exc.detail)
-    else:
-        messages.success(
-            request, f"{verb}: {done['acted']} task(s) moved, {done['left']} left as they were"
-        )
-    return HttpResponseRedirect(reverse("array-detail", args=[array_id]))
+
+    def run() -> str:
+        failed = request.POST.get("failed") == "1"
+        done = array_actions.act(request.user, array_id, verb, failed_only=failed)
+        return f"{verb}: {done['acted']} task(s) moved, {done['left']} left as they were"
+
+    return refusals.act(request, run, reverse("array-detail", args=[array_id]))

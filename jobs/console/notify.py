@@ -8,19 +8,18 @@ actions as the API (`/api/v1/webhooks`); a refusal comes back as a message on th
 from collections import defaultdict
 from collections.abc import Callable
 
-from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db.models import F, Window
 from django.db.models.functions import RowNumber
-from django.http import Http404, HttpResponseRedirect
+from django.http import HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from jobs import webhooks
 from jobs.api.webhooks import kind
-from jobs.errors import ApiError, BadRequest, Forbidden, NotFound
+from jobs.console import refusals
+from jobs.errors import BadRequest
 from jobs.models import Membership, Team, WebhookDelivery
 
 RECENT_DELIVERIES = 20
@@ -142,16 +141,4 @@ def _wait_s(text: str) -> int | None:
 
 
 def _act(request, action: Callable[[], str]) -> HttpResponseRedirect:
-    """Run a webhook action; 404 and 403 as pages, other refusals as a message on the page.
-    `action` returns the sentence to show when it is done."""
-    try:
-        done = action()
-    except NotFound as exc:
-        raise Http404(exc.detail) from exc
-    except Forbidden as exc:
-        raise PermissionDenied(exc.detail) from exc
-    except ApiError as exc:
-        messages.error(request, exc.detail)
-    else:
-        messages.success(request, done)
-    return HttpResponseRedirect(reverse("notifications"))
+    return refusals.act(request, action, reverse("notifications"))
