@@ -97,6 +97,12 @@ PREEMPT_GRACE_VAR = "SF_PREEMPT_GRACE_S"
 STOP_GRACE_VAR = "SF_STOP_GRACE_S"
 NOTICE_FILE_VAR = "SF_NOTICE_FILE"
 DEFAULT_STOP_GRACE_S = 10.0
+# A task of a job array learns which one it is: the array's id, its index, and its parameter
+# set (the array file's line) as JSON ("{}" for --array indices).
+ARRAY_ID_VAR = "SF_ARRAY_ID"
+ARRAY_INDEX_VAR = "SF_ARRAY_INDEX"
+ARRAY_PARAMS_VAR = "SF_ARRAY_PARAMS"
+ARRAY_VARS = (ARRAY_ID_VAR, ARRAY_INDEX_VAR, ARRAY_PARAMS_VAR)
 DEFAULT_PREEMPT_GRACE_S = 120.0
 # The runner's credentials: the attempt's job token and the key it signs its records with.
 # Only the runner may see them (never the job), and no engine whose job specs others can read

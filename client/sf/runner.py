@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from sf.checkpoints import CheckpointWatcher, write_notice
 from sf.contract import (
+    ARRAY_VARS,
     BOOTSTRAP_TOKEN_VAR,
     CONSOLE_LOG,
     DEFAULT_PREEMPT_GRACE_S,
@@ -100,6 +101,7 @@ CHILD_CONTRACT = (
     "SF_OUTPUT_DIR",
     "SF_CHECKPOINT_DIR",
     PREEMPT_GRACE_VAR,
+    *ARRAY_VARS,
 )
 BASE_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME")
 

@@ -42,6 +42,7 @@ from typing import ClassVar
 import psutil
 from django.conf import settings
 from sf.contract import (
+    ARRAY_VARS,
     BOOTSTRAP_TOKEN_VAR,
     EXIT_FILE,
     GPUS_PER_NODE_VAR,
@@ -105,6 +106,7 @@ CONTRACT = frozenset(
         STOP_GRACE_VAR,
         JOB_TOKEN_VAR,
         BOOTSTRAP_TOKEN_VAR,
+        *ARRAY_VARS,
     }
 )
 # Files of the attempt dir only the server's side writes or reads: never the job's.

@@ -34,7 +34,13 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
-from sf.contract import PREEMPT_GRACE_VAR, STOP_GRACE_VAR
+from sf.contract import (
+    ARRAY_ID_VAR,
+    ARRAY_INDEX_VAR,
+    ARRAY_PARAMS_VAR,
+    PREEMPT_GRACE_VAR,
+    STOP_GRACE_VAR,
+)
 
 from jobs.executors import LaunchError, LaunchSpec, executor_for
 from jobs.executors.base import executor_class, preempt_grace_s
@@ -260,9 +266,9 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
     if executor_class(job.cluster.kind).PREEMPT_BY_TERM:
         env[STOP_GRACE_VAR] = str(grace)  # a SIGTERM there may be a preemption's notice
     if job.array_id:  # a task of an array: which one, and its parameters
-        env["SF_ARRAY_ID"] = str(job.array_id)
-        env["SF_ARRAY_INDEX"] = str(job.array_index)
-        env["SF_ARRAY_PARAMS"] = json.dumps(job.array_params or {})
+        env[ARRAY_ID_VAR] = str(job.array_id)
+        env[ARRAY_INDEX_VAR] = str(job.array_index)
+        env[ARRAY_PARAMS_VAR] = json.dumps(job.array_params or {})
     if job.parent_id:  # a follow-on job reads its parent's outputs
         parent_run = Job.objects.values_list("run_id", flat=True).get(pk=job.parent_id)
         env["SF_PARENT_RUN_ID"] = parent_run

@@ -348,12 +348,15 @@ def test_with_sf_user_env_the_job_gets_the_base_its_env_and_the_contract_only(
         "DATABASE_URL": "postgres://secret",
         "SF_RECORD_KEY": "k" * 64,
         "SF_PARENT_RUN_ID": "r6",
+        "SF_ARRAY_INDEX": "3",
+        "SF_ARRAY_PARAMS": '{"lr": 0.1}',
         "SF_USER_ENV": json.dumps({"MINE": "1", "SF_JOB_TOKEN": "smuggled"}),
     }
     result = run_runner(env)
     assert result.returncode == 0, result.stderr
     seen = job_env_of(result)
     assert seen["MINE"] == "1" and seen["SF_PARENT_RUN_ID"] == "r6" and seen["SF_RUN_ID"] == "r7"
+    assert (seen["SF_ARRAY_INDEX"], seen["SF_ARRAY_PARAMS"]) == ("3", '{"lr": 0.1}')
     assert not set(seen) & (RUNNER_ONLY | {"DATABASE_URL", "SF_ENTRYPOINT", "SF_SNAPSHOT"})
     assert seen["SF_METRICS_FILE"].endswith("metrics.jsonl")
 
