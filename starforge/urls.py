@@ -4,7 +4,7 @@ from django.urls import include, path, re_path
 
 from jobs import throttle
 from jobs.api.prometheus import metrics_view
-from jobs.console import arrays, notify, teams, views
+from jobs.console import arrays, compare, notify, teams, views
 from metering.views import usage_page
 from starforge.api import api
 
@@ -14,6 +14,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/<str:verb>/", views.job_action, name="job-action"),
     path("arrays/<int:array_id>/", arrays.array_detail, name="array-detail"),
     path("arrays/<int:array_id>/<str:verb>/", arrays.array_action, name="array-action"),
+    path("compare/", compare.compare, name="compare"),
     path("states/", views.states_help, name="states"),
     path("usage/", usage_page, name="usage"),
     path("metrics", metrics_view, name="metrics"),

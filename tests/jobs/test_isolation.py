@@ -416,6 +416,21 @@ def array_page_verbs(w: World) -> None:
     untouched(w)
 
 
+def compare_page(w: World) -> None:
+    """Alice's job next to bob's own: the whole page is a 404, as if it were missing."""
+    bobs = Job.objects.get(name="bobs-run")
+    for ids in (f"{bobs.pk},{w.job.pk}", f"{w.job.pk},{bobs.pk}"):
+        hidden(w.console(w.bob).get("/compare/", {"jobs": ids}), w)
+    missing = w.console(w.bob).get("/compare/", {"jobs": f"{bobs.pk},{w.job.pk + 1000}"})
+    assert missing.status_code == 404
+
+
+def compare_page_viewer(w: World) -> None:
+    other = queued_job(w.team, User.objects.get(username="alice"), name="alice-other-run")
+    page = w.console(w.vic).get("/compare/", {"jobs": f"{w.job.pk},{other.pk}"})
+    shows(page, SECRET_NAME, SECRET_METRIC, "alice-other-run")
+
+
 def webhooks_listed(w: World) -> None:
     vision_webhook(w)
     for user in (w.bob, w.vic):
@@ -564,6 +579,7 @@ ROUTES: dict[str, Check | Exempt] = {
     "* /tokens/<int:token_id>/revoke/": Check(token_revoke_outsider),
     "* /arrays/<int:array_id>/": Check(array_page, array_page_viewer),
     "* /arrays/<int:array_id>/<str:verb>/": Check(array_page_verbs),
+    "* /compare/": Check(compare_page, compare_page_viewer),
     "* /notifications/": Check(notifications_outsider, notifications_viewer),
     "* /notifications/add/": Check(notification_add_outsider, notification_add_viewer),
     "* /notifications/<int:webhook_id>/test/": notification_control("test"),
