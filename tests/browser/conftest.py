@@ -38,3 +38,30 @@ def browser():
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+
+
+@pytest.fixture(scope="module")
+def carol_token(stack) -> str:
+    """carol (of team vision) and her token, made on the module's stack."""
+    from tests.browser.test_console_browser import SETUP_USERS
+
+    return stack._manage("shell", "-c", SETUP_USERS).stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def open_page(browser, stack, carol_token):
+    """open_page(color_scheme) -> a page signed in as carol, in a browser context of its own."""
+    from tests.browser.test_console_browser import sign_in
+
+    contexts = []
+
+    def open_(color_scheme: str = "light"):
+        context = browser.new_context(base_url=stack.url, color_scheme=color_scheme)
+        contexts.append(context)
+        page = context.new_page()
+        sign_in(page, stack.url, "carol", "carol-pw")
+        return page
+
+    yield open_
+    for context in contexts:
+        context.close()

@@ -2,14 +2,15 @@
 stack: two jobs that logged metrics through the SDK overlaid on one chart per metric, and the
 jobs list's checkboxes and "Compare selected" landing on the page's URL.
 
-Each test saves a screenshot under its tmp_path and, when SF_SCREENSHOT_DIR is set, there too.
+Each test saves a screenshot (tests/browser/conftest.py `shoot`): in test-artifacts/ among others.
 """
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import expect
 
-from tests.browser.test_console_browser import SETUP_USERS, sign_in, submit
-from tests.browser.test_console_finish_browser import DARK_FG, LIGHT_FG, shoot
+from tests.browser.shots import shoot
+from tests.browser.test_console_browser import submit
+from tests.browser.test_console_finish_browser import DARK_FG, LIGHT_FG
 
 pytestmark = pytest.mark.e2e
 # Logs a loss and an accuracy for a few steps; the learning rate comes from argv, so the two
@@ -24,11 +25,6 @@ for step in range(5):
 
 
 @pytest.fixture(scope="module")
-def carol_token(stack) -> str:
-    return stack._manage("shell", "-c", SETUP_USERS).stdout.strip().splitlines()[-1]
-
-
-@pytest.fixture(scope="module")
 def two_runs(stack, carol_token, tmp_path_factory) -> list[dict]:
     """Two of carol's jobs, lr 0.1 and 0.05, that logged their metrics and succeeded."""
     workdir = tmp_path_factory.mktemp("sweep")
@@ -38,22 +34,6 @@ def two_runs(stack, carol_token, tmp_path_factory) -> list[dict]:
         stack.wait_job(job_id, lambda job: job["status"] == "SUCCEEDED", 90, "succeeded")
         for job_id in ids
     ]
-
-
-@pytest.fixture
-def open_page(browser, stack, carol_token):
-    contexts = []
-
-    def open_(color_scheme: str = "light") -> Page:
-        context = browser.new_context(base_url=stack.url, color_scheme=color_scheme)
-        contexts.append(context)
-        page = context.new_page()
-        sign_in(page, stack.url, "carol", "carol-pw")
-        return page
-
-    yield open_
-    for context in contexts:
-        context.close()
 
 
 def test_the_compare_page_overlays_both_jobs_on_each_chart(open_page, two_runs, tmp_path):

@@ -2,20 +2,20 @@
 real stack: the jobs list's Duration and GPU-hours, absolute times on hover, the light/dark
 theme and its toggle, and the job page's keyboard tabs.
 
-Each test saves a screenshot under its tmp_path and, when SF_SCREENSHOT_DIR is set, there too.
+Each test saves a screenshot (tests/browser/conftest.py `shoot`): in test-artifacts/ among others.
 """
 
 import datetime as dt
 import json
-import os
 import re
+import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.test_console_browser import SETUP_USERS, sign_in, submit
+from tests.browser.shots import shoot
+from tests.browser.test_console_browser import submit
 
 pytestmark = pytest.mark.e2e
 SHORT_RUN = """
@@ -31,11 +31,6 @@ UTC_TITLE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
 
 
 @pytest.fixture(scope="module")
-def carol_token(stack) -> str:
-    return stack._manage("shell", "-c", SETUP_USERS).stdout.strip().splitlines()[-1]
-
-
-@pytest.fixture(scope="module")
 def finished(stack, carol_token, tmp_path_factory) -> int:
     """A job of carol's that logged a few metric points and succeeded after a few seconds."""
     workdir = tmp_path_factory.mktemp("short")
@@ -43,35 +38,6 @@ def finished(stack, carol_token, tmp_path_factory) -> int:
     job_id = submit(stack, carol_token, workdir, "python", "short.py")
     stack.wait_job(job_id, lambda job: job["status"] == "SUCCEEDED", 90, "succeeded")
     return job_id
-
-
-@pytest.fixture
-def open_page(browser, stack, carol_token):
-    """open_page(color_scheme) → a page signed in as carol, in a context of its own."""
-    contexts = []
-
-    def open_(color_scheme: str = "light") -> Page:
-        context = browser.new_context(base_url=stack.url, color_scheme=color_scheme)
-        contexts.append(context)
-        page = context.new_page()
-        sign_in(page, stack.url, "carol", "carol-pw")
-        return page
-
-    yield open_
-    for context in contexts:
-        context.close()
-
-
-def shoot(page: Page, tmp_path: Path, name: str) -> None:
-    """A screenshot under tmp_path and SF_SCREENSHOT_DIR (when set), each checked non-empty."""
-    paths = [tmp_path / name]
-    if os.environ.get("SF_SCREENSHOT_DIR"):
-        folder = Path(os.environ["SF_SCREENSHOT_DIR"])
-        folder.mkdir(parents=True, exist_ok=True)
-        paths.append(folder / name)
-    for path in paths:
-        page.screenshot(path=str(path), full_page=True)
-        assert path.is_file() and path.stat().st_size > 0, path
 
 
 def background(page: Page) -> str:
@@ -223,28 +189,38 @@ def test_job_page_tabs_are_reachable_and_switched_from_the_keyboard(open_page, f
         ]""")
         )
 
+    def settles(*expected: str) -> None:
+        """The page reaches `expected` (a prefix of `selected()`) within 5 s: key and click
+        handlers run in the page's own time."""
+        deadline = time.monotonic() + 5
+        while selected()[: len(expected)] != expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert selected()[: len(expected)] == expected
+
     page.focus("#tablink-charts")
     assert selected() == ("tablink-charts", "tab-charts", "tablink-charts", "")
     page.keyboard.press("ArrowRight")
-    assert selected() == ("tablink-logs", "tab-logs", "tablink-logs", "#logs")
+    settles("tablink-logs", "tab-logs", "tablink-logs", "#logs")
     outline = page.evaluate("() => getComputedStyle(document.activeElement).outlineStyle")
     assert outline == "solid"  # the focus is visible
     assert page.get_attribute("#tablink-charts", "tabindex") == "-1"  # roving tabindex
     assert page.get_attribute("#tablink-logs", "tabindex") == "0"
     shoot(page, tmp_path, "tabs-arrow-right.png")
     page.keyboard.press("End")
-    assert selected() == ("tablink-diagnostics", "tab-diagnostics", "tablink-diagnostics",
-                          "#diagnostics")  # fmt: skip
+    settles("tablink-diagnostics", "tab-diagnostics", "tablink-diagnostics", "#diagnostics")
     shoot(page, tmp_path, "tabs-end.png")
     page.keyboard.press("ArrowRight")  # wraps round
-    assert selected()[:2] == ("tablink-charts", "tab-charts")
+    settles("tablink-charts", "tab-charts")
     page.keyboard.press("ArrowLeft")
     page.keyboard.press("Home")
-    assert selected()[:2] == ("tablink-charts", "tab-charts")
+    settles("tablink-charts", "tab-charts")
     page.keyboard.press("Tab")  # from the tab list into the open panel, not the next tab
+    deadline = time.monotonic() + 5
+    while selected()[2] != "tab-charts" and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert selected()[2] == "tab-charts"
     # Links to a tab and clicks work as before: the Events tab opens from its hash.
     page.goto(f"/jobs/{finished}/#events")
-    assert selected()[:2] == ("tablink-events", "tab-events")
+    settles("tablink-events", "tab-events")
     page.click("#tablink-validation")
-    assert selected()[:2] == ("tablink-validation", "tab-validation")
+    settles("tablink-validation", "tab-validation")
