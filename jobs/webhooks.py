@@ -71,7 +71,8 @@ WAIT_MIN_S, WAIT_MAX_S, WAIT_DEFAULT_S = 60, 7 * 86400, 3600
 RETRY_FOR = dt.timedelta(days=1)
 FIRST_RETRY_S, MAX_BACKOFF_S = 15, 3600
 SEND_TIMEOUT_S = 10
-LEASE_S = 60  # a delivery being sent is not picked up again for this long
+CLAIM = 4  # deliveries claimed at once: their tries take at most CLAIM * SEND_TIMEOUT_S or so
+LEASE_S = 60  # a claimed delivery is not picked up again for this long
 BATCH = 100  # deliveries one task sends
 TRIES_KEPT = 60  # a day of backoff is about 35 tries
 WAITING_SCAN = 1000  # waiting jobs one sweep looks at per webhook
@@ -391,24 +392,34 @@ def _enqueue(ids: list[int] | None) -> None:
 
 # -- delivering ------------------------------------------------------------------------------
 def deliver_due(ids: list[int] | None = None, now: dt.datetime | None = None) -> int:
-    """Send the deliveries that are due (those of `ids` only, when given). Each is leased for
-    LEASE_S first, so two workers do not send it at once; a worker that dies mid-send leaves
-    it to the sweep after the lease. Returns how many were sent (delivered or not)."""
+    """Send the deliveries that are due (those of `ids` only, when given), up to BATCH. They
+    are claimed CLAIM at a time, each leased for LEASE_S, longer than CLAIM tries can take, so
+    two workers do not send one at once; a worker that dies mid-send leaves its claim to the
+    sweep after the lease. Returns how many were sent (delivered or not)."""
     now = now or timezone.now()
+    sent = 0
+    while sent < BATCH:
+        claimed = _claim(ids, now)
+        if not claimed:
+            break
+        for delivery in WebhookDelivery.objects.filter(pk__in=claimed).select_related("webhook"):
+            _deliver(delivery, now)
+        sent += len(claimed)
+    return sent
+
+
+def _claim(ids: list[int] | None, now: dt.datetime) -> list[int]:
     with transaction.atomic():
         due = WebhookDelivery.objects.select_for_update(skip_locked=True).filter(
             state=WebhookDelivery.State.PENDING, next_at__lte=now
         )
         if ids is not None:
             due = due.filter(pk__in=ids)
-        claimed = list(due.order_by("next_at")[:BATCH].values_list("pk", flat=True))
+        claimed = list(due.order_by("next_at")[:CLAIM].values_list("pk", flat=True))
         WebhookDelivery.objects.filter(pk__in=claimed).update(
             next_at=now + dt.timedelta(seconds=LEASE_S)
         )
-    rows = WebhookDelivery.objects.filter(pk__in=claimed).select_related("webhook")
-    for delivery in rows:
-        _deliver(delivery, now)
-    return len(claimed)
+    return claimed
 
 
 def _deliver(delivery: WebhookDelivery, now: dt.datetime) -> None:
@@ -578,8 +589,7 @@ def _post(url: str, data: bytes, headers: dict, allow_private: bool) -> tuple[in
         conn = _PinnedHTTP(host, port, address, timeout=SEND_TIMEOUT_S)
     try:
         conn.request("POST", path, body=data, headers=headers)
-        response = conn.getresponse()
-        response.read(64 * 1024)
+        response = conn.getresponse()  # the status is the answer: the body is not read
         return response.status, response.reason
     finally:
         conn.close()

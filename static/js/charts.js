@@ -5,15 +5,7 @@
   if (!head || typeof Plotly === "undefined") return;
   const jobId = head.dataset.jobId;
   // Colours from the console's theme (theme.js), redone when it changes.
-  const themed = () => {
-    const line = window.StarforgeTheme.color("--line");
-    return {
-      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
-      font: { color: window.StarforgeTheme.color("--fg") },
-      "xaxis.gridcolor": line, "yaxis.gridcolor": line,
-      "xaxis.zerolinecolor": line, "yaxis.zerolinecolor": line,
-    };
-  };
+  const themed = () => window.StarforgeTheme.plotly();  // colours from theme.js
   const layout = (name, x) => {
     const t = themed();
     return {

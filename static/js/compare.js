@@ -47,15 +47,7 @@
   }
   if (!box || !source || typeof Plotly === "undefined") return;
   const data = JSON.parse(source.textContent);
-  const themed = () => {
-    const line = window.StarforgeTheme.color("--line");
-    return {
-      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
-      font: { color: window.StarforgeTheme.color("--fg") },
-      "xaxis.gridcolor": line, "yaxis.gridcolor": line,
-      "xaxis.zerolinecolor": line, "yaxis.zerolinecolor": line,
-    };
-  };
+  const themed = () => window.StarforgeTheme.plotly();  // colours from theme.js
   const layout = (title) => {
     const t = themed();
     return {

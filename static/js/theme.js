@@ -3,7 +3,8 @@
 // as <html data-theme> by the inline script in base.html's <head> before the first paint.
 //
 // StarforgeTheme.current() is "light" or "dark" as shown now; StarforgeTheme.color("--fg") a
-// custom property's colour as rgb(), for scripts that draw (Plotly). An "sf:theme" event on
+// custom property's colour as rgb(), for scripts that draw (Plotly; StarforgeTheme.plotly() is
+// the relayout of a chart's colours). An "sf:theme" event on
 // document tells them the shown theme may have changed.
 (function () {
   "use strict";
@@ -55,5 +56,15 @@
     button.addEventListener("click", () => set(ORDER[(ORDER.indexOf(choice()) + 1) % ORDER.length]));
   });
   media.addEventListener("change", () => { if (choice() === "system") changed(); });
-  window.StarforgeTheme = { current, color, choice };
+  // A Plotly relayout of the theme's colours: transparent backgrounds, text and grid lines.
+  function plotly() {
+    const line = color("--line");
+    return {
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+      font: { color: color("--fg") },
+      "xaxis.gridcolor": line, "yaxis.gridcolor": line,
+      "xaxis.zerolinecolor": line, "yaxis.zerolinecolor": line,
+    };
+  }
+  window.StarforgeTheme = { current, color, choice, plotly };
 })();

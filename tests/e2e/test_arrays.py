@@ -9,8 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.stack import Stack
-from tests.engines.proof import EngineProof
+from tests.engines.proof import EngineProof, on_local_stack
 
 pytestmark = pytest.mark.e2e
 TASK = (
@@ -20,14 +19,8 @@ TASK = (
 
 @pytest.fixture(scope="module")
 def proof(tmp_path_factory) -> Iterator[EngineProof]:
-    stack = Stack(tmp_path_factory.mktemp("var"))
-    try:
-        stack.start()
-        running = EngineProof(stack, tmp_path_factory.mktemp("client"), "local", lambda ref: False)
+    with on_local_stack(tmp_path_factory) as running:
         yield running
-        running.no_orphans()
-    finally:
-        stack.close()
 
 
 def test_an_array_runs_every_task_at_most_max_parallel_at_once(proof):

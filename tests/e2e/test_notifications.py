@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from jobs import webhooks
-from tests.e2e.stack import Stack, wait_until
-from tests.engines.proof import EngineProof
+from tests.e2e.stack import wait_until
+from tests.engines.proof import EngineProof, on_local_stack
 from tests.receiver import Receiver
 
 pytestmark = pytest.mark.e2e
@@ -20,14 +20,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def proof(tmp_path_factory) -> Iterator[EngineProof]:
-    stack = Stack(tmp_path_factory.mktemp("var"), SF_WEBHOOK_ALLOWED_NETS="127.0.0.0/8")
-    try:
-        stack.start()
-        running = EngineProof(stack, tmp_path_factory.mktemp("client"), "local", lambda ref: False)
+    with on_local_stack(tmp_path_factory, SF_WEBHOOK_ALLOWED_NETS="127.0.0.0/8") as running:
         yield running
-        running.no_orphans()
-    finally:
-        stack.close()
 
 
 def test_a_finished_job_reaches_a_failing_receiver_signed_and_retried_once_more(proof):

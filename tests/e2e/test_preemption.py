@@ -12,8 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.stack import Stack
-from tests.engines.proof import EngineProof
+from tests.engines.proof import EngineProof, on_local_stack
 
 pytestmark = pytest.mark.e2e
 GRACE_S = 30
@@ -22,16 +21,9 @@ TICK_S = 2.0  # the beat schedule's scheduler and reconciler ticks (starforge.se
 
 @pytest.fixture(scope="module")
 def proof(tmp_path_factory) -> Iterator[EngineProof]:
-    stack = Stack(
-        tmp_path_factory.mktemp("var"), SF_PREEMPT_MIN_RUNTIME_S="3", SF_PREEMPT_GRACE_S="30"
-    )
-    try:
-        stack.start()
-        running = EngineProof(stack, tmp_path_factory.mktemp("client"), "local", lambda ref: False)
+    env = {"SF_PREEMPT_MIN_RUNTIME_S": "3", "SF_PREEMPT_GRACE_S": "30"}
+    with on_local_stack(tmp_path_factory, **env) as running:
         yield running
-        running.no_orphans()
-    finally:
-        stack.close()
 
 
 @pytest.fixture(autouse=True)

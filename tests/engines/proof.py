@@ -326,3 +326,17 @@ def _api(stack: Stack, token: str, path: str):
 
 def _ts(value: str) -> dt.datetime:
     return dt.datetime.fromisoformat(value)
+
+
+@contextmanager
+def on_local_stack(tmp_path_factory: pytest.TempPathFactory, **env: str) -> Iterator[EngineProof]:
+    """The proof on the real stack with the local executor (`Stack`, with `env` for every
+    process), left with no orphaned backend object."""
+    stack = Stack(tmp_path_factory.mktemp("var"), **env)
+    try:
+        stack.start()
+        running = EngineProof(stack, tmp_path_factory.mktemp("client"), "local", lambda ref: False)
+        yield running
+        running.no_orphans()
+    finally:
+        stack.close()

@@ -395,3 +395,13 @@ def test_the_task_the_ledger_sends_by_name_exists():
     from jobs import tasks
 
     assert tasks.deliver_webhooks.name == webhooks.DELIVER_TASK
+
+
+def test_one_sweep_sends_every_due_delivery_a_few_claims_at_a_time(team, alice, receiver):
+    r = receiver()
+    webhooks.create(alice, r.url, ["failed"])
+    for _ in range(webhooks.CLAIM * 2 + 1):
+        ended(queued_job(team, alice), S.FAILED)
+    assert webhooks.deliver_due() == webhooks.CLAIM * 2 + 1
+    assert len(r.requests) == webhooks.CLAIM * 2 + 1
+    assert set(WebhookDelivery.objects.values_list("state", flat=True)) == {"delivered"}
