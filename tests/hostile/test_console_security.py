@@ -52,6 +52,13 @@ ROUTE_ARGS = {
     "team-defaults": {"name": "vision"},
     "tokens": {},
     "token-revoke": {"token_id": "TOKEN"},
+    "array-detail": {"array_id": "ARRAY"},
+    "array-action": {"array_id": "ARRAY", "verb": "stop"},
+    "compare": {},
+    "notifications": {},
+    "notification-add": {},
+    "notification-test": {"webhook_id": "HOOK"},
+    "notification-remove": {"webhook_id": "HOOK"},
     "login": {},
     "logout": {},
     "password_change": {},
@@ -66,16 +73,20 @@ ROUTE_ARGS = {
 @pytest.fixture
 def signed_in(team, alice, make_user, api):
     """A browser signed in as alice (a team admin), CSRF enforced, with her job and token."""
-    from jobs.models import Membership
+    from jobs.models import Membership, Webhook
 
     Membership.objects.filter(user=alice).update(role="admin")
     make_user("bob", team)
     job_id = submit(api)
     token, _ = create_token(alice, "laptop")
+    array = api.post("/arrays", {"entrypoint": ["python", "train.py"], "array": "0-1"}).json()
+    hook = Webhook.objects.create(
+        owner=alice, url="https://hooks.example.com/x", events=["failed"], secret="s" * 64
+    )
     browser = Client(enforce_csrf_checks=True)
     browser.force_login(alice)
     assert browser.get(reverse("tokens")).status_code == 200  # sets the CSRF cookie
-    return browser, {"JOB": job_id, "TOKEN": token.pk}
+    return browser, {"JOB": job_id, "TOKEN": token.pk, "ARRAY": array["id"], "HOOK": hook.pk}
 
 
 def fill(kwargs: dict, ids: dict) -> dict:

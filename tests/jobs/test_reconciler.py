@@ -48,7 +48,7 @@ def test_success_seen_while_pending_walks_through_running(backend, pending):
     start, end = timezone.now() - dt.timedelta(seconds=9), timezone.now()
     backend.states["ref-1"] = Observation("OK", exit_code=0, start_time=start, end_time=end)
     reconcile_all()
-    path = list(JobEvent.objects.filter(job=job).values_list("to_status", flat=True))
+    path = list(JobEvent.objects.filter(job=job).order_by("pk").values_list("to_status", flat=True))
     assert path == [S.RUNNING, S.SUCCEEDED]
     attempt.refresh_from_db()
     assert (attempt.exit_code, attempt.start_time, attempt.end_time) == (0, start, end)
@@ -238,7 +238,9 @@ def test_a_job_that_ended_between_ticks_is_billed_from_the_runners_start_report(
     reconcile_all()
     attempt.refresh_from_db()
     statuses = list(
-        JobEvent.objects.filter(job=job, kind="status").values_list("to_status", flat=True)
+        JobEvent.objects.filter(job=job, kind="status")
+        .order_by("pk")
+        .values_list("to_status", flat=True)
     )
     assert statuses[-2:] == [S.RUNNING, S.SUCCEEDED]
     assert (attempt.start_time, attempt.end_time) == (started, ended)

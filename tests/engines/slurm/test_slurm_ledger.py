@@ -62,7 +62,7 @@ def test_a_job_runs_to_success_through_the_ledger(slurm_team, bob, token):
     attempt.refresh_from_db()
     assert attempt.exit_code == 0 and attempt.native_state == "COMPLETED"
     assert attempt.start_time and attempt.end_time and attempt.start_time <= attempt.end_time
-    path = JobEvent.objects.filter(job=job, kind=JobEvent.Kind.STATUS)
+    path = JobEvent.objects.filter(job=job, kind=JobEvent.Kind.STATUS).order_by("pk")
     assert list(path.values_list("to_status", flat=True)) == [S.PENDING, S.RUNNING, S.SUCCEEDED]
 
 
