@@ -307,7 +307,7 @@ def array_10k() -> dict:
     out["admit_all_s"], out["ticks"] = round(elapsed, 3), ticks
     out["admitted_per_s"] = round(ARRAY_TASKS / elapsed, 1)
 
-    Job.objects.filter(status="PENDING").update(status="SUCCEEDED")  # free the quota
+    # The first array's tasks still hold 10,000 of the team's and the cluster's 20,000 GPUs.
     took, queries = submit(max_parallel=ARRAY_CAP)
     out["capped"] = {"max_parallel": ARRAY_CAP, "submit_s": round(took, 3)}
     for label in ("first", "steady"):

@@ -943,18 +943,13 @@ def _watch_lines(client: Any, args: argparse.Namespace, interval: float) -> None
 
 
 def _print_table(items: list[dict]) -> None:
-    from rich.console import Console
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)  # piped output: no terminal width to fit, keep columns whole
-    console.print(_jobs_table(items))
+    _console().print(_jobs_table(items))  # piped: 200 columns, no terminal width to fit
 
 
 def _jobs_table(items: list[dict]) -> Any:
-    from rich.table import Table
 
-    table = Table(box=None, header_style="bold", pad_edge=False)
+    table = _table()
     for col in ("ID", "NAME", "STATUS", "POS", "GPUS", "ATTEMPT", "TEAM", "USER", "SUBMITTED"):
         # Only the free-text columns may shrink; ids and states must stay readable.
         shrinks = col == "NAME"
@@ -1124,10 +1119,8 @@ def cmd_token_list(args: argparse.Namespace) -> None:
     if args.json:
         _print_json(tokens)
         return
-    from rich.console import Console
-    from rich.table import Table
 
-    table = Table(box=None, header_style="bold", pad_edge=False)
+    table = _table()
     for col in ("ID", "NAME", "PREFIX", "CREATED", "LAST USED", "EXPIRES", "REVOKED"):
         table.add_column(col, no_wrap=True, overflow="ellipsis" if col == "NAME" else "fold")
     for t in tokens:
@@ -1140,9 +1133,7 @@ def cmd_token_list(args: argparse.Namespace) -> None:
             _when(t.get("expires_at"), "never"),
             _when(t.get("revoked_at")),
         )
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
+    console = _console()
     console.print(table)
 
 
@@ -1159,10 +1150,8 @@ def cmd_usage(args: argparse.Namespace) -> None:
     if args.json:
         _print_json(answer)
         return
-    from rich.console import Console
-    from rich.table import Table
 
-    table = Table(box=None, header_style="bold", pad_edge=False, show_footer=True)
+    table = _table(show_footer=True)
     table.add_column(args.by.upper(), "TOTAL", no_wrap=True)
     table.add_column("GPU-HOURS", f"{answer['total_gpu_hours']:,.2f}", justify="right")
     table.add_column("GPU-SECONDS", f"{answer['total_gpu_seconds']:,.0f}", justify="right")
@@ -1175,9 +1164,7 @@ def cmd_usage(args: argparse.Namespace) -> None:
             f"{row['gpu_seconds']:,.0f}",
             f"{row.get('borrowed_gpu_hours', 0):,.2f}",
         )
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
+    console = _console()
     console.print(f"GPU usage {answer['since']} to {answer['until']} (UTC, until excluded)")
     console.print(table)
 
@@ -1203,19 +1190,15 @@ def cmd_notify_list(args: argparse.Namespace) -> None:
     if args.json:
         _print_json(hooks)
         return
-    from rich.console import Console
-    from rich.table import Table
 
-    table = Table(box=None, header_style="bold", pad_edge=False)
+    table = _table()
     for col in ("ID", "SCOPE", "ON", "KIND"):
         table.add_column(col, no_wrap=True, overflow="fold")
     table.add_column("URL", no_wrap=True, overflow="ellipsis")
     for hook in hooks:
         row = (hook.get("id"), _scope(hook), _events(hook), hook.get("kind"), hook.get("url"))
         table.add_row(*map(_name, row))
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
+    console = _console()
     console.print(table)
 
 
@@ -1311,9 +1294,8 @@ def cmd_team_list(args: argparse.Namespace) -> None:
     if args.json:
         _print_json(teams)
         return
-    from rich.table import Table
 
-    table = Table(box=None, header_style="bold", pad_edge=False)
+    table = _table()
     for col in ("NAME", "ROLE", "MEMBERS", "GPU QUOTA", "CAN MANAGE"):
         table.add_column(col, no_wrap=True, overflow="fold")
     for team in teams:
@@ -1413,10 +1395,18 @@ def _segment(text: str) -> str:
 
 
 def _console() -> Any:
+    """rich's console; piped, 200 columns wide (no terminal width to fit: columns stay whole)."""
     from rich.console import Console
 
     console = Console()
     return console if console.is_terminal else Console(width=200)
+
+
+def _table(**options: Any) -> Any:
+    """The CLI's tables: no box, bold headers, flush left."""
+    from rich.table import Table
+
+    return Table(box=None, header_style="bold", pad_edge=False, **options)
 
 
 def cmd_completion(args: argparse.Namespace) -> None:

@@ -195,13 +195,13 @@ def act(user: User, array_id: int, verb: str, failed_only: bool = False) -> dict
         acted += _apply(user, verb, ids[start : start + CHUNK], allowed)
     if acted and verb in ("resume", "retry"):
         kick.scheduler()
-    total = tasks.count()
+    by_state = counts([array.pk])[array.pk]
     return {
         "array": array.pk,
         "verb": verb,
         "acted": acted,
-        "left": total - acted,
-        "counts": counts([array.pk])[array.pk],
+        "left": sum(by_state.values()) - acted,
+        "counts": by_state,
     }
 
 

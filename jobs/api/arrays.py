@@ -81,25 +81,9 @@ def array_out(array: JobArray, by_state: dict[str, int]) -> dict:
 
 
 def array_detail(array: JobArray) -> dict:
-    tasks = arrays.tasks(array)
-    names, latest = arrays.latest_values([t.pk for t in tasks])
-    return {
-        **array_out(array, arrays.counts([array.pk])[array.pk]),
-        "metrics": names,
-        "tasks": [
-            {
-                "id": t.pk,
-                "index": t.array_index,
-                "params": t.array_params,
-                "status": t.status,
-                "reason": (t.status_reason.splitlines() or [""])[0][:300],
-                "attempt": t.attempt_count,
-                "retry_count": t.retry_count,
-                "latest": latest.get(t.pk, {}),
-            }
-            for t in tasks
-        ],
-    }
+    names, rows = arrays.task_rows(array)
+    by_state = arrays.counts([array.pk])[array.pk]
+    return {**array_out(array, by_state), "metrics": names, "tasks": rows}
 
 
 @router.post(

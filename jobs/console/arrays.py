@@ -23,18 +23,10 @@ def array_detail(request, array_id: int):
         array = arrays.get_visible_array(request.user, array_id)
     except NotFound as exc:
         raise Http404(exc.detail) from exc
-    tasks = arrays.tasks(array)
-    names, latest = arrays.latest_values([t.pk for t in tasks])
+    names, rows = arrays.task_rows(array)
+    for row in rows:  # the page's cells, in the order of its metric columns
+        row["values"] = [row["latest"].get(name) for name in names]
     by_state = arrays.counts([array.pk])[array.pk]
-    rows = [
-        {
-            "task": t,
-            "params": t.array_params,
-            "reason": (t.status_reason.splitlines() or [""])[0],
-            "values": [latest.get(t.pk, {}).get(name) for name in names],
-        }
-        for t in tasks
-    ]
     return render(
         request,
         "jobs/array.html",
@@ -44,7 +36,7 @@ def array_detail(request, array_id: int):
             "summary": arrays.summary(by_state),
             "metric_names": names,
             "rows": rows,
-            "shown": len(tasks),
+            "shown": len(rows),
             "can_control": teams.can_control_jobs(request.user, array.team_id),
             "verbs": VERBS,
         },

@@ -94,3 +94,23 @@ def latest_values(job_ids: list[int]) -> tuple[list[str], dict[int, dict[str, fl
         for job_id, by_name in latest.items()
     }
     return names, values
+
+
+def task_rows(array: JobArray) -> tuple[list[str], list[dict]]:
+    """The array's first tasks as the API and the array page show them, and the metric names
+    their `latest` values are of: in three queries whatever the number of tasks."""
+    shown = tasks(array)
+    names, latest = latest_values([t.pk for t in shown])
+    return names, [
+        {
+            "id": t.pk,
+            "index": t.array_index,
+            "params": t.array_params,
+            "status": t.status,
+            "reason": (t.status_reason.splitlines() or [""])[0][:300],
+            "attempt": t.attempt_count,
+            "retry_count": t.retry_count,
+            "latest": latest.get(t.pk, {}),
+        }
+        for t in shown
+    ]
