@@ -153,6 +153,9 @@ SF_WS_PORT = _env_int("SF_WS_PORT", 0) or None
 _default_db = f"sqlite:///{VAR_DIR / 'starforge.sqlite3'}"
 DATABASES = {"default": dj_database_url.parse(os.environ.get("DATABASE_URL") or _default_db)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Django's backend, whose writers wait for each other on a lock of their own rather than
+    # in SQLite's busy handler, which sleeps up to 100 ms at a time (starforge.db.sqlite3).
+    DATABASES["default"]["ENGINE"] = "starforge.db.sqlite3"
     # IMMEDIATE takes the write lock when a transaction starts, so two schedulers on the
     # embedded ledger serialise instead of failing with "database is locked" mid-transaction.
     # WAL (kept in the file once set) lets the web workers, the Celery worker and beat read
