@@ -81,9 +81,10 @@ def _in_thread(target) -> threading.Thread:
     return thread
 
 
-def test_a_second_writer_waits_for_the_first_and_begins_once_it_commits(ledger, tmp_path):
+def _holding_writer(ledger, seen: dict) -> tuple[threading.Thread, threading.Event]:
+    """A thread that writes "first" in a transaction and holds it until the event is set
+    (recording in `seen` when it goes on to commit); back once it holds the lock."""
     holding, release = threading.Event(), threading.Event()
-    seen: dict[str, object] = {}
 
     def first():
         connection = ledger()
@@ -93,38 +94,34 @@ def test_a_second_writer_waits_for_the_first_and_begins_once_it_commits(ledger, 
             release.wait(10)
             seen["first_committing"] = time.monotonic()
 
+    thread = _in_thread(first)
+    assert holding.wait(10)
+    return thread, release
+
+
+def test_a_second_writer_waits_for_the_first_and_begins_once_it_commits(ledger, tmp_path):
+    seen: dict[str, float] = {}
+    first, release = _holding_writer(ledger, seen)
+
     def second():
         connection = ledger()
-        holding.wait(10)
         with _transaction(connection):
             seen["second_began"] = time.monotonic()
             _write(connection, "second")
 
-    threads = [_in_thread(first)]
-    assert holding.wait(10)
-    threads.append(_in_thread(second))
+    waiting = _in_thread(second)
     time.sleep(0.3)
     assert "second_began" not in seen, "a second writer began while the first held the lock"
     assert (tmp_path / "ledger.sqlite3-writer.lock").exists()
     release.set()
-    for thread in threads:
+    for thread in (first, waiting):
         thread.join(10)
     assert seen["second_began"] > seen["first_committing"]
     assert _written(ledger()) == ["first", "second"]
 
 
 def test_a_wait_past_the_timeout_is_database_is_locked_and_loses_nothing(ledger):
-    holding, release = threading.Event(), threading.Event()
-
-    def first():
-        connection = ledger()
-        with _transaction(connection):
-            _write(connection, "first")
-            holding.set()
-            release.wait(10)
-
-    thread = _in_thread(first)
-    assert holding.wait(10)
+    thread, release = _holding_writer(ledger, {})
     waiting = ledger(timeout=0.2)
     try:
         with pytest.raises(OperationalError, match="database is locked"):
