@@ -8,6 +8,8 @@ The connections are the backend's own, on a SQLite file of the test's, driven th
 `commit` or `rollback`); each thread has its own, as Django gives them."""
 
 import contextlib
+import fcntl
+import os
 import threading
 import time
 
@@ -149,6 +151,45 @@ def test_a_rolled_back_or_closed_writer_lets_the_next_one_in(ledger):
     with _transaction(other):
         _write(other, "after the close")
     assert _written(other) == ["after the rollback", "after the close"]
+
+
+def test_a_process_forked_with_the_connection_keeps_out_of_its_parents_lock(ledger, tmp_path):
+    """As a Celery pool's processes and a preloading web server's workers are forked: the
+    child closes what it inherited (Celery's Django fixup does), which must not end the
+    parent's hold, and then waits for the parent as any other writer does."""
+    lock_file = tmp_path / "ledger.sqlite3-writer.lock"
+    parent = ledger(timeout=0.3)
+    with _transaction(parent):
+        _write(parent, "parent")
+        child = os.fork()
+        if child == 0:  # pragma: no cover (the child's verdict is its exit status)
+            code = 1
+            try:
+                parent.close()
+                code = 0 if _held(lock_file) else 3
+                parent._take_writer_lock()  # the lock alone: SQLite's own would refuse too
+            except OperationalError as exc:
+                code = code if "database is locked" in str(exc) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child let itself or others in"
+        assert _held(lock_file), "the child's close ended the parent's hold"
+        _write(parent, "parent, still holding")
+    assert not _held(lock_file)
+    assert _written(ledger()) == ["parent", "parent, still holding"]
+
+
+def _held(lock_file) -> bool:
+    """Whether some writer holds the lock, asked on a description of its own."""
+    fd = os.open(lock_file, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def test_an_in_memory_database_takes_no_lock_file():

@@ -32,7 +32,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._writer_fd: int | None = None
-        self._writer_path: str | None = None
+        self._writer_for: tuple[str, int] | None = None  # (lock file, process)
         self._writing = False
 
     def _start_transaction_under_autocommit(self):
@@ -77,21 +77,25 @@ class DatabaseWrapper(base.DatabaseWrapper):
         self._writing = True
 
     def _release_writer_lock(self) -> None:
-        if self._writing and self._writer_fd is not None:
-            fcntl.flock(self._writer_fd, fcntl.LOCK_UN)
+        """Unlock, unless the lock was taken by the process this one was forked from: the
+        descriptor is the parent's, and unlocking it would end the parent's hold."""
+        if self._writing and self._writer_for is not None and self._writer_for[1] == os.getpid():
+            fcntl.flock(self._writer_fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
         self._writing = False
 
     def _writer_file(self) -> int | None:
-        """The lock file's descriptor, opened once per connection object (its own open file
-        description: two threads of one process queue on it as two processes do). None for an
+        """The lock file's descriptor, opened once per connection object and process: its own
+        open file description, so two threads of one process queue on it as two processes do,
+        and a process forked with this object (a Celery pool's, a preloading server's) opens
+        its own rather than share its parent's, which would let both in at once. None for an
         in-memory database. The name is read each time: the test runner swaps it."""
-        name = str(self.settings_dict["NAME"])
         if self.is_in_memory_db():
             return None
-        path = f"{name}-writer.lock"
-        if self._writer_path != path:
+        opened_for = (f"{self.settings_dict['NAME']}-writer.lock", os.getpid())
+        if self._writer_for != opened_for:
             if self._writer_fd is not None:
-                os.close(self._writer_fd)
-            self._writer_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            self._writer_path = path
+                os.close(self._writer_fd)  # a parent's lock stays its own
+                self._writing = False
+            self._writer_fd = os.open(opened_for[0], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._writer_for = opened_for
         return self._writer_fd
