@@ -8,13 +8,14 @@ answer is exact at any moment without scanning every attempt.
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from django.db import connection, transaction
 from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from jobs.models import Attempt
+from jobs.reads.prepared import Prepared
 from metering.models import UsageRecord
 
 SWEEP_BATCH = 5000
@@ -145,22 +146,20 @@ def usage_totals(
     """`usage_rows`, and in the same read the part of each that ran on GPUs borrowed from
     other teams (only keys with some)."""
     now = now or timezone.now()
-    team_ids = None if teams is None else list(teams)
-    user_ids = None if users is None else list(users)
-    records = UsageRecord.objects.filter(day__gte=since, day__lt=until)
-    unrecorded = _unrecorded(since)
-    if team_ids is not None:
-        records = records.filter(team_id__in=team_ids)
-        unrecorded = unrecorded.filter(job__team_id__in=team_ids)
-    if user_ids is not None:
-        records = records.filter(user_id__in=user_ids)
-        unrecorded = unrecorded.filter(job__user_id__in=user_ids)
-    recorded, running = _read_consistently(
-        records.values_list("day", "team_id", "user_id", "cluster_id", "gpu_us", "borrowed_gpu_us"),
-        unrecorded,
-    )
+    team_ids = None if teams is None else sorted(set(teams))
+    user_ids = None if users is None else sorted(set(users))
     totals: dict[Key, int] = defaultdict(int)
     borrowed: dict[Key, int] = defaultdict(int)
+    if team_ids == [] or user_ids == []:
+        return totals, borrowed
+    # Every usage answer reads these: their SQL is built once per shape (jobs.reads.prepared).
+    shape = tuple(None if ids is None else len(ids) for ids in (team_ids, user_ids))
+    ids = {f"team{i}": pk for i, pk in enumerate(team_ids or ())}
+    ids |= {f"user{i}": pk for i, pk in enumerate(user_ids or ())}
+    recorded, running = _read_consistently(
+        lambda: RECORDS.rows(shape, since=since, until=until, **ids),
+        lambda: UNRECORDED.rows(shape, midnight=_midnight(since), **ids),
+    )
     for day, team, user, cluster, gpu_us, lent in recorded:
         totals[(day, team, user, cluster)] += gpu_us
         if lent:
@@ -174,11 +173,42 @@ def usage_totals(
     return totals, borrowed
 
 
+def _records(shape: tuple, since: dt.date, until: dt.date, **ids: int) -> QuerySet:
+    teams, users = shape
+    records = UsageRecord.objects.filter(day__gte=since, day__lt=until)
+    if teams is not None:
+        records = records.filter(team_id__in=[ids[f"team{i}"] for i in range(teams)])
+    if users is not None:
+        records = records.filter(user_id__in=[ids[f"user{i}"] for i in range(users)])
+    return records.values_list(
+        "day", "team_id", "user_id", "cluster_id", "gpu_us", "borrowed_gpu_us"
+    )
+
+
+def _unrecorded_of(shape: tuple, midnight: dt.datetime, **ids: int) -> QuerySet:
+    teams, users = shape
+    attempts = _unrecorded_since(midnight)
+    if teams is not None:
+        attempts = attempts.filter(job__team_id__in=[ids[f"team{i}"] for i in range(teams)])
+    if users is not None:
+        attempts = attempts.filter(job__user_id__in=[ids[f"user{i}"] for i in range(users)])
+    return attempts.values_list(*UNRECORDED_COLUMNS)
+
+
+UNRECORDED_COLUMNS = (
+    "pk", "job__team_id", "job__user_id", "job__cluster_id",
+    "start_time", "end_time", "gpus", "borrowed_from_id",
+)  # fmt: skip
+RECORDS = Prepared(_records)
+UNRECORDED = Prepared(_unrecorded_of)
+
+
 def team_gpu_us(since: dt.date, now: dt.datetime) -> dict[int, int]:
     """GPU-µs per team from `since` (a UTC day) to now: the scheduler's budget and fair share."""
-    records = UsageRecord.objects.filter(day__gte=since).values("team_id")
-    records = records.annotate(us=Sum("gpu_us"))
-    recorded, running = _read_consistently(records.values_list("team_id", "us"), _unrecorded(since))
+    by_team = UsageRecord.objects.filter(day__gte=since).values("team_id")
+    records = by_team.annotate(us=Sum("gpu_us")).values_list("team_id", "us")
+    unrecorded = _unrecorded_since(_midnight(since)).values_list(*UNRECORDED_COLUMNS)
+    recorded, running = _read_consistently(lambda: list(records), lambda: list(unrecorded))
     totals: dict[int, int] = defaultdict(int)
     for team, gpu_us in recorded:
         totals[team] += gpu_us or 0
@@ -189,24 +219,22 @@ def team_gpu_us(since: dt.date, now: dt.datetime) -> dict[int, int]:
     return totals
 
 
-def _unrecorded(since: dt.date) -> QuerySet[Attempt]:
-    """Attempts not in the records that may have run on or after `since`."""
+def _unrecorded_since(midnight: dt.datetime) -> QuerySet[Attempt]:
+    """Attempts not in the records that may have run at or after `midnight`."""
     return Attempt.objects.filter(metered=False, start_time__isnull=False).filter(
-        Q(end_time__isnull=True) | Q(end_time__gte=_midnight(since))
+        Q(end_time__isnull=True) | Q(end_time__gte=midnight)
     )
 
 
-def _read_consistently(records: QuerySet, unrecorded: QuerySet[Attempt]) -> tuple[list, list]:
-    """The unrecorded attempts, then the records, then a check that no such attempt was metered in
-    between (it would be counted twice); read again in that rare case."""
+def _read_consistently(
+    read_records: Callable[[], list], read_unrecorded: Callable[[], list]
+) -> tuple[list, list]:
+    """The unrecorded attempts (rows of UNRECORDED_COLUMNS), then the records, then a check
+    that no such attempt was metered in between (it would be counted twice); read again in that
+    rare case."""
     for _ in range(5):
-        running = list(
-            unrecorded.values_list(
-                "pk", "job__team_id", "job__user_id", "job__cluster_id",
-                "start_time", "end_time", "gpus", "borrowed_from_id",
-            )
-        )  # fmt: skip
-        recorded = list(records)
+        running = read_unrecorded()
+        recorded = read_records()
         ids = [row[0] for row in running]
         if not ids or not Attempt.objects.filter(pk__in=ids, metered=True).exists():
             break

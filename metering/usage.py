@@ -87,6 +87,8 @@ def usage_lines(
         return []
     now = now or timezone.now()
     rows, borrowed = usage_totals(since, until, now=now, teams=list(teams))
+    if not any(rows.values()):
+        return []
     users = dict(User.objects.filter(pk__in={k[2] for k in rows}).values_list("pk", "username"))
     clusters = dict(Cluster.objects.filter(pk__in={k[3] for k in rows}).values_list("pk", "name"))
     return sorted(

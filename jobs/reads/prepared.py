@@ -7,11 +7,13 @@ each request's parameter goes, keeps the SQL and the row converters Django chose
 database, and runs that SQL with the request's values put where the stand-ins were. The query
 is still written with the ORM, so the SQL is the one Django would send for the same QuerySet.
 
-Parameters are ints or strs, the types whose database value is the value itself; every
-stand-in must reach the SQL as a parameter (not a LIMIT, which Django writes inline), or
-building the read fails.
+Parameters are ints, strs, dates and aware datetimes. An int or str is its own database value;
+a date or datetime is turned into one as Django turns a DateField's or DateTimeField's value
+(on SQLite, text). Every stand-in must reach the SQL as a parameter (not a LIMIT, which Django
+writes inline), or building the read fails.
 """
 
+import datetime as dt
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -25,15 +27,20 @@ from django.db.models.sql.compiler import SQLCompiler
 # range of every integer column (Django refuses to build a lookup of an out-of-range value).
 _INT_STAND_IN = 2_140_000_000
 _STR_STAND_IN = "\x00starforge-parameter-"
+_DATE_STAND_IN = dt.date(1901, 1, 1)  # a day no ledger holds: Starforge did not exist
+_DATETIME_STAND_IN = dt.datetime(1901, 1, 1, tzinfo=dt.UTC)
+Value = int | str | dt.date | dt.datetime
 
 
 @dataclass(frozen=True)
 class _Compiled:
     sql: str
     params: tuple
-    # (index in params, parameter name, the type Django gave the stand-in: on PostgreSQL an
-    # int column's value comes typed, e.g. psycopg's Int4, and each request's is typed alike)
-    slots: tuple[tuple[int, str, type], ...]
+    # (index in params, parameter name, what makes a request's value the database's: for an
+    # int or str the type Django gave the stand-in (on PostgreSQL an int column's value comes
+    # typed, e.g. psycopg's Int4, and each request's is typed alike); for a date or datetime
+    # Django's own adapter)
+    slots: tuple[tuple[int, str, Callable], ...]
     compiler: SQLCompiler
     converters: dict
 
@@ -48,7 +55,7 @@ class Prepared:
         self._build = build
         self._compiled: dict[Hashable, _Compiled] = {}
 
-    def rows(self, shape: Hashable = (), /, **values: int | str) -> list[list]:
+    def rows(self, shape: Hashable = (), /, **values: Value) -> list[list]:
         compiled = self._compiled.get(shape)
         if compiled is None:
             compiled = self._compiled[shape] = self._compile(shape, values)
@@ -60,18 +67,22 @@ class Prepared:
             fetched = cursor.fetchall()
         return list(compiled.compiler.apply_converters(fetched, compiled.converters))
 
-    def _compile(self, shape: Hashable, values: dict[str, int | str]) -> _Compiled:
+    def _compile(self, shape: Hashable, values: dict[str, Value]) -> _Compiled:
         stand_ins = {name: _stand_in(i, value) for i, (name, value) in enumerate(values.items())}
         queryset = self._build(shape, **stand_ins)
         if queryset.db != DEFAULT_DB_ALIAS:
             raise ValueError(f"a prepared read runs on {DEFAULT_DB_ALIAS}, not {queryset.db}")
         compiler = queryset.query.get_compiler(using=queryset.db)
         sql, params = compiler.as_sql()
-        by_value = {value: name for name, value in stand_ins.items()}
+        # The stand-ins as they reach the SQL: a date's or datetime's adapted as Django does.
+        adapters = {name: _adapter(value) for name, value in stand_ins.items()}
+        by_value = {
+            (adapters[name] or (lambda v: v))(value): name for name, value in stand_ins.items()
+        }
         slots = tuple(
-            (i, by_value[p], type(p))
+            (i, by_value[p], adapters[by_value[p]] or type(p))
             for i, p in enumerate(params)
-            if isinstance(p, int | str) and not isinstance(p, bool) and p in by_value
+            if isinstance(p, Hashable) and not isinstance(p, bool) and p in by_value
         )
         missing = set(stand_ins) - {name for _, name, _ in slots}
         if missing:
@@ -100,12 +111,27 @@ def _cursor():
         return CursorWrapper(raw, connection)
 
 
-def _stand_in(index: int, value: int | str) -> int | str:
+def _stand_in(index: int, value: Value) -> Value:
     if type(value) is int:
         return _INT_STAND_IN - index
     if type(value) is str:
         return f"{_STR_STAND_IN}{index}"
-    raise TypeError(f"a prepared read takes ints and strs, not {type(value).__name__}")
+    if type(value) is dt.datetime and value.tzinfo is not None:
+        return _DATETIME_STAND_IN + dt.timedelta(seconds=index)
+    if type(value) is dt.date:
+        return _DATE_STAND_IN + dt.timedelta(days=index)
+    raise TypeError(f"a prepared read takes ints, strs, dates and aware datetimes, not {value!r}")
+
+
+def _adapter(stand_in: Value) -> Callable | None:
+    """Django's conversion of a date's or datetime's value for this database (None: an int's
+    or str's value is itself)."""
+    ops = connections[DEFAULT_DB_ALIAS].ops
+    if isinstance(stand_in, dt.datetime):
+        return ops.adapt_datetimefield_value
+    if isinstance(stand_in, dt.date):
+        return ops.adapt_datefield_value
+    return None
 
 
 def reader(user_id: int, staff: bool) -> User:
