@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from django.contrib.auth.models import User
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
@@ -19,7 +19,7 @@ from jobs import throttle
 from jobs.errors import ApiError, BadRequest, NotFound
 from jobs.job_tokens import BOOTSTRAP_SALT, JOB_TOKEN_SALT, attempt_of
 from jobs.models import ApiToken, Attempt
-from jobs.reads.prepared import Prepared
+from jobs.reads.prepared import Prepared, columns, models_of
 
 LAST_USED_RESOLUTION = dt.timedelta(minutes=1)
 NAME_MAX = ApiToken._meta.get_field("name").max_length or 100
@@ -158,12 +158,10 @@ class UserToken(HttpBearer):
         return row.user
 
 
-TOKEN_FIELDS = tuple(f.attname for f in ApiToken._meta.concrete_fields)
-USER_FIELDS = tuple(f.attname for f in User._meta.concrete_fields)
 # Read on every API request: its SQL is built once (jobs.reads.prepared).
 TOKEN_WITH_USER = Prepared(
     lambda shape, key_hash: ApiToken.objects.filter(key_hash=key_hash).values_list(
-        *TOKEN_FIELDS, *(f"user__{name}" for name in USER_FIELDS)
+        *columns(ApiToken), *columns(User, "user")
     )
 )
 
@@ -174,9 +172,7 @@ def _token_row(key_hash: str) -> ApiToken | None:
     if not rows:
         return None
     (row,) = rows  # the hash is unique
-    split = len(TOKEN_FIELDS)
-    token = ApiToken.from_db(DEFAULT_DB_ALIAS, TOKEN_FIELDS, row[:split])
-    token.user = User.from_db(DEFAULT_DB_ALIAS, USER_FIELDS, row[split:])
+    token, token.user = models_of(row, ApiToken, User)
     return token
 
 

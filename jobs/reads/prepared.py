@@ -16,11 +16,12 @@ writes inline), or building the read fails.
 import datetime as dt
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorWrapper
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.db.models.sql.compiler import SQLCompiler
 
 # Distinct per parameter and from any constant a read's own SQL holds; the int ones inside the
@@ -138,3 +139,22 @@ def reader(user_id: int, staff: bool) -> User:
     """A user to build a prepared read for: the visibility rules (`visible_jobs`,
     `visible_teams`) read only the user's pk and is_staff."""
     return User(pk=user_id, is_staff=staff)
+
+
+def columns(model: type[Model], path: str = "") -> tuple[str, ...]:
+    """A model's columns as `values_list` paths (through the relation `path`, e.g. "team"),
+    for a prepared read that `models_of` makes models of."""
+    prefix = f"{path}__" if path else ""
+    return tuple(f"{prefix}{field.attname}" for field in model._meta.concrete_fields)
+
+
+def models_of(row: list, *models: type[Model]) -> list[Any]:
+    """The models a prepared row of `columns(models[0]), columns(models[1], path), ...` holds,
+    as a QuerySet would load them (values already converted: `Model.from_db`)."""
+    made: list[Any] = []
+    start = 0
+    for model in models:
+        names = [field.attname for field in model._meta.concrete_fields]
+        made.append(model.from_db(DEFAULT_DB_ALIAS, names, row[start : start + len(names)]))
+        start += len(names)
+    return made
