@@ -146,16 +146,20 @@ def usage_totals(
     """`usage_rows`, and in the same read the part of each that ran on GPUs borrowed from
     other teams (only keys with some)."""
     now = now or timezone.now()
-    team_ids = None if teams is None else sorted(set(teams))
-    user_ids = None if users is None else sorted(set(users))
     totals: dict[Key, int] = defaultdict(int)
     borrowed: dict[Key, int] = defaultdict(int)
+    team_ids = None if teams is None else sorted(set(teams))
+    user_ids = None if users is None else sorted(set(users))
     if team_ids == [] or user_ids == []:
         return totals, borrowed
-    # Every usage answer reads these: their SQL is built once per shape (jobs.reads.prepared).
-    shape = tuple(None if ids is None else len(ids) for ids in (team_ids, user_ids))
-    ids = {f"team{i}": pk for i, pk in enumerate(team_ids or ())}
-    ids |= {f"user{i}": pk for i, pk in enumerate(user_ids or ())}
+    # Every usage answer reads these: their SQL is built once per shape (jobs.reads.prepared),
+    # the shape being how many teams and users it is narrowed to (None: not narrowed).
+    shape = tuple(None if pks is None else len(pks) for pks in (team_ids, user_ids))
+    ids = {
+        f"{kind}{i}": pk
+        for kind, pks in zip(IN, (team_ids, user_ids), strict=True)
+        for i, pk in enumerate(pks or ())
+    }
     recorded, running = _read_consistently(
         lambda: RECORDS.rows(shape, since=since, until=until, **ids),
         lambda: UNRECORDED.rows(shape, midnight=_midnight(since), **ids),
@@ -174,25 +178,27 @@ def usage_totals(
 
 
 def _records(shape: tuple, since: dt.date, until: dt.date, **ids: int) -> QuerySet:
-    teams, users = shape
     records = UsageRecord.objects.filter(day__gte=since, day__lt=until)
-    if teams is not None:
-        records = records.filter(team_id__in=[ids[f"team{i}"] for i in range(teams)])
-    if users is not None:
-        records = records.filter(user_id__in=[ids[f"user{i}"] for i in range(users)])
-    return records.values_list(
+    return _narrowed(records, shape, ids, "team_id", "user_id").values_list(
         "day", "team_id", "user_id", "cluster_id", "gpu_us", "borrowed_gpu_us"
     )
 
 
 def _unrecorded_of(shape: tuple, midnight: dt.datetime, **ids: int) -> QuerySet:
-    teams, users = shape
     attempts = _unrecorded_since(midnight)
-    if teams is not None:
-        attempts = attempts.filter(job__team_id__in=[ids[f"team{i}"] for i in range(teams)])
-    if users is not None:
-        attempts = attempts.filter(job__user_id__in=[ids[f"user{i}"] for i in range(users)])
-    return attempts.values_list(*UNRECORDED_COLUMNS)
+    narrowed = _narrowed(attempts, shape, ids, "job__team_id", "job__user_id")
+    return narrowed.values_list(*UNRECORDED_COLUMNS)
+
+
+IN = ("team", "user")  # the id parameters' names: team0, team1, ..., user0, ...
+
+
+def _narrowed(rows: QuerySet, shape: tuple, ids: dict[str, int], *fields: str) -> QuerySet:
+    """`rows` of the teams and users `ids` names, by `fields` (the team's, the user's)."""
+    for kind, count, field in zip(IN, shape, fields, strict=True):
+        if count is not None:
+            rows = rows.filter(**{f"{field}__in": [ids[f"{kind}{i}"] for i in range(count)]})
+    return rows
 
 
 UNRECORDED_COLUMNS = (

@@ -154,7 +154,7 @@ def _memberships(shape: tuple, user_id: int, name: str = "") -> QuerySet:
 
 
 def _clusters(shape: tuple, name: str) -> QuerySet:
-    return Cluster.objects.filter(name=name).order_by("pk").values_list(*prepared.columns(Cluster))
+    return Cluster.objects.filter(name=name).values_list(*prepared.columns(Cluster))
 
 
 # Every submission reads its membership and cluster: their SQL is built once (an ORM read of
@@ -192,10 +192,12 @@ def _check_priority(user: User, membership: Membership, priority: int) -> None:
 
 def _resolve_cluster(team: Team, name: str | None) -> Cluster:
     if name:
-        found = CLUSTER.rows(name=name)  # the name is unique
-        cluster = prepared.models_of(found[0], Cluster)[0] if found else None
-        if cluster is None:
-            cluster = teams.named(Cluster, name, "cluster", "clusters")  # the 400 naming them
+        found = CLUSTER.rows(name=name)  # the name is unique; none: the 400 naming them
+        cluster = (
+            prepared.models_of(found[0], Cluster)[0]
+            if found
+            else teams.named(Cluster, name, "cluster", "clusters")
+        )
     else:
         cluster = team.default_cluster or Cluster.objects.filter(name="local").first()
         if cluster is None:

@@ -14,6 +14,7 @@ writes inline), or building the read fails.
 """
 
 import datetime as dt
+import functools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -77,9 +78,10 @@ class Prepared:
         sql, params = compiler.as_sql()
         # The stand-ins as they reach the SQL: a date's or datetime's adapted as Django does.
         adapters = {name: _adapter(value) for name, value in stand_ins.items()}
-        by_value = {
-            (adapters[name] or (lambda v: v))(value): name for name, value in stand_ins.items()
-        }
+        by_value = {}
+        for name, value in stand_ins.items():
+            adapt = adapters[name]
+            by_value[adapt(value) if adapt else value] = name
         slots = tuple(
             (i, by_value[p], adapters[by_value[p]] or type(p))
             for i, p in enumerate(params)
@@ -145,7 +147,7 @@ def columns(model: type[Model], path: str = "") -> tuple[str, ...]:
     """A model's columns as `values_list` paths (through the relation `path`, e.g. "team"),
     for a prepared read that `models_of` makes models of."""
     prefix = f"{path}__" if path else ""
-    return tuple(f"{prefix}{field.attname}" for field in model._meta.concrete_fields)
+    return tuple(f"{prefix}{name}" for name in _attnames(model))
 
 
 def models_of(row: list, *models: type[Model]) -> list[Any]:
@@ -154,7 +156,12 @@ def models_of(row: list, *models: type[Model]) -> list[Any]:
     made: list[Any] = []
     start = 0
     for model in models:
-        names = [field.attname for field in model._meta.concrete_fields]
+        names = _attnames(model)
         made.append(model.from_db(DEFAULT_DB_ALIAS, names, row[start : start + len(names)]))
         start += len(names)
     return made
+
+
+@functools.cache
+def _attnames(model: type[Model]) -> tuple[str, ...]:
+    return tuple(field.attname for field in model._meta.concrete_fields)
