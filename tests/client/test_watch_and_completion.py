@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +35,18 @@ def jobs_api(fake_api: Any, sf_env: Any) -> Any:
 
 @pytest.fixture
 def ctrl_c_on_second_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The user presses Ctrl-C during the second pause between redraws: the pauses asked."""
+    """The user presses Ctrl-C during the second pause between redraws: the pauses asked.
+
+    `cli.time` is the `time` module itself, so every thread's sleep comes here; only the test's
+    own thread (the CLI's) is counted, and any other (a runner's metrics flusher an earlier test
+    left behind) sleeps as it would have: it once took the Ctrl-C, and the watch never ended."""
     asked: list[float] = []
+    cli_thread, real_sleep = threading.get_ident(), time.sleep
 
     def sleep(seconds: float) -> None:
+        if threading.get_ident() != cli_thread:
+            real_sleep(seconds)
+            return
         asked.append(seconds)
         if len(asked) == 2:
             raise KeyboardInterrupt
