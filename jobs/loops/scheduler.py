@@ -446,8 +446,10 @@ def _admit(
     attempt_ids = _submit(admit, now)
     preempted = _send_notices(ctx) if ctx.notices else []
     if considered_all:
-        entries, totals = _plan(ctx, waiting)
-        transaction.on_commit(lambda: store_plan.write(entries, totals, now.timestamp()))
+        # Worked out and kept once the tick's transaction has committed: on the embedded
+        # ledger that transaction holds the database's write lock, which submits wait for.
+        inputs = _plan_inputs(ctx, waiting)
+        transaction.on_commit(lambda: _keep_plan(inputs, now.timestamp()), robust=True)
     return TickResult(
         admitted=attempt_ids,
         waiting=sum(len(v) for v in reasons.values()),
@@ -455,11 +457,9 @@ def _admit(
     )
 
 
-def _plan(
-    ctx: _Context, waiting: list[queueplan.Waiting]
-) -> tuple[dict[int, dict], dict[int, int]]:
-    """Each waiting job's place in the queue and earliest start (jobs.loops.queueplan), from
-    this tick's holdings (its admissions included) and the active jobs' time limits."""
+def _plan_inputs(ctx: _Context, waiting: list[queueplan.Waiting]) -> tuple:
+    """What the queue plan is worked out from (`queueplan.plan`'s arguments), read now: this
+    tick's holdings (its admissions included), the active jobs' time limits, what is free."""
     now = ctx.now.timestamp()
     holdings = ctx.all_holdings()
     capacity: dict[int, int | None] = {}
@@ -470,8 +470,14 @@ def _plan(
         capacity[pk] = cap.total_gpus if cap.reachable else None
         free[pk] = cap.total_gpus - ctx.held.cluster[pk].gpus
     room = {pk: team.gpu_quota - ctx.held.team[pk].gpus for pk, team in ctx.teams.items()}
-    entries, totals = queueplan.plan(waiting, holdings, capacity, free, room, names, now)
-    return {job_id: entry.packed() for job_id, entry in entries.items()}, totals
+    return waiting, holdings, capacity, free, room, names, now
+
+
+def _keep_plan(inputs: tuple, at: float) -> None:
+    """Each waiting job's place in the queue and earliest start (jobs.loops.queueplan), kept
+    for the API to read (jobs.stores.queueplan)."""
+    entries, totals = queueplan.plan(*inputs)
+    store_plan.write({job_id: entry.packed() for job_id, entry in entries.items()}, totals, at)
 
 
 def _active_holdings(now: float, grace_s: Callable[[int], int]) -> list[queueplan.Holding]:

@@ -228,3 +228,71 @@ def test_a_job_the_plan_does_not_keep_says_whether_it_is_new_or_further_back(pla
     )
     assert places[3]["estimate_reason"].startswith("not placed yet: queued since")
     assert places[4]["queue_position"] is None and places[4]["estimate_reason"] == ""
+
+
+# -- the store: a change sent as a change ----------------------------------------------------
+
+
+def _entry(position: int) -> dict:
+    return planned([waiting(job, 0) for job in range(1, position + 1)])[position].packed()
+
+
+def _read(job_ids: list[int]) -> dict[int, dict]:
+    """The entries read back, with JSON's lists for the tuples they were written with."""
+    found = store.read(job_ids, {C})[0]
+    return {job: {**e, "a": [tuple(a) for a in e["a"]]} for job, e in found.items()}
+
+
+def _sent(monkeypatch) -> list[str]:
+    """The ways each write reached Redis: "change" (the script) or "whole" (a rename)."""
+    sent: list[str] = []
+    changed, replaced = store._changed, store._replace
+
+    def change(*args):
+        sent.append("change")
+        return changed(*args)
+
+    def whole(*args):
+        sent.append("whole")
+        return replaced(*args)
+
+    monkeypatch.setattr(store, "_changed", change)
+    monkeypatch.setattr(store, "_replace", whole)
+    return sent
+
+
+def test_a_plan_written_again_sends_only_what_changed_and_reads_as_if_written_whole(
+    plan_key, monkeypatch, settings
+):
+    sent = _sent(monkeypatch)
+    store._Written.version = ""  # as in a fresh process
+    at = timezone.now().timestamp()
+    store.write({1: _entry(1), 2: _entry(2), 3: _entry(3)}, {C: 3}, at)
+    store.write({1: _entry(1), 3: _entry(2), 4: _entry(3)}, {C: 3}, at + 1)
+    assert sent == ["whole", "change"]
+    assert _read([1, 2, 3, 4]) == {1: _entry(1), 3: _entry(2), 4: _entry(3)}  # 2 left, 3 up
+    assert store.read([1], {C})[1:] == ({C: 3}, at + 1)
+    conn = client(settings.REDIS_URL)
+    assert 0 < conn.ttl(store.KEY) <= store.TTL_S
+
+
+def test_a_plan_another_process_wrote_or_that_expired_is_written_whole(
+    plan_key, monkeypatch, settings
+):
+    sent = _sent(monkeypatch)
+    at = timezone.now().timestamp()
+    store.write({1: _entry(1), 2: _entry(2)}, {C: 2}, at)
+    mine = store._Written.version
+    # Another worker's tick: its plan, at its own version.
+    other = (store._Written.version, store._Written.fields, store._Written.entries)
+    store._Written.version = ""
+    store.write({5: _entry(1)}, {C: 1}, at + 1)
+    store._Written.version, store._Written.fields, store._Written.entries = other
+    assert store._Written.version == mine
+    store.write({1: _entry(1), 2: _entry(2)}, {C: 2}, at + 2)  # this process's next tick
+    assert sent[-2:] == ["change", "whole"]  # the change found another version
+    assert _read([1, 2, 5]) == {1: _entry(1), 2: _entry(2)}
+    client(settings.REDIS_URL).delete(store.KEY)  # expired, or flushed
+    store.write({1: _entry(1)}, {C: 1}, at + 3)
+    assert sent[-2:] == ["change", "whole"]
+    assert _read([1, 2]) == {1: _entry(1)} and store.read([1], {C})[1:] == ({C: 1}, at + 3)
