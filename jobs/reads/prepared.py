@@ -7,6 +7,10 @@ each request's parameter goes, keeps the SQL and the row converters Django chose
 database, and runs that SQL with the request's values put where the stand-ins were. The query
 is still written with the ORM, so the SQL is the one Django would send for the same QuerySet.
 
+Rows are converted as Django converts them, a column at a time, with one-argument stand-ins for
+the converters hot reads meet on every row (SQLite's text datetimes, JSON): a page of 50 jobs
+made some 650 converter calls through Django's generic loop, about a fifth of the page's time.
+
 Parameters are ints, strs, dates and aware datetimes. An int or str is its own database value;
 a date or datetime is turned into one as Django turns a DateField's or DateTimeField's value
 (on SQLite, text). Every stand-in must reach the SQL as a parameter (not a LIMIT, which Django
@@ -15,15 +19,18 @@ writes inline), or building the read fails.
 
 import datetime as dt
 import functools
+import json
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorWrapper
-from django.db.models import Model, QuerySet
-from django.db.models.sql.compiler import SQLCompiler
+from django.db.models import JSONField, Model, QuerySet
+from django.db.models.fields.json import KeyTransform
+from django.utils.dateparse import parse_datetime
 
 # Distinct per parameter and from any constant a read's own SQL holds; the int ones inside the
 # range of every integer column (Django refuses to build a lookup of an out-of-range value).
@@ -43,8 +50,7 @@ class _Compiled:
     # typed, e.g. psycopg's Int4, and each request's is typed alike); for a date or datetime
     # Django's own adapter)
     slots: tuple[tuple[int, str, Callable], ...]
-    compiler: SQLCompiler
-    converters: dict
+    converters: tuple[tuple[int, Callable[[Any], Any]], ...]  # (column, its conversion)
 
 
 class Prepared:
@@ -67,7 +73,12 @@ class Prepared:
         with _cursor() as cursor:
             cursor.execute(compiled.sql, params)
             fetched = cursor.fetchall()
-        return list(compiled.compiler.apply_converters(fetched, compiled.converters))
+        if not compiled.converters or not fetched:
+            return [list(row) for row in fetched]
+        columns = list(zip(*fetched, strict=True))
+        for index, convert in compiled.converters:
+            columns[index] = tuple(map(convert, columns[index]))
+        return [list(row) for row in zip(*columns, strict=True)]
 
     def _compile(self, shape: Hashable, values: dict[str, Value]) -> _Compiled:
         stand_ins = {name: _stand_in(i, value) for i, (name, value) in enumerate(values.items())}
@@ -91,7 +102,75 @@ class Prepared:
         if missing:
             raise ValueError(f"parameters {sorted(missing)} do not reach the SQL as parameters")
         fields = [column[0] for column in compiler.select[: compiler.col_count]]
-        return _Compiled(sql, tuple(params), slots, compiler, compiler.get_converters(fields))
+        converters = tuple(
+            (index, _conversion(convs, expression, compiler.connection))
+            for index, (convs, expression) in compiler.get_converters(fields).items()
+        )
+        return _Compiled(sql, tuple(params), slots, converters)
+
+
+def _conversion(convs: list[Callable], expression: Any, connection: Any) -> Callable[[Any], Any]:
+    """A column's converters as one function of its value: Django's own, in their order, each
+    known one replaced by a function that answers as it does."""
+    steps = [_known(convert, expression, connection) for convert in convs]
+    if len(steps) == 1:
+        return steps[0]
+
+    def chained(value: Any) -> Any:
+        for step in steps:
+            value = step(value)
+        return value
+
+    return chained
+
+
+def _known(convert: Callable, expression: Any, connection: Any) -> Callable[[Any], Any]:
+    method = getattr(convert, "__func__", None)
+    owner = getattr(convert, "__self__", None)
+    if connection.vendor == "sqlite" and method is _sqlite_operations().convert_datetimefield_value:
+        return _sqlite_datetime(connection.timezone if settings.USE_TZ else None)
+    if method is JSONField.from_db_value and getattr(owner, "decoder", None) is None:
+        return _json(keyed=isinstance(expression, KeyTransform))
+    return lambda value: convert(value, expression, connection)
+
+
+def _sqlite_operations() -> Any:
+    from django.db.backends.sqlite3.operations import DatabaseOperations  # needs sqlite3
+
+    return DatabaseOperations
+
+
+def _sqlite_datetime(zone: dt.tzinfo | None) -> Callable[[Any], Any]:
+    """SQLite's text datetimes, as `convert_datetimefield_value`: parsed, and made aware in
+    the connection's zone when USE_TZ is on and the text gives none."""
+
+    def convert(value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, dt.datetime):
+            value = parse_datetime(value)
+        if zone is not None and value.utcoffset() is None:
+            value = value.replace(tzinfo=zone)
+        return value
+
+    return convert
+
+
+def _json(keyed: bool) -> Callable[[Any], Any]:
+    """A JSON column, as `JSONField.from_db_value` without a decoder. (Not orjson: it reads an
+    int past 64 bits as a float.)"""
+
+    def convert(value: Any) -> Any:
+        if value is None:
+            return None
+        if keyed and not isinstance(value, str):  # SQLite extracts scalars as SQL values
+            return value
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+
+    return convert
 
 
 def _cursor():

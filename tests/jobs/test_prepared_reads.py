@@ -7,7 +7,8 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from jobs.models import Attempt
+from jobs.models import Attempt, Job
+from jobs.reads.job_rows import JOB_COLUMNS
 from jobs.reads.prepared import Prepared
 from metering.models import UsageRecord
 from tests.jobs.factories import queued_job, with_attempt
@@ -72,3 +73,34 @@ def test_a_read_built_with_a_value_of_another_kind_is_refused(value):
     unbuilt = Prepared(_ended_since)
     with pytest.raises(TypeError, match="a prepared read takes"):
         unbuilt.rows(since=value, team=1)
+
+
+def _job_rows(shape, team: int):
+    return Job.objects.filter(team_id=team).order_by("pk").values_list(*JOB_COLUMNS)
+
+
+JOB_ROWS = Prepared(_job_rows)
+
+
+def test_rows_are_converted_as_the_queryset_converts_them(team, alice, local_cluster):
+    """Every JobOut column, through the converters the reads replace (datetimes, JSON and keys
+    of it) and the ones they keep, against Django's own values for the same rows."""
+    # 2**70 + 1: an int past 64 bits, which a float cannot hold (orjson reads one as a float).
+    odd = ["x" * 3, {"nested": [1, 2.5, None, True]}, "\u00e9\u6f22", 2**70 + 1, -0.0]
+    local_cluster.settings = {**local_cluster.settings, "preempt_grace_s": 45}
+    local_cluster.save()
+    plain = queued_job(team, alice)
+    rich = queued_job(team, alice, entrypoint=["python", *map(str, odd)], then=odd)
+    with_attempt(
+        rich,
+        "RUNNING",
+        start_time=NOON,
+        preempted_at=NOON + dt.timedelta(seconds=1, microseconds=5),
+        ranks=[{"rank": 0, "node": "n1", "state": "RUNNING", "exit_code": None}],
+    )
+    expected = [list(row) for row in _job_rows((), team.pk)]
+    rows = JOB_ROWS.rows(team=team.pk)
+    assert rows == expected and len(rows) == 2
+    assert [type(v) for v in rows[1]] == [type(v) for v in expected[1]]
+    assert plain.pk == rows[0][0] and rows[1][-4].tzinfo is not None  # preempted_at, aware
+    assert rows[1][-3] == 45 and rows[1][JOB_COLUMNS.index("then")] == odd
