@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 KEY = "starforge:queue-plan"
 AT = "_at"  # the field holding when the plan was made (epoch seconds)
 WAITING = "_n:"  # + a cluster's id: how many jobs wait on it
+VERSION = "_v"  # the field holding the random version the hash was last written at
 # A plan no tick replaced for this long is dropped: reads then say there is none, rather than
 # show positions from a scheduler that stopped.
 TTL_S = 120
@@ -37,11 +38,9 @@ CHUNK = 2000  # fields per HSET
 # Waiting jobs per cluster the plan keeps (deeper ones are counted): a tick over 100,000
 # waiting jobs plans in tens of milliseconds, not seconds.
 PLAN_DEPTH = 1000
-
-
-VERSION = "_v"  # the field holding the random version the hash was last written at
-# KEYS[1] the plan; ARGV: the version the change was worked out from, the new one, the TTL, how
-# many fields leave, those fields, then field/value pairs. 0: the plan is not at that version.
+# KEYS[1] the plan; ARGV: the version the change was worked out from, the new one, the TTL, the
+# version's field, how many fields leave, those fields, then field/value pairs (an even count, so
+# chunks of 4,000 keep pairs whole). 0: the plan is not at that version, and nothing changed.
 APPLY_CHANGE = """
 if redis.call('HGET', KEYS[1], ARGV[4]) ~= ARGV[1] then return 0 end
 local gone = tonumber(ARGV[5])
@@ -78,7 +77,7 @@ def write(entries: dict[int, dict], totals: dict[int, int], at: float) -> None:
     r = client(settings.REDIS_URL)
     version = secrets.token_hex(8)
     try:
-        if not (_Written.version and _changed(r, fields, version)):
+        if not (_Written.version and _changed(fields, version)):
             _replace(r, fields, version)
     except redis.RedisError as exc:
         log.warning("the queue plan was not kept (Redis): %s", exc)
@@ -87,7 +86,7 @@ def write(entries: dict[int, dict], totals: dict[int, int], at: float) -> None:
     _Written.version, _Written.fields, _Written.entries = version, fields, entries
 
 
-def _changed(r: redis.Redis, fields: dict[str, str], version: str) -> bool:
+def _changed(fields: dict[str, str], version: str) -> bool:
     """Send only what changed since this process's last write; False: the plan is no longer
     the one it wrote."""
     before = _Written.fields

@@ -244,7 +244,10 @@ def _read(job_ids: list[int]) -> dict[int, dict]:
 
 
 def _sent(monkeypatch) -> list[str]:
-    """The ways each write reached Redis: "change" (the script) or "whole" (a rename)."""
+    """The ways each write reached Redis: "change" (the script) or "whole" (a rename), from a
+    process that has written no plan yet."""
+    for name, fresh in (("version", ""), ("fields", {}), ("entries", {})):
+        monkeypatch.setattr(store._Written, name, fresh)
     sent: list[str] = []
     changed, replaced = store._changed, store._replace
 
@@ -265,7 +268,6 @@ def test_a_plan_written_again_sends_only_what_changed_and_reads_as_if_written_wh
     plan_key, monkeypatch, settings
 ):
     sent = _sent(monkeypatch)
-    store._Written.version = ""  # as in a fresh process
     at = timezone.now().timestamp()
     store.write({1: _entry(1), 2: _entry(2), 3: _entry(3)}, {C: 3}, at)
     store.write({1: _entry(1), 3: _entry(2), 4: _entry(3)}, {C: 3}, at + 1)
@@ -296,3 +298,17 @@ def test_a_plan_another_process_wrote_or_that_expired_is_written_whole(
     store.write({1: _entry(1)}, {C: 1}, at + 3)
     assert sent[-2:] == ["change", "whole"]
     assert _read([1, 2]) == {1: _entry(1)} and store.read([1], {C})[1:] == ({C: 1}, at + 3)
+
+
+def test_a_change_of_thousands_of_entries_applies_whole(plan_key, monkeypatch):
+    """Past what one Lua unpack takes (about 8,000 values): every field is sent all the same."""
+    sent = _sent(monkeypatch)
+    at = timezone.now().timestamp()
+    first = {job: {**_entry(1), "c": job} for job in range(1, 9_001)}
+    store.write(first, {C: 9_000}, at)
+    second = {job: {**_entry(1), "c": job + 1} for job in range(8_901, 14_001)}
+    store.write(second, {C: 5_100}, at + 1)  # 8,900 leave, 100 change, 5,000 come
+    assert sent == ["whole", "change"]
+    found = store.read(list(range(1, 14_001)), {C})
+    assert found[0].keys() == second.keys() and found[1] == {C: 5_100}
+    assert all(entry["c"] == job + 1 for job, entry in found[0].items())
