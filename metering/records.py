@@ -20,6 +20,7 @@ from metering.models import UsageRecord
 
 SWEEP_BATCH = 5000
 ONE_US = dt.timedelta(microseconds=1)
+IN = ("team", "user")  # a usage read's id parameters: team0, team1, ..., user0, ...
 Key = tuple[dt.date, int, int, int]  # day, team_id, user_id, cluster_id
 
 
@@ -188,9 +189,6 @@ def _unrecorded_of(shape: tuple, midnight: dt.datetime, **ids: int) -> QuerySet:
     attempts = _unrecorded_since(midnight)
     narrowed = _narrowed(attempts, shape, ids, "job__team_id", "job__user_id")
     return narrowed.values_list(*UNRECORDED_COLUMNS)
-
-
-IN = ("team", "user")  # the id parameters' names: team0, team1, ..., user0, ...
 
 
 def _narrowed(rows: QuerySet, shape: tuple, ids: dict[str, int], *fields: str) -> QuerySet:

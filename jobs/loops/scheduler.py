@@ -35,6 +35,7 @@ budget is used up with `budget_hard_stop` set has its running GPU jobs stopped.
 
 import bisect
 import datetime as dt
+import functools
 import heapq
 import logging
 from collections import defaultdict, deque
@@ -448,8 +449,8 @@ def _admit(
     if considered_all:
         # Worked out and kept once the tick's transaction has committed: on the embedded
         # ledger that transaction holds the database's write lock, which submits wait for.
-        inputs = _plan_inputs(ctx, waiting)
-        transaction.on_commit(lambda: _keep_plan(inputs, now.timestamp()), robust=True)
+        plan = _planner(ctx, waiting)
+        transaction.on_commit(lambda: _keep_plan(plan, now.timestamp()), robust=True)
     return TickResult(
         admitted=attempt_ids,
         waiting=sum(len(v) for v in reasons.values()),
@@ -457,9 +458,9 @@ def _admit(
     )
 
 
-def _plan_inputs(ctx: _Context, waiting: list[queueplan.Waiting]) -> tuple:
-    """What the queue plan is worked out from (`queueplan.plan`'s arguments), read now: this
-    tick's holdings (its admissions included), the active jobs' time limits, what is free."""
+def _planner(ctx: _Context, waiting: list[queueplan.Waiting]) -> Callable[[], tuple]:
+    """`queueplan.plan` bound to what the plan is worked out from, read now: this tick's
+    holdings (its admissions included), the active jobs' time limits, what is free."""
     now = ctx.now.timestamp()
     holdings = ctx.all_holdings()
     capacity: dict[int, int | None] = {}
@@ -470,13 +471,13 @@ def _plan_inputs(ctx: _Context, waiting: list[queueplan.Waiting]) -> tuple:
         capacity[pk] = cap.total_gpus if cap.reachable else None
         free[pk] = cap.total_gpus - ctx.held.cluster[pk].gpus
     room = {pk: team.gpu_quota - ctx.held.team[pk].gpus for pk, team in ctx.teams.items()}
-    return waiting, holdings, capacity, free, room, names, now
+    return functools.partial(queueplan.plan, waiting, holdings, capacity, free, room, names, now)
 
 
-def _keep_plan(inputs: tuple, at: float) -> None:
+def _keep_plan(plan: Callable[[], tuple], at: float) -> None:
     """Each waiting job's place in the queue and earliest start (jobs.loops.queueplan), kept
     for the API to read (jobs.stores.queueplan)."""
-    entries, totals = queueplan.plan(*inputs)
+    entries, totals = plan()
     store_plan.write({job_id: entry.packed() for job_id, entry in entries.items()}, totals, at)
 
 

@@ -19,6 +19,8 @@ import functools
 import json
 import logging
 import secrets
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 import redis
 from django.conf import settings
@@ -56,43 +58,50 @@ return 1
 """
 
 
+@dataclass(frozen=True)
 class _Written:
-    """What this process last wrote: its version and every field's value."""
+    """What this process last wrote: its version ("": none, or not known to hold) and every
+    field's value, and the entries they were packed from."""
 
-    version = ""
-    fields: dict[str, str] = {}
-    entries: dict[int, dict] = {}
+    version: str = ""
+    fields: dict[str, str] = dataclass_field(default_factory=dict)
+    entries: dict[int, dict] = dataclass_field(default_factory=dict)
+
+
+_written = _Written()
 
 
 def write(entries: dict[int, dict], totals: dict[int, int], at: float) -> None:
     """Replace the plan: the kept jobs' entries and how many wait on each cluster. Never
     raises (a tick must not fail for its plan)."""
-    last = _Written.entries
+    global _written
+    last = _written
     fields = {AT: repr(at), **{f"{WAITING}{c}": str(n) for c, n in totals.items()}}
+    changed = [(name, value) for name, value in fields.items() if last.fields.get(name) != value]
     for job_id, entry in entries.items():
-        same = last.get(job_id) == entry  # cheaper than packing every entry again
-        fields[str(job_id)] = (
-            _Written.fields[str(job_id)] if same else json.dumps(entry, separators=(",", ":"))
-        )
+        name = str(job_id)
+        if last.entries.get(job_id) == entry:  # cheaper than packing every entry again
+            fields[name] = last.fields[name]
+        else:
+            fields[name] = json.dumps(entry, separators=(",", ":"))
+            changed.append((name, fields[name]))
+    gone = [name for name in last.fields if name not in fields]
     r = client(settings.REDIS_URL)
     version = secrets.token_hex(8)
     try:
-        if not (_Written.version and _changed(fields, version)):
+        if not (last.version and _changed(last.version, version, gone, changed)):
             _replace(r, fields, version)
     except redis.RedisError as exc:
         log.warning("the queue plan was not kept (Redis): %s", exc)
-        _Written.version, _Written.fields, _Written.entries = "", {}, {}
+        _written = _Written()
         return
-    _Written.version, _Written.fields, _Written.entries = version, fields, entries
+    _written = _Written(version, fields, entries)
 
 
-def _changed(fields: dict[str, str], version: str) -> bool:
-    """Send only what changed since this process's last write; False: the plan is no longer
-    the one it wrote."""
-    before = _Written.fields
-    gone = [name for name in before if name not in fields]
-    changed = [(k, v) for k, v in fields.items() if before.get(k) != v]
-    args: list[str | int] = [_Written.version, version, TTL_S, VERSION, len(gone), *gone]
+def _changed(before: str, version: str, gone: list[str], changed: list[tuple[str, str]]) -> bool:
+    """Send only what changed since this process's last write (at version `before`); False:
+    the plan is no longer the one it wrote."""
+    args: list[str | int] = [before, version, TTL_S, VERSION, len(gone), *gone]
     args += [item for pair in changed for item in pair]
     return bool(_script(settings.REDIS_URL)(keys=[KEY], args=args))
 

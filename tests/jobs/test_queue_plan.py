@@ -246,8 +246,7 @@ def _read(job_ids: list[int]) -> dict[int, dict]:
 def _sent(monkeypatch) -> list[str]:
     """The ways each write reached Redis: "change" (the script) or "whole" (a rename), from a
     process that has written no plan yet."""
-    for name, fresh in (("version", ""), ("fields", {}), ("entries", {})):
-        monkeypatch.setattr(store._Written, name, fresh)
+    monkeypatch.setattr(store, "_written", store._Written())
     sent: list[str] = []
     changed, replaced = store._changed, store._replace
 
@@ -284,13 +283,13 @@ def test_a_plan_another_process_wrote_or_that_expired_is_written_whole(
     sent = _sent(monkeypatch)
     at = timezone.now().timestamp()
     store.write({1: _entry(1), 2: _entry(2)}, {C: 2}, at)
-    mine = store._Written.version
+    mine = store._written.version
     # Another worker's tick: its plan, at its own version.
-    other = (store._Written.version, store._Written.fields, store._Written.entries)
-    store._Written.version = ""
+    other = store._written
+    store._written = store._Written()
     store.write({5: _entry(1)}, {C: 1}, at + 1)
-    store._Written.version, store._Written.fields, store._Written.entries = other
-    assert store._Written.version == mine
+    store._written = other
+    assert store._written.version == mine
     store.write({1: _entry(1), 2: _entry(2)}, {C: 2}, at + 2)  # this process's next tick
     assert sent[-2:] == ["change", "whole"]  # the change found another version
     assert _read([1, 2, 5]) == {1: _entry(1), 2: _entry(2)}
