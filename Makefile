@@ -31,15 +31,16 @@ engines: $(VENV)/.engines ## Install Ray (venv) and Slurm + munge (Debian) for t
 run: venv ## Start the whole product (SQLite, local executor, Redis if none is reachable)
 	$(PY) manage.py runstack
 
-test: venv engines ## Run the whole suite (starts PostgreSQL/Redis, Slurm and Ray when not running)
+test: venv engines ## Run the whole suite in two shards side by side (.ci/suite.py; starts PostgreSQL, Slurm and Ray when not running)
 	@command -v chromium >/dev/null || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
-	@.ci/services.sh start
-	@trap '.ci/services.sh stop' EXIT; \
-	export REDIS_URL=redis://127.0.0.1:$$(cat var/ci-redis-port)/11; \
-	$(MAKE) --no-print-directory test-postgres && $(MAKE) --no-print-directory test-sqlite
+	@.ci/services.sh start postgres
+	@trap '.ci/services.sh stop' EXIT; PG_URL=$(PG_URL) $(PY) .ci/suite.py
 
-# pytest exits 5 when it collected nothing: a suite that ran nothing is a failure.
+# One part of the suite at a time, in the foreground, against REDIS_URL (default: db 11 of the
+# Redis on 6379). pytest exits 5 when it collected nothing: a suite that ran nothing is a failure.
+test-postgres: export REDIS_URL ?= redis://127.0.0.1:6379/11
+test-sqlite: export REDIS_URL ?= redis://127.0.0.1:6379/11
 test-postgres:
 	@echo "== suite on PostgreSQL"; \
 	DATABASE_URL=$(PG_URL) $(PYTEST) -q --durations=15; rc=$$?; \

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Make sure the services the suite needs are up: PostgreSQL and Redis.
+# Make sure the services the suite needs are up: PostgreSQL and Redis (`start postgres`: only
+# PostgreSQL; `make test`'s shards each start a Redis of their own, .ci/suite.py).
 # Starts (and installs, when missing) only what is not already reachable, and records what it
 # started in var/ci-started so `services.sh stop` stops exactly that.
 set -euo pipefail
@@ -40,8 +41,10 @@ case "${1:-start}" in
   start)
     : >"$started"
     reachable 5432 || start_postgres
-    reachable 6379 || start_redis
-    echo "$redis_port" >var/ci-redis-port
+    if [ "${2:-}" != postgres ]; then  # `start postgres`: callers that start Redis themselves
+      reachable 6379 || start_redis
+      echo "$redis_port" >var/ci-redis-port
+    fi
     ;;
   stop)
     [ -f "$started" ] || exit 0

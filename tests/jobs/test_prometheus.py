@@ -52,8 +52,9 @@ def value(samples, name: str, **labels) -> float:
 
 @pytest.fixture
 def redis_db(settings):
-    """A Redis database of the tests' own, emptied of Starforge's keys before and after."""
-    settings.REDIS_URL = "redis://127.0.0.1:6379/13"
+    """A Redis database of the tests' own (13, on the suite's Redis server), emptied of
+    Starforge's keys before and after."""
+    settings.REDIS_URL = settings.REDIS_URL.rsplit("/", 1)[0] + "/13"
     conn = tickstats.client(settings.REDIS_URL)
 
     def clean() -> None:

