@@ -195,7 +195,7 @@ def main(names: list[str]) -> int:
         rc = suite.rcs.get(run.name)
         print(f"{run.name}: {'not run' if rc is None else 'passed' if rc == 0 else f'exit {rc}'}")
     if len(suite.rcs) < len(chosen) and not suite.failed():
-        return 1  # a slot whose Redis did not start ran nothing (its traceback is above)
+        return 1  # a slot died (its traceback is above: its Redis did not start...) and left runs
     failed = [rc for rc in suite.rcs.values() if rc != 0]
     return (failed[0] or 1) if failed else 0
 
