@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 PG = os.environ.get("PG_URL", "postgres://postgres@127.0.0.1:5432/starforge_ci")
@@ -122,7 +123,8 @@ class Slot(threading.Thread):
             env["DATABASE_URL"] = ""
             env["SF_SQLITE_TEST_DB"] = str(self.scratch / f"{run.name}.sqlite3")
         else:
-            env["DATABASE_URL"] = f"{PG}_{run.name}"
+            url = urlsplit(PG)  # the run's own database: the URL's name + _ + the run's
+            env["DATABASE_URL"] = urlunsplit(url._replace(path=f"{url.path}_{run.name}"))
         basetemp = self.scratch / run.name
         self.suite.say(run, f"== {run.title}: pytest {' '.join(run.args)}")
         started = time.monotonic()
