@@ -1,6 +1,6 @@
 """API benchmarks against the real web server: log ingest, `sf job logs` replay, `sf job status`.
 
-The server is gunicorn as `make run` and production start it (`starforge.serving`, two sync
+The server is granian as `make run` and production start it (`starforge.serving`, two
 workers) on a free port, pointed at this child's own database and a temporary SF_VAR_DIR, and
 at a real S3 server (`rclone serve s3`) with SF_BENCH_STORAGE=s3 (the `api-s3` benchmark).
 Ledger rows are set up here through the ORM on the same database; everything measured goes

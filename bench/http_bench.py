@@ -13,8 +13,9 @@ One run measures, one after another on this machine:
 - Starforge as production starts it: `starforge.settings_prod` on this child's PostgreSQL
   database, the web and websocket servers of `starforge.serving`, a Celery worker and beat.
 
-Both Starforges run SF_WEB_WORKERS sync workers (one per core, at least 4), the floor one per
-core; the Celery worker and beat tick beside them, as they do in use.
+Both Starforges run SF_WEB_WORKERS web workers (granian, one per core, at least 2), the floor
+gunicorn's sync workers, one per core; the Celery worker and beat tick beside them, as they do
+in use.
 
 Each Starforge holds JOBS jobs of one team on a `noop` cluster, half admitted and launched so
 their timelines have events, the other half held QUEUED by the team's quota (every tick reads
@@ -427,6 +428,7 @@ def _role(argv: list[str]) -> str:
     line = " ".join(argv)
     for needle, role in (
         ("gunicorn", "web"),
+        ("granian", "web"),
         ("uvicorn", "websocket"),
         ("worker", "worker"),
         ("beat", "beat"),

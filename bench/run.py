@@ -40,7 +40,7 @@ BENCHES: dict[str, tuple[str, int]] = {
     "tick-100k": ("one tick over 100,000 QUEUED jobs, 1 GPU quota per team", 300),
     "sched-starvation": ("an 8-GPU job behind a steady stream of 1-GPU jobs: its wait", 240),
     "array-10k": ("a 10,000-task array: submit in one request, then admit every task", 300),
-    "api": ("log ingest, sf job logs replay, sf job status against gunicorn", 600),
+    "api": ("log ingest, sf job logs replay, sf job status against the web server", 600),
     "api-s3": ("the same with snapshots and logs on a real S3 server (rclone serve s3)", 600),
     "console": ("jobs list and job page HTML with 1,000,000 jobs and 1,000,000 log lines", 600),
     "metrics": ("Charts series of 1,000,000 metric points: rollups vs raw, and ingest", 300),

@@ -1,5 +1,5 @@
 """ASGI entry point: Channels websockets for the console's live pages (and Django over HTTP, for
-a deployment that routes HTTP here too; `make run` and production serve HTTP from gunicorn,
+a deployment that routes HTTP here too; `make run` and production serve HTTP from granian,
 `starforge.wsgi`)."""
 
 import logging

@@ -138,15 +138,18 @@ TEMPLATES = [
 ASGI_APPLICATION = "starforge.asgi.application"
 WSGI_APPLICATION = "starforge.wsgi.application"
 
-# Serving (starforge.serving): HTTP from gunicorn's workers, websockets from the ASGI server.
-# SF_SERVING is "wsgi" in a gunicorn worker (starforge.wsgi sets it before these settings load).
-# SF_WEB_WORKERS: gunicorn processes, by default one per core and at least 4 (SQLite too: in
-# WAL mode several processes read while one writes). SF_PORT: where the console's pages are.
+# Serving (starforge.serving): HTTP from the web server's workers, websockets from the ASGI
+# server. SF_SERVING is "wsgi" in a web worker (starforge.wsgi sets it before these settings
+# load). SF_WEB_WORKERS: web worker processes, by default one per core and at least 2 (SQLite
+# too: in WAL mode several processes read while one writes); SF_WEB_THREADS: the requests each
+# serves at once (2: one waiting on a lock or a slow client leaves the process one to go on
+# with; more take turns at the GIL). SF_PORT: where the console's pages are.
 # SF_WS_PORT: the port the ASGI server takes websockets on when it has one of its own
 # (`runstack`: SF_PORT + 1); unset, pages open them on their own origin, where a proxy routes
 # /ws/ to the ASGI server.
 SF_SERVING = os.environ.get("SF_SERVING", "")
-SF_WEB_WORKERS = _env_int("SF_WEB_WORKERS", max(4, os.cpu_count() or 1))
+SF_WEB_WORKERS = _env_int("SF_WEB_WORKERS", max(2, os.cpu_count() or 1))
+SF_WEB_THREADS = _env_int("SF_WEB_THREADS", 2)
 SF_PORT = _env_int("SF_PORT", 8000)
 SF_WS_PORT = _env_int("SF_WS_PORT", 0) or None
 
@@ -291,7 +294,7 @@ SF_METRIC_BATCH_MAX_POINTS = _env_int("SF_METRIC_BATCH_MAX_POINTS", 20000)
 SF_INGEST_MAX_BODY_BYTES = _env_int("SF_INGEST_MAX_BODY_MB", 16) * 1024 * 1024
 SF_LOG_PAGE_MAX_LINES = 50000
 # How long a follow of a job's log (`sf job logs`, a long poll) may be held waiting for new
-# lines. A gunicorn sync worker held is a worker no other request can have, so under WSGI a
+# lines. A web worker held is a worker no other request can have, so under WSGI a
 # client that pauses between follows (`poll=true`, as `sf` does) is answered at once and told
 # when to ask again (`poll_after_s`); an ASGI server waits on an event loop and holds the
 # request as long as the client asks (at most 30 s).

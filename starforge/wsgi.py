@@ -1,29 +1,80 @@
-"""WSGI entry point: every HTTP request (API, console pages, admin, static) in gunicorn's sync
-workers, one process per core.
-
-Sync Django under ASGI pays a thread hop per request and one process for all of them; a sync
-worker runs the view on its own thread and keeps its database connection between requests.
-The console's websockets stay on the ASGI server (`starforge.asgi`), which `manage.py runstack`
-starts beside gunicorn (see `starforge.settings`, serving).
+"""WSGI entry point: every HTTP request (API, console pages, admin, static) in the web server's
+worker processes (granian, one per core, each serving one request at a time; see
+`starforge.serving`).
 
 Once the application and every view and API schema are loaded, the objects they made are
 frozen out of the garbage collector's reach: they live as long as the worker, and a full
 collection walking them all stopped a worker for 90 to 320 ms under load on two cores, several
 times a minute (the tail of `bench/http_bench.py`'s latencies); after the freeze one takes a
 few milliseconds, over what requests leave behind.
+
+`serve` is what the web server loads in each worker: the application, with the two things a
+worker of that server needs that it does not do itself (see there).
 """
 
 import gc
+import logging
 import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
 from importlib import import_module
 
 from django.conf import settings
 from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "starforge.settings")
-# Read by the settings: a sync worker keeps its database connection between requests.
 os.environ["SF_SERVING"] = "wsgi"
 application = get_wsgi_application()
 import_module(settings.ROOT_URLCONF)  # every view and the API's schemas, loaded now
 gc.collect()
 gc.freeze()
+
+log = logging.getLogger(__name__)
+PARENT_CHECK_S = 1.0
+STOP_GRACE_S = 10.0
+
+WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
+
+
+def serve() -> WSGIApp:
+    """The application for one web server worker (granian's `--factory` target, called in the
+    worker): it stops when its server process dies, and its requests carry no server
+    environment."""
+    _stop_with(os.getppid())
+    return without_server_environment(application, dict(os.environ))
+
+
+def without_server_environment(app: WSGIApp, server_env: dict[str, str]) -> WSGIApp:
+    """`app`, given each request's environ less the variables of `server_env`.
+
+    granian starts every request's environ from a copy of the process environment (the CGI
+    habit): SF_SECRET_KEY, DATABASE_URL with its password, the object store's keys would sit in
+    `request.META`, where an error report or any code that echoes headers would carry them off,
+    and a server variable named like a header (HTTP_PROXY) would read as one the client sent.
+    What the request set is kept: a key whose value differs from the server's."""
+
+    def wsgi(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        for key, value in server_env.items():
+            if environ.get(key) == value:
+                del environ[key]
+        return app(environ, start_response)
+
+    return wsgi
+
+
+def _stop_with(parent: int) -> None:
+    """Stop this worker once `parent` (its server process) is gone: a server SIGKILLed, or
+    killed by the OOM killer, would otherwise leave its workers serving its port unsupervised.
+    SIGTERM first (the worker finishes what it serves), then exit."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        log.warning("the web server (pid %d) is gone; this worker stops", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(STOP_GRACE_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="sf-parent-watch", daemon=True).start()

