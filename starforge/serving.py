@@ -15,10 +15,9 @@ times (`bench/RESULTS.md`).
 A request in progress holds one of its worker's threads, so nothing here waits: under WSGI a
 log follow is answered at once with when to ask again (SF_LOG_FOLLOW_HOLD_S). A download
 streams for as long as the client reads (granian has no per-request timeout); in production
-the proxy in front buffers it. The console's live pages
-keep their websockets on the ASGI server (`starforge.asgi`, uvicorn), which `manage.py
-runstack` starts on a port of its own (SF_WS_PORT); in production a proxy routes /ws/ to it on
-the site's own origin instead.
+the proxy in front buffers it. The console's live pages keep their websockets on the ASGI
+server (`starforge.asgi`, uvicorn), which `manage.py runstack` starts on a port of its own
+(SF_WS_PORT); in production a proxy routes /ws/ to it on the site's own origin instead.
 
 The argv builders are the one place both commands are spelled: `runstack`, the end-to-end
 stack and the HTTP benchmark start exactly these.
@@ -48,7 +47,7 @@ def web_server_argv(host: str, port: int, workers: int) -> list[str]:
         "--workers",
         str(workers),
         "--blocking-threads",
-        str(max(1, settings.SF_WEB_THREADS)),
+        str(settings.SF_WEB_THREADS),
         "--runtime-threads",
         "1",
         "--no-ws",

@@ -150,6 +150,8 @@ WSGI_APPLICATION = "starforge.wsgi.application"
 SF_SERVING = os.environ.get("SF_SERVING", "")
 SF_WEB_WORKERS = _env_int("SF_WEB_WORKERS", max(2, os.cpu_count() or 1))
 SF_WEB_THREADS = _env_int("SF_WEB_THREADS", 2)
+if SF_WEB_THREADS < 1:
+    raise RuntimeError(f"SF_WEB_THREADS must be at least 1, got {SF_WEB_THREADS}")
 SF_PORT = _env_int("SF_PORT", 8000)
 SF_WS_PORT = _env_int("SF_WS_PORT", 0) or None
 
