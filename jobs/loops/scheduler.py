@@ -3,9 +3,10 @@ gates, in fair-share order between teams.
 
 One tick reads the whole queue in one query, keeps running sums per team, member, cluster and
 team-on-cluster in memory, and writes admissions and waiting reasons in batches, so its query
-count does not grow with the queue. Admissions are serialised by a lock held for the tick's
-transaction (a PostgreSQL advisory lock; SQLite's write lock on the embedded ledger), so two
-schedulers at once never over-admit: the second one finds the lock taken and skips its tick.
+count does not grow with the queue. Ticks take turns (a PostgreSQL advisory lock held for the
+tick's transaction; a lock file beside the embedded ledger, whose tick reads and decides outside
+the database's write lock and then writes), so two schedulers at once never over-admit: the
+second one finds the turn taken and skips its tick.
 
 Fair share: the queue is offered team by team. A team's score is its GPU-hours over the last
 `FAIR_SHARE_DAYS` days plus the GPUs it holds now (each counted as an hour), divided by its GPU
@@ -34,12 +35,12 @@ budget is used up with `budget_hard_stop` set has its running GPU jobs stopped.
 """
 
 import bisect
+import contextlib
 import datetime as dt
-import functools
 import heapq
 import logging
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import partial
@@ -72,6 +73,7 @@ from jobs.states import JobStatus
 from jobs.stores import queueplan as store_plan
 from jobs.windows import Window, WindowSpecError, parse_window
 from metering.records import meter_ended, team_gpu_us
+from starforge.db.sqlite3.base import turn as sqlite_turn
 
 log = logging.getLogger(__name__)
 S = JobStatus
@@ -352,33 +354,75 @@ class _Context:
 
 
 def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
-    """One scheduler tick. Safe to run concurrently and repeatedly."""
+    """One scheduler tick. Safe to run concurrently and repeatedly: one tick at a time has the
+    turn (`_turn`); a tick that finds it taken skips."""
     now = now or timezone.now()
     requeue_due_retries(now)  # cooled-down FAILED jobs join this tick's queue
     meter_ended()  # usage records current before budgets and fair share read them
     capacities = _cluster_capacities()  # asks the engines, outside any transaction
-    with transaction.atomic():
-        if not _take_scheduler_lock():
+    with _turn() as writing:
+        if writing is None:
             return TickResult(skipped=True)
-        teams = {t.pk: t for t in Team.objects.all()}
-        windows = _windows()
-        month_us = _month_usage(teams, now)
-        stopped = _hard_stops(teams, month_us, now)
-        paused, resumed = _apply_window_policy(now, teams, windows)
-        requeued = _requeue_preempted()
-        result = _admit(now, teams, windows, capacities, month_us)
+        with writing():
+            teams = {t.pk: t for t in Team.objects.all()}
+            windows = _windows()
+            month_us = _month_usage(teams, now)
+            stopped = _hard_stops(teams, month_us, now)
+            paused, resumed = _apply_window_policy(now, teams, windows)
+            requeued = _requeue_preempted()
+        decided = _decide(now, teams, windows, capacities, month_us)
+        with writing():
+            result = _record(decided)
     result.stopped, result.paused, result.resumed = stopped, paused, resumed
     result.requeued = requeued
     return result
 
 
-def _admit(
+@contextlib.contextmanager
+def _turn() -> Iterator[Callable[[], contextlib.AbstractContextManager] | None]:
+    """The tick's turn: None while another tick has it; inside, what each of the tick's writing
+    steps runs in.
+
+    On PostgreSQL one transaction holds an advisory lock, and every step runs inside it. On the
+    embedded ledger a lock file of its own is the turn (`starforge.db.sqlite3.turn`) and each
+    writing step is a transaction of its own: the database's write lock, which every submit
+    waits for, is held while the tick writes, not while it reads the queue and decides (tens of
+    milliseconds; several times that while the web workers keep the cores busy). What the
+    tick decided on still holds when it writes: only a tick admits, and only one has the turn,
+    so what the active jobs hold can only have shrunk meanwhile; a job that left the queue
+    meanwhile (stopped, deleted) is not admitted, as every write of the tick expects QUEUED."""
+    if connection.vendor == "postgresql":
+        with transaction.atomic():
+            yield contextlib.nullcontext if _take_advisory_lock() else None
+        return
+    with sqlite_turn("scheduler") as mine:
+        if mine is None:  # an in-memory database: one process, one transaction
+            with transaction.atomic():
+                yield contextlib.nullcontext
+        else:
+            yield transaction.atomic if mine else None
+
+
+@dataclass
+class _Decided:
+    """What a tick decided, to be written: admissions, new waiting reasons, the waiting jobs in
+    the order considered (the queue plan's order), and whether it considered every job."""
+
+    ctx: _Context
+    admit: list[tuple[int, int, dict]]
+    reasons: dict[str, list[int]]
+    waiting: list[queueplan.Waiting]
+    considered_all: bool
+
+
+def _decide(
     now: dt.datetime,
     teams: dict[int, Team],
     windows: dict[int, Window],
     capacities: dict[int, tuple[Cluster, Capacity]],
     month_us: dict[int, int],
-) -> TickResult:
+) -> _Decided:
+    """Offer the queue in fair-share order through the gates; reads only."""
     ctx = _Context(
         now=now,
         teams=teams,
@@ -441,28 +485,40 @@ def _admit(
             )
         if queue[team_id]:
             heapq.heappush(turn, (score, team_id))
-    for reason, ids in reasons.items():
+    return _Decided(ctx, admit, reasons, waiting, considered_all)
+
+
+def _record(decided: _Decided) -> TickResult:
+    """Write what the tick decided: waiting reasons, admissions, preemption notices."""
+    ctx = decided.ctx
+    for reason, ids in decided.reasons.items():
         # A waiting reason is not a status change: no event, and only QUEUED rows are touched.
         Job.objects.filter(pk__in=ids, status=S.QUEUED).update(status_reason=reason)
-    attempt_ids = _submit(admit, now)
+    attempt_ids = _submit(decided.admit, ctx.now)
     preempted = _send_notices(ctx) if ctx.notices else []
-    if considered_all:
-        # Worked out and kept once the tick's transaction has committed: on the embedded
-        # ledger that transaction holds the database's write lock, which submits wait for.
-        plan = _planner(ctx, waiting)
-        transaction.on_commit(lambda: _keep_plan(plan, now.timestamp()), robust=True)
+    if decided.considered_all:
+        # Worked out and kept once the tick's writes have committed: on the embedded ledger
+        # their transaction holds the database's write lock, which submits wait for.
+        plan = _planner(ctx, decided.waiting)
+        at = ctx.now.timestamp()
+        transaction.on_commit(lambda: _keep_plan(plan, at), robust=True)
     return TickResult(
         admitted=attempt_ids,
-        waiting=sum(len(v) for v in reasons.values()),
+        waiting=sum(len(v) for v in decided.reasons.values()),
         preempted=preempted,
     )
 
 
 def _planner(ctx: _Context, waiting: list[queueplan.Waiting]) -> Callable[[], tuple]:
-    """`queueplan.plan` bound to what the plan is worked out from, read now: this tick's
-    holdings (its admissions included), the active jobs' time limits, what is free."""
+    """`queueplan.plan` bound to what the plan is worked out from: what is free and the quota
+    room, read now, and what the active jobs hold until when, this tick's admissions included.
+    Those holdings are read when the plan is worked out, after the tick commits (the
+    admissions are active rows by then), unless the tick already read them for a reservation:
+    on the embedded ledger that read of every active job would otherwise hold the write lock
+    that submits wait for."""
     now = ctx.now.timestamp()
-    holdings = ctx.all_holdings()
+    read = ctx.holdings
+    holdings = read + ctx.admitted if read is not None else None
     capacity: dict[int, int | None] = {}
     free: dict[int, int] = {}
     names: dict[int, str] = {}
@@ -471,7 +527,13 @@ def _planner(ctx: _Context, waiting: list[queueplan.Waiting]) -> Callable[[], tu
         capacity[pk] = cap.total_gpus if cap.reachable else None
         free[pk] = cap.total_gpus - ctx.held.cluster[pk].gpus
     room = {pk: team.gpu_quota - ctx.held.team[pk].gpus for pk, team in ctx.teams.items()}
-    return functools.partial(queueplan.plan, waiting, holdings, capacity, free, room, names, now)
+    grace_s = ctx.grace_s
+
+    def plan() -> tuple:
+        held = holdings if holdings is not None else _active_holdings(now, grace_s)
+        return queueplan.plan(waiting, held, capacity, free, room, names, now)
+
+    return plan
 
 
 def _keep_plan(plan: Callable[[], tuple], at: float) -> None:
@@ -821,9 +883,10 @@ def _send_notices(ctx: _Context) -> list[int]:
     for notice in ctx.notices:
         lender = ctx.teams[notice.lender].name
         for victim in notice.victims:
-            marked = Attempt.objects.filter(pk=victim.attempt, preempted_at__isnull=True).update(
-                preempted_at=ctx.now, preempted_for_id=notice.job.id
-            )
+            # An attempt that ended since the tick read it is told nothing.
+            marked = Attempt.objects.filter(
+                pk=victim.attempt, preempted_at__isnull=True, end_time__isnull=True
+            ).update(preempted_at=ctx.now, preempted_for_id=notice.job.id)
             if not marked:
                 continue
             grace = ctx.grace_s(victim.cluster)
@@ -1226,9 +1289,7 @@ def _record_health(cluster: Cluster, capacity: Capacity) -> None:
         )
 
 
-def _take_scheduler_lock() -> bool:
-    if connection.vendor != "postgresql":
-        return True  # SQLite: the IMMEDIATE transaction already holds the database write lock
+def _take_advisory_lock() -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [ADVISORY_LOCK_KEY])
         return bool(cursor.fetchone()[0])

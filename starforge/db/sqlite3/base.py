@@ -16,13 +16,19 @@ for. The kernel drops the lock of a process that dies. A writer that waits longe
 database's `timeout` gets the error SQLite would give, "database is locked".
 
 An in-memory database has no file beside it and one process; it gets Django's backend as is.
+
+`turn` is the same kind of lock under another name, for work that must run one at a time
+across every process of the ledger without holding the write lock all along (the scheduler's
+tick: its reads run outside any transaction, so submits are not kept waiting on them).
 """
 
+import contextlib
 import fcntl
 import os
 import time
+from collections.abc import Iterator
 
-from django.db import OperationalError
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
 from django.db.backends.sqlite3 import base
 
 POLL_S = 0.001
@@ -99,3 +105,27 @@ class DatabaseWrapper(base.DatabaseWrapper):
             self._writer_fd = os.open(opened_for[0], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             self._writer_for = opened_for
         return self._writer_fd
+
+
+@contextlib.contextmanager
+def turn(name: str, using: str = DEFAULT_DB_ALIAS) -> Iterator[bool | None]:
+    """Whether this process holds the turn called `name` of the SQLite database `using`, a lock
+    file beside it that the kernel drops with a process that dies: True inside while it is
+    held, False when another process (or connection) holds it now, without waiting; None for an
+    in-memory database, which has no file and one process."""
+    connection = connections[using]
+    assert isinstance(connection, base.DatabaseWrapper), "a turn is a SQLite database's"
+    if connection.is_in_memory_db():
+        yield None
+        return
+    path = f"{connection.settings_dict['NAME']}-{name}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # ends the hold: the descriptor is this call's own
