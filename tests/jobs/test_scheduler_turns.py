@@ -14,8 +14,7 @@ from jobs.models import Job
 from jobs.states import JobStatus
 from starforge.db.sqlite3.base import turn
 from tests.jobs.factories import queued_job
-from tests.jobs.test_scheduler_concurrency import _finish_some, _usage
-from tests.jobs.threads import race
+from tests.jobs.test_scheduler_concurrency import race_two_schedulers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = JobStatus
@@ -81,22 +80,5 @@ def test_a_tick_skips_while_another_has_the_turn(make_team, make_user):
 def test_two_schedulers_on_the_embedded_ledger_never_exceed_any_quota(make_team, make_user):
     if connection.vendor != "sqlite":
         pytest.skip("PostgreSQL's race is tests/jobs/test_scheduler_concurrency.py")
-    quotas = {"a": 3, "b": 5, "c": 2}
-    for name, quota in quotas.items():
-        team = make_team(name, gpu_quota=quota)
-        user = make_user(f"user-{name}", team)
-        for n in range(30):
-            queued_job(team, user, gpus=1 + n % 2)
-    samples = []
-
-    def sample():
-        samples.append(_usage())
-
-    steps = [admit_queued_jobs, admit_queued_jobs, _finish_some, sample]
-    errors = race(steps, lambda: not Job.objects.filter(status=S.QUEUED).exists(), 200)
-    assert errors == []
-    samples.append(_usage())
+    samples = race_two_schedulers(make_team, make_user, {"a": 3, "b": 5, "c": 2}, jobs_per_team=30)
     assert len(samples) > 10
-    over = [(team, used) for s in samples for team, used in s.items() if used > quotas[team]]
-    assert over == []
-    assert Job.objects.exclude(status=S.QUEUED).count() > sum(quotas.values())
