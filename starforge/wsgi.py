@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import multiprocessing
 import os
 import signal
 from collections.abc import Callable, Iterable
@@ -41,8 +42,18 @@ def serve() -> WSGIApp:
     """The application for one web server worker (granian's `--factory` target, called in the
     worker): it ends when its server process dies, and its requests carry no server
     environment."""
-    _stop_with(os.getppid())
+    _stop_with(_server_pid())
     return without_server_environment(application, dict(os.environ))
+
+
+def _server_pid() -> int:
+    """The web server's process id as it was when it started this worker. granian starts its
+    workers as multiprocessing processes, whose record of their parent holds even once the
+    parent is gone; getppid() would by then name whatever adopted the orphan (init), and a
+    worker whose server was killed while the worker was still loading Django would take that
+    for its server and go on serving its port."""
+    parent = multiprocessing.parent_process()
+    return parent.pid if parent is not None and parent.pid is not None else os.getppid()
 
 
 def without_server_environment(app: WSGIApp, server_env: dict[str, str]) -> WSGIApp:
@@ -66,11 +77,8 @@ def without_server_environment(app: WSGIApp, server_env: dict[str, str]) -> WSGI
 def _stop_with(parent: int) -> None:
     """Ask the kernel to end this worker when `parent` (its server process) dies
     (PR_SET_PDEATHSIG, SIGKILL): a server SIGKILLed, or killed by the OOM killer, would
-    otherwise leave its workers serving its port unsupervised. Best effort, not a guarantee:
-    in 2 of 5 local runs of a test that SIGKILLs the server alone, one worker of two outlived
-    it all the same (as it did with a thread polling for the parent instead), cause not found
-    yet; so supervisors stop the whole process group or cgroup (README, Deployment). A server
-    that died before this was set is caught by the check after it."""
+    otherwise leave its workers serving its port unsupervised. A server that died before this
+    was set (while the worker loaded Django) is caught by the check after it."""
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         log.warning("cannot ask to end with the web server: %s", os.strerror(ctypes.get_errno()))

@@ -1,6 +1,7 @@
 """`manage.py runstack` serves HTTP from granian's workers and the live pages' websockets from
 the ASGI server on a port of its own, which takes handshakes from the console's pages only; the
-web server alone (`starforge.serving`) keeps the server's environment out of requests."""
+web server alone (`starforge.serving`) keeps the server's environment out of requests and
+takes its workers down with it."""
 
 import asyncio
 import contextlib
@@ -200,6 +201,47 @@ def test_a_request_carries_nothing_of_the_servers_environment(stack, tmp_path):
     with web_server(stack, tmp_path, HTTP_AUTHORIZATION=f"Bearer {server_token}") as (_, url):
         assert answers(url + me, {}) == 401
         assert answers(url + me, {"Authorization": f"Bearer {stack['token']}"}) == 200
+
+
+@pytest.mark.parametrize("killed", ["while its workers load", "while they serve"])
+def test_the_web_servers_workers_stop_when_it_is_killed(stack, tmp_path, killed):
+    """A web server SIGKILLed (the OOM killer, a crash) leaves no worker serving its port
+    unsupervised: not those serving, nor those still loading Django when it died, which once
+    took whatever adopted them for their server."""
+    port = free_port()
+    argv = web_server_argv("127.0.0.1", port, 2)[1:]
+    proc = spawn_logged(tmp_path / "web.log", stack_env(stack["var"], port), *argv)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        workers = wait_until(lambda: _two_children(proc.pid), 30, "the server's two workers")
+        if killed == "while they serve":
+            wait_until(lambda: answers(url + "/api/v1/me", {}) == 401, 60, "the server")
+        os.kill(proc.pid, signal.SIGKILL)  # the server alone, not its process group
+        proc.wait(timeout=10)
+        wait_until(
+            lambda: not any(_running(w) for w in workers),
+            30,
+            "the killed server's workers to stop",
+            lambda: (tmp_path / "web.log").read_text()[-3000:],
+        )
+        assert answers(url + "/api/v1/me", {}) is None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the workers too, should the test fail
+        kill_group(proc)
+
+
+def _two_children(pid: int) -> list[psutil.Process] | None:
+    children = psutil.Process(pid).children()
+    return children if len(children) == 2 else None
+
+
+def _running(process: psutil.Process) -> bool:
+    """Alive and not a zombie (an orphan killed waits for init to reap it)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_the_embedded_ledger_lets_several_workers_read_while_one_writes(stack):
