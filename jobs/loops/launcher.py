@@ -108,15 +108,23 @@ def _claim(attempt_ids: list[int]) -> tuple[dt.datetime, list[Attempt]]:
     now = timezone.now()
     expired = now - dt.timedelta(seconds=settings.SF_LAUNCH_CLAIM_S)
     with transaction.atomic():
-        attempts = list(
+        # Only what the claim decides on is read in its transaction, which on the embedded
+        # ledger holds the write lock every submit waits for; the rest is loaded after.
+        before = dict(
             Attempt.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(pk__in=attempt_ids, job_ref="", end_time__isnull=True)
             .filter(job__status=JobStatus.SUBMITTED, job__current_attempt=F("pk"))
             .filter(Q(launch_claimed_at__isnull=True) | Q(launch_claimed_at__lt=expired))
-            .select_related("job", "job__cluster", "job__team")
-            .order_by("pk")
+            .values_list("pk", "launch_claimed_at")
         )
-        Attempt.objects.filter(pk__in=[a.pk for a in attempts]).update(launch_claimed_at=now)
+        Attempt.objects.filter(pk__in=list(before)).update(launch_claimed_at=now)
+    attempts = list(
+        Attempt.objects.filter(pk__in=list(before))
+        .select_related("job", "job__cluster", "job__team")
+        .order_by("pk")
+    )
+    for attempt in attempts:
+        attempt.launch_claimed_at = before[attempt.pk]  # the claim it had before this one
     return now, attempts
 
 
@@ -153,13 +161,13 @@ def _record(outcomes: list[LaunchOutcome]) -> None:
         return
     launched = [o for o in outcomes if o.job_ref]
     now = timezone.now()
+    # An attempt's job never changes: read before the transaction, which on the embedded
+    # ledger holds the write lock every submit waits for.
+    by_attempt = dict(
+        Attempt.objects.filter(pk__in=[o.attempt_id for o in outcomes]).values_list("pk", "job_id")
+    )
     with transaction.atomic():
         _set_job_refs(launched, now)
-        by_attempt = dict(
-            Attempt.objects.filter(pk__in=[o.attempt_id for o in outcomes]).values_list(
-                "pk", "job_id"
-            )
-        )
         # One shared reason keeps the status update a single statement for the whole batch;
         # each job's backend handle goes into its event's data.
         changes = [
