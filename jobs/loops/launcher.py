@@ -117,9 +117,9 @@ def _claim(attempt_ids: list[int]) -> tuple[dt.datetime, list[Attempt]]:
             .filter(Q(launch_claimed_at__isnull=True) | Q(launch_claimed_at__lt=expired))
             .values_list("pk", "launch_claimed_at")
         )
-        Attempt.objects.filter(pk__in=list(before)).update(launch_claimed_at=now)
+        Attempt.objects.filter(pk__in=before.keys()).update(launch_claimed_at=now)
     attempts = list(
-        Attempt.objects.filter(pk__in=list(before))
+        Attempt.objects.filter(pk__in=before.keys())
         .select_related("job", "job__cluster", "job__team")
         .order_by("pk")
     )

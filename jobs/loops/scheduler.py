@@ -363,10 +363,10 @@ def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
     with _turn() as writing:
         if writing is None:
             return TickResult(skipped=True)
+        teams = {t.pk: t for t in Team.objects.all()}
+        windows = _windows()
+        month_us = _month_usage(teams, now)
         with writing():
-            teams = {t.pk: t for t in Team.objects.all()}
-            windows = _windows()
-            month_us = _month_usage(teams, now)
             stopped = _hard_stops(teams, month_us, now)
             paused, resumed = _apply_window_policy(now, teams, windows)
             requeued = _requeue_preempted()

@@ -44,9 +44,9 @@ def test_two_schedulers_at_once_never_exceed_any_quota(make_team, make_user):
 
 def race_two_schedulers(make_team, make_user, quotas: dict[str, int], jobs_per_team: int) -> list:
     """Two schedulers, churn and a sampler of what each team holds, racing until the queue is
-    empty; asserts that no sample saw a team over its quota and that the churn let the
-    schedulers admit many times over. The samples (also run on the embedded ledger:
-    tests/jobs/test_scheduler_turns.py)."""
+    empty (also run on the embedded ledger: tests/jobs/test_scheduler_turns.py). Asserts that
+    no sample saw a team over its quota and that the churn let the schedulers admit many times
+    over; returns the samples."""
     for name, quota in quotas.items():
         team = make_team(name, gpu_quota=quota)
         user = make_user(f"user-{name}", team)

@@ -70,9 +70,7 @@ def test_a_tick_skips_while_another_has_the_turn(make_team, make_user):
             assert admit_queued_jobs().skipped
             with turn("scheduler") as again:
                 assert again is False  # not reentrant: another caller waits for its turn
-        result = admit_queued_jobs()
-    else:
-        result = admit_queued_jobs()
+    result = admit_queued_jobs()
     assert not result.skipped
     assert len(result.admitted) == 1
 

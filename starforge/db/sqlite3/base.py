@@ -97,12 +97,12 @@ class DatabaseWrapper(base.DatabaseWrapper):
         in-memory database. The name is read each time: the test runner swaps it."""
         if self.is_in_memory_db():
             return None
-        opened_for = (f"{self.settings_dict['NAME']}-writer.lock", os.getpid())
+        opened_for = (_lock_path(self, "writer"), os.getpid())
         if self._writer_for != opened_for:
             if self._writer_fd is not None:
                 os.close(self._writer_fd)  # a parent's lock stays its own
                 self._writing = False
-            self._writer_fd = os.open(opened_for[0], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._writer_fd = _open_lock(opened_for[0])
             self._writer_for = opened_for
         return self._writer_fd
 
@@ -118,8 +118,7 @@ def turn(name: str, using: str = DEFAULT_DB_ALIAS) -> Iterator[bool | None]:
     if connection.is_in_memory_db():
         yield None
         return
-    path = f"{connection.settings_dict['NAME']}-{name}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = _open_lock(_lock_path(connection, name))
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -129,3 +128,13 @@ def turn(name: str, using: str = DEFAULT_DB_ALIAS) -> Iterator[bool | None]:
         yield True
     finally:
         os.close(fd)  # ends the hold: the descriptor is this call's own
+
+
+def _lock_path(connection: base.DatabaseWrapper, name: str) -> str:
+    """The lock file called `name` beside the connection's database file."""
+    return f"{connection.settings_dict['NAME']}-{name}.lock"
+
+
+def _open_lock(path: str) -> int:
+    """A descriptor of its own on the lock file at `path` (created when missing)."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
