@@ -46,6 +46,7 @@ from jobs.executors import LaunchError, LaunchSpec, executor_for
 from jobs.executors.base import executor_class, preempt_grace_s
 from jobs.job_tokens import runner_credentials
 from jobs.ledger import clocks
+from jobs.ledger.batches import write_batches
 from jobs.ledger.halt import cancel_attempt
 from jobs.ledger.lifecycle import after_failure
 from jobs.ledger.transitions import Change, TransitionRefused, apply_transitions, transition
@@ -166,17 +167,21 @@ def _record(outcomes: list[LaunchOutcome]) -> None:
     by_attempt = dict(
         Attempt.objects.filter(pk__in=[o.attempt_id for o in outcomes]).values_list("pk", "job_id")
     )
-    with transaction.atomic():
-        _set_job_refs(launched, now)
-        # One shared reason keeps the status update a single statement for the whole batch;
-        # each job's backend handle goes into its event's data.
-        changes = [
-            Change(by_attempt[o.attempt_id], "launched on the backend", data={"job_ref": o.job_ref})
-            for o in launched
-        ]
-        changed, refused = apply_transitions(
-            JobStatus.PENDING, changes, actor="launcher", expected={JobStatus.SUBMITTED}
-        )
+    refused: list[TransitionRefused] = []
+    for batch in write_batches(launched):
+        with transaction.atomic():
+            _set_job_refs(batch, now)
+            # One shared reason keeps the status update a single statement for the whole
+            # batch; each job's backend handle goes into its event's data.
+            changes = [
+                Change(
+                    by_attempt[o.attempt_id], "launched on the backend", data={"job_ref": o.job_ref}
+                )
+                for o in batch
+            ]
+            refused += apply_transitions(
+                JobStatus.PENDING, changes, actor="launcher", expected={JobStatus.SUBMITTED}
+            )[1]
     if refused:
         for attempt_id in _unwanted(launched, {r.job_id for r in refused}):
             transaction.on_commit(partial(cancel_attempt, attempt_id))

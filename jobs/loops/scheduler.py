@@ -55,6 +55,7 @@ from jobs.durations import say
 from jobs.executors import Capacity, executor_for, gpu_type_matches
 from jobs.executors.base import deliver_notice, preempt_grace_s
 from jobs.ledger import clocks
+from jobs.ledger.batches import write_batches
 from jobs.ledger.halt import halt
 from jobs.ledger.lifecycle import requeue_due_retries
 from jobs.ledger.transitions import Change, apply_transitions
@@ -371,8 +372,7 @@ def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
             paused, resumed = _apply_window_policy(now, teams, windows)
             requeued = _requeue_preempted()
         decided = _decide(now, teams, windows, capacities, month_us)
-        with writing():
-            result = _record(decided)
+        result = _record(decided, writing)
     result.stopped, result.paused, result.resumed = stopped, paused, resumed
     result.requeued = requeued
     return result
@@ -488,17 +488,30 @@ def _decide(
     return _Decided(ctx, admit, reasons, waiting, considered_all)
 
 
-def _record(decided: _Decided) -> TickResult:
-    """Write what the tick decided: waiting reasons, admissions, preemption notices."""
+def _record(
+    decided: _Decided, writing: Callable[[], contextlib.AbstractContextManager]
+) -> TickResult:
+    """Write what the tick decided: waiting reasons, admissions, preemption notices, each step
+    in `writing()`, and the admissions in batches (`jobs.ledger.batches`)."""
     ctx = decided.ctx
-    for reason, ids in decided.reasons.items():
-        # A waiting reason is not a status change: no event, and only QUEUED rows are touched.
-        Job.objects.filter(pk__in=ids, status=S.QUEUED).update(status_reason=reason)
-    attempt_ids = _submit(decided.admit, ctx.now)
-    preempted = _send_notices(ctx) if ctx.notices else []
+    if decided.reasons:
+        with writing():
+            for reason, ids in decided.reasons.items():
+                # A waiting reason is not a status change: no event, and only QUEUED rows are
+                # touched.
+                Job.objects.filter(pk__in=ids, status=S.QUEUED).update(status_reason=reason)
+    attempt_ids: list[int] = []
+    for batch in write_batches(decided.admit):
+        with writing():
+            attempt_ids += _submit(batch, ctx.now)
+    preempted: list[int] = []
+    if ctx.notices:
+        with writing():
+            preempted = _send_notices(ctx)
     if decided.considered_all:
-        # Worked out and kept once the tick's writes have committed: on the embedded ledger
-        # their transaction holds the database's write lock, which submits wait for.
+        # Worked out and kept once the tick's writes have committed (at once on the embedded
+        # ledger, where they have): there their transactions hold the database's write lock,
+        # which submits wait for.
         plan = _planner(ctx, decided.waiting)
         at = ctx.now.timestamp()
         transaction.on_commit(lambda: _keep_plan(plan, at), robust=True)
