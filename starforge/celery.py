@@ -1,11 +1,27 @@
-"""The Celery app: broker on Redis, beat schedule for the scheduler and reconciler ticks."""
+"""The Celery app: broker on Redis, beat schedule for the scheduler and reconciler ticks.
+
+Each task ends (and starts) with its database connections handed back as a web request's are
+(`close_old_connections`): to the connection pool, or closed if an error left one unusable.
+Celery's own Django fixup would close the pool itself around every task (see
+CELERY_DB_REUSE_MAX in the settings).
+"""
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "starforge.settings")
 
 app = Celery("starforge")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["jobs"])
+
+
+@signals.task_prerun.connect
+@signals.task_postrun.connect
+def _hand_back_connections(sender=None, **_) -> None:
+    if getattr(getattr(sender, "request", None), "is_eager", False):
+        return  # run in the caller's process, perhaps inside its transaction: not ours
+    from django.db import close_old_connections
+
+    close_old_connections()

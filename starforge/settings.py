@@ -180,8 +180,12 @@ elif SF_SERVING == "wsgi":
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 else:
     # A connection pool: under ASGI every request runs in a fresh context, so persistent
-    # connections (CONN_MAX_AGE) would open a new PostgreSQL session per request.
+    # connections (CONN_MAX_AGE) would open a new PostgreSQL session per request. A Celery
+    # worker's tasks take their sessions from it too (starforge.celery). Each session is
+    # checked as it is taken (one round trip), so one that PostgreSQL dropped (a restart) is
+    # replaced rather than failing the task or request that took it.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # the pool's check as a session is taken
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 8}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Statements bound on the server (the API's hot reads, jobs.reads.prepared; the metric
@@ -222,6 +226,13 @@ CELERY_TASK_ACKS_LATE = True
 # A worker process that dies mid-task (OOM, a kill of the pool child) hands its task back at once.
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Celery's Django fixup closes every database connection before and after each task, and in a
+# prefork worker closes the connection pool with them: every tick and launch opened a new
+# PostgreSQL session (4 to 7 a second), whose backend started cold and planned each query
+# anew, on the cores the web workers share. With this set it does so once every 2,000 tasks;
+# in between `starforge.celery` hands each task's connections back the way a web request
+# does (to the pool; a broken one is dropped).
+CELERY_DB_REUSE_MAX = 1000
 # A task held by a worker that was killed outright (the whole host gone) becomes visible again
 # after the visibility timeout, and every live worker sweeps for such tasks every few seconds:
 # redelivered within a minute instead of Redis' default hour. Only tasks unacknowledged for that
