@@ -8,9 +8,11 @@ What orjson refuses (an int past 64 bits, a non-string dict key) is rendered by 
 before: the answer never depends on which encoder took it.
 """
 
+import datetime as dt
 from typing import Any
 
 import orjson
+from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpRequest
 from ninja.renderers import JSONRenderer
 from ninja.responses import NinjaJSONEncoder
@@ -20,7 +22,14 @@ OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 class FastJSONRenderer(JSONRenderer):
     def __init__(self) -> None:
-        self._default = NinjaJSONEncoder().default
+        ninja, django = NinjaJSONEncoder().default, DjangoJSONEncoder().default
+
+        def default(value: Any) -> Any:
+            # A datetime (two a job) straight to Django's rule, which ninja's ends in anyway
+            # after four checks of its own types.
+            return django(value) if type(value) is dt.datetime else ninja(value)
+
+        self._default = default
 
     def render(self, request: HttpRequest, data: Any, *, response_status: int) -> Any:
         try:
