@@ -163,10 +163,17 @@ def job_row(user: User, job_id: int) -> tuple[dict, list[Started]] | None:
     if not rows:
         return None
     job = dict(zip(JOB_COLUMNS, rows[0], strict=True))
-    if not job["attempt_count"]:  # never admitted (a submit's answer, a queued job): no attempt
+    if not may_have_started(job):  # a submit's answer, a queued or pending job: nothing billed
         return job, []
     started = STARTED_ATTEMPTS.rows(job_id=job_id)
     return job, [tuple(a[1:]) for a in started]
+
+
+def may_have_started(job: dict) -> bool:
+    """Whether any attempt of the job (a row of JOB_COLUMNS) may have started: its current
+    attempt, the newest, has, or there were attempts before it. Otherwise there are no started
+    attempts to read, and no GPU-seconds."""
+    return job["attempt_count"] > 1 or job["current_attempt__start_time"] is not None
 
 
 def job_page(user: User, jobs: JobFilter) -> tuple[list[dict], dict[int, list[Started]]]:
@@ -191,7 +198,7 @@ def job_page(user: User, jobs: JobFilter) -> tuple[list[dict], dict[int, list[St
     )
     page = [dict(zip(JOB_COLUMNS, row, strict=True)) for row in PAGE.rows(shape, **values)]
     started: dict[int, list[Started]] = defaultdict(list)
-    if any(job["attempt_count"] for job in page):
+    if any(may_have_started(job) for job in page):  # a page of waiting jobs bills nothing
         span = {"low": page[-1]["id"], "high": page[0]["id"]}
         for job_id, *attempt in STARTED_OF_PAGE.rows(shape, **values, **span):
             started[job_id].append(tuple(attempt))

@@ -50,11 +50,29 @@ def test_a_job_read_is_three_queries(api, jobs):
     assert queries(api, f"/jobs/{jobs[0].pk}") == 3
 
 
+def test_a_read_of_a_job_that_never_started_is_two_queries(api, jobs):
+    # No attempt of it started: there are no GPU-seconds to read.
+    assert queries(api, f"/jobs/{jobs[2].pk}") == queries(api, f"/jobs/{jobs[4].pk}") == 2
+
+
 def test_a_page_of_jobs_is_three_queries_however_many_it_holds(api, team, alice, jobs):
     few = queries(api, "/jobs?limit=50")
     for _ in range(10):
         with_attempt(queued_job(team, alice), "PENDING")
     assert queries(api, "/jobs?limit=50") == few == 3
+    # A page of jobs none of which ever started (the newest ten) needs no attempts.
+    assert queries(api, "/jobs?limit=10") == 2
+
+
+def test_a_retried_job_bills_its_earlier_attempts_while_its_current_one_waits(api, team, alice):
+    job = queued_job(team, alice, gpus=2)
+    start = timezone.now() - dt.timedelta(hours=1)
+    with_attempt(job, "FAILED", start_time=start, end_time=start + dt.timedelta(seconds=90))
+    job.refresh_from_db()
+    with_attempt(job, "PENDING")  # the retry, not started
+    assert api.get(f"/jobs/{job.pk}").json()["gpu_seconds"] == 180.0
+    [listed] = [j for j in api.get("/jobs").json()["items"] if j["id"] == job.pk]
+    assert listed["gpu_seconds"] == 180.0
 
 
 def test_a_timeline_is_two_queries(api, jobs):
