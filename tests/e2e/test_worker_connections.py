@@ -23,7 +23,7 @@ from tests.e2e.backend_task import RUNS_KEY
 from tests.e2e.stack import REDIS_URL, ROOT, kill_group, stack_env, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-DB = 13  # this test's own Redis database: its queue holds nothing of other tests
+DB = 15  # this test's own Redis database: its queue holds nothing of other tests
 BROKER = urlunsplit(urlsplit(REDIS_URL)._replace(path=f"/{DB}"))
 TASK = "tests.e2e.backend_task.backend"
 
