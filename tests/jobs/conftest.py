@@ -1,4 +1,5 @@
 import pytest
+from django.db import connection
 
 from tests.jobs.scripted import ScriptedExecutor
 
@@ -9,3 +10,11 @@ def backend(use_executor) -> ScriptedExecutor:
     fake = ScriptedExecutor()
     use_executor(fake)
     return fake
+
+
+@pytest.fixture
+def shared_ledger() -> None:
+    """Skip on the in-memory SQLite ledger: threads share the embedded ledger only in a file
+    (SF_SQLITE_TEST_DB, as `make test`'s SQLite run has it)."""
+    if connection.vendor == "sqlite" and connection.is_in_memory_db():
+        pytest.skip("threads share the embedded ledger only in a file (SF_SQLITE_TEST_DB)")

@@ -1,6 +1,9 @@
 """Small builders for ledger rows in tests (setup may place rows in any state directly)."""
 
 import itertools
+import threading
+
+from django.db import connections, transaction
 
 from jobs.models import Attempt, Job
 
@@ -38,3 +41,26 @@ def with_attempt(job: Job, status: str, **attempt_fields) -> Attempt:
     Job.objects.filter(pk=job.pk).update(attempt_count=number, current_attempt=attempt)
     place(job, status)
     return attempt
+
+
+class SubmitMeanwhile:
+    """A submit from another thread, on its own connection as a web worker's (on SQLite its
+    transaction takes the write lock first), given `timeout` seconds to commit."""
+
+    def __init__(self, team, user, timeout: float = 5, **fields) -> None:
+        self.job_id: int | None = None
+        self._thread = threading.Thread(target=self._submit, args=(team, user, fields))
+        self._thread.start()
+        self._thread.join(timeout=timeout)
+        self.committed = not self._thread.is_alive()
+
+    def _submit(self, team, user, fields: dict) -> None:
+        try:
+            with transaction.atomic():
+                self.job_id = queued_job(team, user, **fields).pk
+        finally:
+            connections.close_all()
+
+    def join(self) -> None:
+        """Wait for the submit, however long it waits for the lock."""
+        self._thread.join()

@@ -3,11 +3,10 @@ batches instead of waiting for them all (jobs.ledger.batches). Run on the embedd
 (a file, as `make test`'s SQLite run has it), where a write transaction holds the database's
 write lock, and on PostgreSQL, where a submit never waits for a loop's writes of other rows."""
 
-import threading
 from collections.abc import Iterator, Sequence
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection
 
 from jobs.ledger import batches
 from jobs.ledger.batches import WRITE_BATCH, write_batches
@@ -16,17 +15,11 @@ from jobs.loops.launcher import launch_attempts
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job
+from tests.jobs.factories import SubmitMeanwhile, queued_job
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("shared_ledger")]
 S = JobStatus
 JOBS = 2 * WRITE_BATCH + 5  # three batches on the embedded ledger
-
-
-@pytest.fixture(autouse=True)
-def _shared_database():
-    if connection.vendor == "sqlite" and connection.is_in_memory_db():
-        pytest.skip("threads share the embedded ledger only in a file (SF_SQLITE_TEST_DB)")
 
 
 @pytest.fixture
@@ -51,38 +44,27 @@ def test_batches_are_small_on_the_embedded_ledger_and_one_on_postgresql():
 
 class SubmitsBetweenBatches:
     """`write_batches` for a loop's module: before each batch after the first, a submit from
-    another thread (its own connection, as a web worker's), which must commit within 5 s."""
+    another thread (SubmitMeanwhile), which must commit within 5 s."""
 
     def __init__(self, team, user) -> None:
         self.team, self.user = team, user
-        self.committed: list[bool] = []
-        self.threads: list[threading.Thread] = []
+        self.submits: list[SubmitMeanwhile] = []
         self.batch_sizes: list[int] = []
 
     def __call__(self, items: Sequence) -> Iterator[Sequence]:
         for number, batch in enumerate(batches.write_batches(items)):
             if number:
-                self._submit()
+                self.submits.append(SubmitMeanwhile(self.team, self.user, gpus=0))
             self.batch_sizes.append(len(batch))
             yield batch
 
-    def _submit(self) -> None:
-        def submit():
-            try:
-                with transaction.atomic():  # as a submit's: the write lock first, on SQLite
-                    queued_job(self.team, self.user, gpus=0)
-            finally:
-                connections.close_all()
-
-        thread = threading.Thread(target=submit)
-        self.threads.append(thread)
-        thread.start()
-        thread.join(timeout=5)
-        self.committed.append(not thread.is_alive())
+    @property
+    def committed(self) -> list[bool]:
+        return [submit.committed for submit in self.submits]
 
     def join(self) -> None:
-        for thread in self.threads:
-            thread.join()
+        for submit in self.submits:
+            submit.join()
 
 
 def test_a_submit_commits_between_a_ticks_admission_batches(team, user, monkeypatch):
@@ -102,7 +84,7 @@ def test_a_submit_commits_between_a_ticks_admission_batches(team, user, monkeypa
     assert all(job.current_attempt_id is not None for job in admitted)
     assert JobEvent.objects.filter(to_status=S.SUBMITTED).count() == JOBS
     # The jobs submitted meanwhile were not in the tick's queue: they wait for the next one.
-    assert Job.objects.filter(status=S.QUEUED).count() == len(between.threads)
+    assert Job.objects.filter(status=S.QUEUED).count() == len(between.submits)
 
 
 def test_a_submit_commits_between_a_launchers_record_batches(team, user, monkeypatch):
