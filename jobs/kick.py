@@ -2,16 +2,17 @@
 that asks (submit, resume, retry, follow-on creation) never imports the loops.
 
 Kicks are coalesced through Redis, shared by every server process on every host: a burst of
-submits asks for one tick at once and for one trailing tick shortly after, not for a tick each
+submits asks for one tick at once and then for one trailing tick per pace, not for a tick each
 (a tick reads the whole queue, so under a few hundred submits a second one per submit kept the
 worker and the database busy with ticks that admitted a job each).
 
 The window a kick coalesces over, the pace, follows what a tick costs: each tick records
-PACE_PER_TICK times its own duration, from MIN_PACE_MS (a short queue: ticks up to four times
-a second) to MAX_PACE_MS (beat's interval: a long backlog of jobs that cannot start yet). At
-most two kicked ticks run per pace, so kicked ticks take at most a tenth of a worker's core
-however fast jobs are submitted. What a kick promises holds all the same: some tick starts
-after it, at most the pace plus TRAIL_MARGIN_S later.
+PACE_PER_TICK times its own duration, from MIN_PACE_MS (a short queue: kicked ticks up to twice
+a second) to MAX_PACE_MS (beat's interval: a long backlog of jobs that cannot start yet). After
+the first, at most one kicked tick runs per pace (a trailing tick keeps the lead key one pace
+past its own start), so under a steady stream of submits kicked ticks take at most a twentieth
+of a worker's core, which the web workers beside it on a small host need. What a kick promises
+holds all the same: some tick starts after it, at most the pace plus TRAIL_MARGIN_S later.
 """
 
 import functools
@@ -32,15 +33,20 @@ MIN_PACE_MS = 500
 MAX_PACE_MS = 2000
 PACE_PER_TICK = 20
 PACE_TTL_S = 60  # a pace nobody refreshed (no ticks) falls back to MIN_PACE_MS
-# A trailing tick runs its pace plus this after it was sent: a kick that finds the trailing key
-# set (it lives one pace) is covered by that tick, which starts after it, with this to spare
-# for the clocks of the sending and the running hosts.
+# A trailing tick runs when the lead key would have expired, plus this: a kick that finds the
+# trailing key set (it lives as long as that wait) is covered by that tick, which starts after
+# it, with this to spare for the clocks of the sending and the running hosts.
 TRAIL_MARGIN_S = 0.1
-# One round trip: 0 send a tick now; n > 0 send one n ms (the pace) from now; -1 covered.
+# One round trip: 0 send a tick now; n > 0 send one n ms from now, when the lead key would have
+# expired, and keep the lead key one pace past that tick; -1 covered by the trailing tick.
 COALESCE = """
 local pace = tonumber(redis.call('GET', KEYS[3])) or tonumber(ARGV[1])
 if redis.call('SET', KEYS[1], '1', 'NX', 'PX', pace) then return 0 end
-if redis.call('SET', KEYS[2], '1', 'NX', 'PX', pace) then return pace end
+local left = math.max(1, redis.call('PTTL', KEYS[1]))
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', left) then
+  redis.call('PEXPIRE', KEYS[1], left + pace)
+  return left
+end
 return -1
 """
 
