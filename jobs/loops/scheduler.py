@@ -18,8 +18,10 @@ No starvation: the first job of a cluster's order that finds no room gets a rese
 backfill): the GPUs the plan says come back first, from when they do. A job behind it that fits
 now starts only if its time limit ends before then, or if the reserved job would still have
 its GPUs then; one without a time limit also while the reserved job is younger than
-SF_RESERVE_AGE_S. Each tick also plans the whole queue it considered (`jobs.loops.queueplan`):
-where every waiting job stands and when it can start.
+SF_RESERVE_AGE_S. A tick also plans the whole queue it considered (`jobs.loops.queueplan`):
+where every waiting job stands and when it can start; at most once per QUEUE_PLAN_EVERY_S, as
+working the plan out costs as much as the rest of a tick over a long backlog, and under a
+stream of submits kicked ticks come every second or so.
 
 Taking lent GPUs back: a lendable team's job that its own quota has room for, but that waits
 because GPUs of that quota are lent out, preempts borrowers (`_take_back`): only jobs on GPUs
@@ -81,6 +83,10 @@ S = JobStatus
 ADVISORY_LOCK_KEY = 0x5F5C_4ED0  # any constant unique to Starforge's scheduler
 # Bounds one tick's transaction; the next tick (kicked right away by the task) goes on.
 MAX_ADMIT_PER_TICK = 5000
+# A tick plans the queue when the kept plan is at least this old (or missing): beat's ticks
+# come every 2 s, so places are at most one beat's interval and a tick behind the ledger. A job
+# queued since the plan reads as not placed yet (`jobs.reads.queue`).
+QUEUE_PLAN_EVERY_S = 1.5
 FAIR_SHARE_DAYS = 7
 US_PER_HOUR = 3600 * 1_000_000
 
@@ -508,7 +514,7 @@ def _record(
     if ctx.notices:
         with writing():
             preempted = _send_notices(ctx)
-    if decided.considered_all:
+    if decided.considered_all and _plan_due(ctx.now.timestamp()):
         # Worked out and kept once the tick's writes have committed (at once on the embedded
         # ledger, where they have): there their transactions hold the database's write lock,
         # which submits wait for.
@@ -547,6 +553,11 @@ def _planner(ctx: _Context, waiting: list[queueplan.Waiting]) -> Callable[[], tu
         return queueplan.plan(waiting, held, capacity, free, room, names, now)
 
     return plan
+
+
+def _plan_due(now: float) -> bool:
+    made = store_plan.made_at()
+    return made is None or not 0 <= now - made < QUEUE_PLAN_EVERY_S
 
 
 def _keep_plan(plan: Callable[[], tuple], at: float) -> None:

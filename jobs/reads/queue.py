@@ -1,5 +1,6 @@
-"""Where QUEUED jobs stand, as the API, the CLI and the console show it: the last scheduler
-tick's plan (`jobs.loops.queueplan`, kept by `jobs.stores.queueplan`) read for the jobs shown,
+"""Where QUEUED jobs stand, as the API, the CLI and the console show it: the latest
+scheduler tick's plan (`jobs.loops.queueplan`, kept by `jobs.stores.queueplan`; a few seconds
+old at most, see `jobs.loops.scheduler.QUEUE_PLAN_EVERY_S`) read for the jobs shown,
 in one round trip, with what the reader may see of the jobs ahead: the job itself is visible to
 them, so its team's jobs are named; another team's jobs are counted and their GPUs shown, never
 named (staff see every id)."""

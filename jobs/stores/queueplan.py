@@ -1,4 +1,4 @@
-"""The last scheduler tick's queue plan (`jobs.loops.queueplan`), kept where every server and
+"""The latest scheduler tick's queue plan (`jobs.loops.queueplan`), kept where every server and
 worker reaches it: one Redis hash, job id -> the job's packed entry, replaced whole by each tick
 that plans (a job admitted or stopped since is simply absent from the next one).
 
@@ -129,6 +129,16 @@ def _replace(r: redis.Redis, fields: dict[str, str], version: str) -> None:
 @functools.cache
 def _script(url: str) -> Script:
     return client(url).register_script(APPLY_CHANGE)
+
+
+def made_at() -> float | None:
+    """When the kept plan was made (epoch seconds); None: there is none, or Redis cannot be
+    reached (a tick then plans, and its write says whether Redis is back)."""
+    try:
+        at = client(settings.REDIS_URL).hget(KEY, AT)
+    except redis.RedisError:
+        return None
+    return float(at) if at is not None else None
 
 
 def read(

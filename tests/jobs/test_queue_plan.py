@@ -8,7 +8,7 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs.loops.queueplan import ESTIMATE_DEPTH, Holding, Profile, Waiting, plan
-from jobs.loops.scheduler import admit_queued_jobs
+from jobs.loops.scheduler import QUEUE_PLAN_EVERY_S, admit_queued_jobs
 from jobs.models import Cluster, Job
 from jobs.reads.diagnostics import explain
 from jobs.reads.queue import queue_places
@@ -196,6 +196,29 @@ def test_a_tick_places_waiting_jobs_and_the_api_shows_it_to_each_reader_as_they_
         f'<td class="position" title="estimated start: by {release:%Y-%m-%d %H:%M} UTC">1</td>'
         in page
     )
+
+
+@pytest.mark.django_db
+def test_a_tick_plans_again_only_once_the_kept_plan_is_old_enough(
+    plan_key, team, alice, django_capture_on_commit_callbacks
+):
+    cluster = Cluster.objects.create(name="four", kind="noop", settings={"gpus": 4})
+    first = queued_job(team, alice, gpus=8, cluster=cluster)  # never fits: it waits
+
+    def tick_and_read(after_s: float) -> tuple[set[int], float | None]:
+        with django_capture_on_commit_callbacks(execute=True):
+            admit_queued_jobs(start + dt.timedelta(seconds=after_s))
+        entries, _, made = store.read([first.pk, second.pk], {cluster.pk})
+        return set(entries), made
+
+    start = timezone.now()
+    second = first
+    assert tick_and_read(0) == ({first.pk}, start.timestamp())
+    second = queued_job(team, alice, gpus=8, cluster=cluster)
+    # A kicked tick soon after keeps the plan it finds: the new job is not placed yet.
+    assert tick_and_read(QUEUE_PLAN_EVERY_S - 0.1) == ({first.pk}, start.timestamp())
+    later = start.timestamp() + QUEUE_PLAN_EVERY_S
+    assert tick_and_read(QUEUE_PLAN_EVERY_S) == ({first.pk, second.pk}, later)
 
 
 def at(text: str) -> float:
