@@ -5,6 +5,10 @@ starts, as the web workers do (`starforge.wsgi`): a full collection walking Djan
 the loops' modules took a worker 80 to 220 ms of a core under load on two cores, time the web
 workers beside it then waited for.
 
+The worker and beat lower their CPU priority as they start (SF_WORKER_NICE, `jobs.priority`):
+where they share cores with web workers, their bursts wait for requests rather than the other
+way round.
+
 Each task ends (and starts) with its database connections handed back as a web request's are
 (`close_old_connections`): to the connection pool, or closed if an error left one unusable.
 Celery's own Django fixup would close the pool itself around every task (see
@@ -37,3 +41,13 @@ def _hand_back_connections(sender=None, **_) -> None:
 def _freeze_what_is_loaded(**_) -> None:
     gc.collect()
     gc.freeze()
+
+
+@signals.worker_init.connect
+@signals.beat_init.connect
+def _yield_to_the_web(**_) -> None:
+    from django.conf import settings
+
+    from jobs.priority import yield_to_the_web
+
+    yield_to_the_web(settings.SF_WORKER_NICE)

@@ -88,6 +88,9 @@ EXIT_FILE_VAR = "SF_EXIT_FILE"
 STARTED_FILE_VAR = "SF_STARTED_FILE"
 PROC_FILE_VAR = "SF_PROC_FILE"
 RUN_DIR_VAR = "SF_RUN_DIR"
+# The CPU niceness the runner takes back before it starts the job, where it may: the one the
+# worker that started it had before it lowered its own (SF_WORKER_NICE, jobs.priority).
+NICENESS_VAR = "SF_NICENESS"
 # How a stop reaches the job (sf.supervise): SIGTERM to every process, SIGKILL a grace later.
 # A preemption (taking borrowed GPUs back) is the runner's SIGUSR1 where the executor can
 # signal the runner alone (local), else a SIGTERM like a stop (Slurm, Kubernetes), whose grace

@@ -41,6 +41,7 @@ from sf.contract import (
     INGEST_FAILED,
     JOB_TOKEN_VAR,
     METRICS_FILE,
+    NICENESS_VAR,
     NODE_RANK_VAR,
     NOTICE_FILE,
     NOTICE_FILE_VAR,
@@ -91,6 +92,7 @@ RUNNER_ONLY = RUNNER_SECRETS | frozenset(
         RANK_LAUNCH_VAR,
         RANK_GPUS_VAR,
         STOP_GRACE_VAR,
+        NICENESS_VAR,
     }
 )
 # What a job sees of the contract when its own variables come apart (SF_USER_ENV).
@@ -972,11 +974,33 @@ def record_process(path: str) -> None:
     write_json_atomic(path, {"pid": os.getpid()})
 
 
+def take_back_priority(raw: str | None) -> None:
+    """Run at the niceness the executor names (NICENESS_VAR) if it is higher than this
+    process's: a worker that lowered its own priority to leave the CPU to web requests must not
+    pass that on to the job. Raising priority needs root or CAP_SYS_NICE; without them the job
+    runs at the worker's, which the runner's log says."""
+    if not raw:
+        return
+    try:
+        wanted = int(raw)
+    except ValueError:
+        _say(f"ignoring {NICENESS_VAR}={raw!r}: not an integer")
+        return
+    now = os.getpriority(os.PRIO_PROCESS, 0)
+    if wanted >= now:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, wanted)
+    except PermissionError:
+        _say(f"the job runs at niceness {now}: raising it to {wanted} needs CAP_SYS_NICE")
+
+
 def main() -> int:
     """Run one attempt of a job as described by the SF_* environment."""
     # First of all: a job of our uid may not read our environ (credentials) or ptrace us, and
     # whatever it forks stays below us, however it detaches.
     guard_runner()
+    take_back_priority(os.environ.get(NICENESS_VAR))
     if os.environ.get("SF_RUN_AS_UID"):
         os.umask(0o077)  # a root runner's files (console.log, records) are its own
     if os.environ.get(PROC_FILE_VAR):

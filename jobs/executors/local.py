@@ -49,6 +49,7 @@ from sf.contract import (
     INGEST_FAILED,
     JOB_TOKEN_VAR,
     LIVENESS_LOCK,
+    NICENESS_VAR,
     NUM_NODES_VAR,
     PREEMPT_GRACE_VAR,
     PROC_FILE,
@@ -78,6 +79,7 @@ from jobs.executors.base import (
     read_record,
     record_key,
 )
+from jobs.priority import job_niceness
 from jobs.states import JobStatus
 
 KILL_AFTER_S = 15.0  # past the runner's own grace (10 s), so it normally ends its job itself
@@ -313,6 +315,9 @@ class LocalExecutor:
         python = runner_python()
         env = runner_env(spec, attempt_dir, identity, python)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, slots))
+        niceness = job_niceness()
+        if niceness is not None:
+            env[NICENESS_VAR] = str(niceness)  # not the worker's lowered priority (SF_WORKER_NICE)
         if spec.nodes > 1:
             # The runner starts the ranks as process groups here, each with its own slots.
             per = spec.gpus_per_node

@@ -536,3 +536,26 @@ def test_retry_after_is_honoured_up_to_its_cap(
     client = FailingThenOk(errors)
     runner._download(client, str(tmp_path / "a.tgz"))  # type: ignore[arg-type]
     assert client.calls == 3 and slept == [7.0, runner.RETRY_AFTER_CAP_S]
+
+
+def _niceness_after(start: int, wanted: str) -> tuple[int, str]:
+    """A process at niceness `start` asks to take back `wanted`: where it ends, what it said."""
+    code = (
+        "import os, sys; os.nice(int(sys.argv[1]))\n"
+        "from sf.runner import take_back_priority\n"
+        "take_back_priority(sys.argv[2]); print(os.getpriority(os.PRIO_PROCESS, 0))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(start), wanted], capture_output=True, text=True, check=True
+    )
+    return int(done.stdout), done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="raising a priority back needs root")
+def test_the_runner_takes_back_the_workers_priority_for_the_job() -> None:
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert _niceness_after(10, str(base)) == (base, "")
+    # Never lower than it is: a runner started at its own niceness stays there.
+    assert _niceness_after(0, str(base + 5))[0] == base
+    ended, said = _niceness_after(10, "ten")
+    assert ended == min(19, base + 10) and "not an integer" in said

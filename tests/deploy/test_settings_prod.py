@@ -43,12 +43,22 @@ def test_check_deploy_reports_nothing():
         ({"DATABASE_URL": ""}, "DATABASE_URL must point at PostgreSQL in production"),
         ({"DATABASE_URL": "sqlite:////tmp/x.db"}, "DATABASE_URL must point at PostgreSQL"),
         ({"SF_METRICS_TOKEN": "guessable"}, "SF_METRICS_TOKEN is too short"),
+        ({"SF_WORKER_NICE": "20"}, "SF_WORKER_NICE must be from 0 to 19, got 20"),
+        ({"SF_WORKER_NICE": "low"}, "SF_WORKER_NICE must be an integer, got 'low'"),
     ],
 )
 def test_an_unsafe_or_missing_value_stops_the_start_with_a_sentence(change, sentence):
     done = manage("check", **{**GOOD, **change})
     assert done.returncode != 0
     assert sentence in done.stderr
+
+
+def test_the_worker_lowers_its_priority_by_default_on_postgresql_only(tmp_path):
+    code = "from django.conf import settings; print(settings.SF_WORKER_NICE)"
+    show = ("shell", "-v", "0", "-c", code)
+    assert manage(*show, **GOOD).stdout.strip() == "10"
+    embedded = {"SF_VAR_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "starforge.settings"}
+    assert manage(*show, **embedded).stdout.strip() == "0"
 
 
 def test_without_the_secret_key_production_refuses_and_makes_no_key_of_its_own(tmp_path):

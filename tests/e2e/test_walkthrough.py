@@ -25,10 +25,11 @@ def loss_at(step: int) -> float:
     return train.loss_at(step)
 
 
-def start_stack(var: Path) -> tuple[subprocess.Popen, str, str]:
-    """`manage.py runstack` on the embedded default; returns the process, URL and demo token."""
+def start_stack(var: Path, **extra: str) -> tuple[subprocess.Popen, str, str]:
+    """`manage.py runstack` on the embedded default (and `extra` variables); returns the
+    process, URL and demo token."""
     port = free_port()
-    env = stack_env(var, port)  # the embedded SQLite ledger, as `make run` uses
+    env = stack_env(var, port, **extra)  # the embedded SQLite ledger, as `make run` uses
     with open(var / "stack.log", "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "runstack"],
@@ -47,7 +48,7 @@ def stack(tmp_path_factory):
     var = tmp_path_factory.mktemp("var")
     proc, url, token = start_stack(var)
     try:
-        yield {"url": url, "token": token, "var": var}
+        yield {"url": url, "token": token, "var": var, "pid": proc.pid}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -156,6 +157,38 @@ def test_follow_on_jobs_run_after_success_and_read_the_parent_outputs(sf):
     assert eval_log.startswith("eval step 5 accuracy")
     export_log = sf("job", "logs", str(children["export"]["id"]), "-n", "0").stdout
     assert export_log.startswith("exported step 5 to ")
+
+
+def _celery_and_web_niceness(stack_pid: int) -> tuple[set[int], set[int]]:
+    import psutil
+
+    stacked = psutil.Process(stack_pid).children(recursive=True)
+    celery = {p.nice() for p in stacked if "celery" in p.cmdline()}
+    web = {p.nice() for p in stacked if "granian" in " ".join(p.cmdline())}
+    assert celery and web
+    return celery, web
+
+
+def test_on_the_embedded_ledger_the_worker_keeps_its_priority(stack):
+    ours = os.getpriority(os.PRIO_PROCESS, 0)  # runstack's, and so every process's it starts
+    assert _celery_and_web_niceness(stack["pid"]) == ({ours}, {ours})
+
+
+def test_a_niced_worker_yields_the_cpu_to_the_web_but_its_jobs_do_not(tmp_path):
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    proc, url, token = start_stack(tmp_path, SF_WORKER_NICE="7")
+    try:
+        assert _celery_and_web_niceness(proc.pid) == ({min(19, ours + 7)}, {ours})
+        workdir = tmp_path / "project"
+        workdir.mkdir()
+        sf = sf_command(workdir, tmp_path / "sf.json")
+        sf("login", "--url", url, "--token", token)
+        probe = "import os; print('niceness', os.getpriority(os.PRIO_PROCESS, 0))"
+        sf("submit", "--gpus", "0", "--", "python", "-c", probe)
+        assert sf("job", "logs").stdout.splitlines() == [f"niceness {ours}"]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
 
 
 def test_list_shows_jobs_and_bad_input_is_refused(sf):
