@@ -16,7 +16,9 @@ LAUNCH_CHUNK = 200
 
 
 @shared_task(ignore_result=True)
-def schedule_tick() -> int:
+def schedule_tick(from_beat: bool = False) -> int:
+    if from_beat and not kick.beat_tick_due():
+        return 0  # a tick started within the kicks' pace, and the trailing one covers this
     started = time.monotonic()
     result = admit_queued_jobs()
     took = time.monotonic() - started

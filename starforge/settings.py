@@ -266,6 +266,7 @@ CELERY_BEAT_SCHEDULE = {
     "schedule-tick": {
         "task": "jobs.tasks.schedule_tick",
         "schedule": 2.0,
+        "kwargs": {"from_beat": True},  # coalesced with the kicks' ticks (jobs.kick)
         "options": {"expires": 10},
     },
     "reconcile-tick": {

@@ -1,6 +1,7 @@
 """The scheduler kick, coalesced through a real Redis: a burst of kicks sends one tick at once and
 then one trailing tick per pace, every kick still has a tick that starts after it, and the
-window follows what a tick costs."""
+window follows what a tick costs. Beat's ticks go through the same window: alone they run, under
+a stream of kicks they add none."""
 
 import time
 
@@ -107,6 +108,36 @@ def test_a_kick_after_a_quiet_spell_is_sent_at_once(sent):
     assert [countdown for _, countdown in sent] == [None, None]
 
 
+def test_beats_tick_runs_after_a_quiet_spell_and_is_covered_within_the_pace(sent):
+    assert kick.beat_tick_due() and sent == []  # nothing ticked lately: it runs
+    kick.scheduler()  # a submit right after: the trailing tick starts after it
+    assert countdowns(sent, kick.MIN_PACE_MS) == ["trail"]
+    assert not kick.beat_tick_due()  # beat's next tick, within the pace: that tick covers it
+    assert len(sent) == 1
+    time.sleep(trail_s(kick.MIN_PACE_MS) + kick.MIN_PACE_MS / 1000)
+    assert kick.beat_tick_due()
+
+
+def test_under_a_stream_of_kicks_beats_ticks_add_none(sent):
+    beats: list[float] = []
+    start = time.monotonic()
+    kicks = []
+    while time.monotonic() < start + 1.2:
+        now = time.monotonic() - start
+        if not beats or now - beats[-1] >= 0.3:  # beat, faster than the pace
+            beats.append(now)
+            if kick.beat_tick_due():
+                sent.append((now, None))  # it runs in place
+        kicks.append(now)
+        kick.scheduler()
+        time.sleep(0.01)
+    uncovered, longest = lateness(kicks + beats, sent)
+    assert uncovered == [] and longest <= trail_s(kick.MIN_PACE_MS) + 0.05
+    # One tick at once (beat's), then one per pace of 500 ms, as for the kicks alone: not
+    # another for each of beat's four.
+    assert 3 <= len(sent) <= 4, sent
+
+
 def test_without_redis_a_kick_is_only_a_warning(settings, monkeypatch, caplog):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
     monkeypatch.setattr(current_app, "send_task", lambda *a, **k: pytest.fail("sent"))
@@ -114,3 +145,5 @@ def test_without_redis_a_kick_is_only_a_warning(settings, monkeypatch, caplog):
     assert "beat's next tick will admit the job" in caplog.text
     kick.record_tick(0.1)
     assert "could not record the scheduler's pace" in caplog.text
+    assert kick.beat_tick_due()  # beat's tick runs without the window
+    assert "could not coalesce beat's tick with the kicks" in caplog.text
