@@ -50,11 +50,15 @@ def stack(tmp_path_factory):
     try:
         yield {"url": url, "token": token, "var": var, "pid": proc.pid}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_stack(proc)
+
+
+def stop_stack(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _wait_for_banner(log: Path, proc: subprocess.Popen) -> str:
@@ -187,8 +191,7 @@ def test_a_niced_worker_yields_the_cpu_to_the_web_but_its_jobs_do_not(tmp_path):
         sf("submit", "--gpus", "0", "--", "python", "-c", probe)
         assert sf("job", "logs").stdout.splitlines() == [f"niceness {ours}"]
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        stop_stack(proc)
 
 
 def test_list_shows_jobs_and_bad_input_is_refused(sf):
