@@ -10,9 +10,11 @@ directory and ports of its own). It submits a mix of jobs from three teams with 
 (quick successes, jobs that fail once and succeed on the automatic retry, jobs that always fail
 and exhaust their retries, long jobs that are paused and resumed or left paused) while a fault
 loop SIGKILLs and restarts the worker, beat (and runs two beats at once for a while), the web
-server, the websocket server, Redis and slurmctld. Then it waits for every job to be final (or
+server, the websocket server, Redis and slurmctld. A process that ends by itself is started
+again, as a supervisor would, and reported. Then it waits for every job to be final (or
 deliberately paused), runs `check_ledger`, prints
-`chaos: jobs=N attempts=N kills=N violations=N` and exits 1 unless everything held.
+`chaos: jobs=N attempts=N kills=N violations=N` and exits 1 unless everything held and no
+process ended by itself.
 """
 
 from __future__ import annotations
@@ -185,6 +187,7 @@ class ChaosStack(Stack):
         )
         self.env["DATABASE_URL"] = database_url
         self.argv: dict[str, tuple[str, ...]] = {}
+        self.died: dict[str, list[int]] = {}  # exit codes of processes that ended on their own
 
     def _spawn(self, name: str, *args: str) -> None:
         self.argv[name] = args
@@ -197,6 +200,16 @@ class ChaosStack(Stack):
             kill_group(proc, signal.SIGKILL)
         time.sleep(down_s)
         self._spawn(name, *self.argv[name])
+
+    def revive(self) -> None:
+        """Start again, as a supervisor would, any process that ended without being killed,
+        and note its exit code: no fault should end one by itself (a worker that exits when
+        Redis goes away stalls every loop)."""
+        for name, proc in list(self.procs.items()):
+            if proc.poll() is not None:
+                self.died.setdefault(name, []).append(proc.returncode)
+                say(f"{name} ended on its own (exit {proc.returncode}); starting it again")
+                self.restart(name, down_s=0)
 
     def start_second_beat(self) -> None:
         self._spawn(
@@ -472,16 +485,17 @@ class Result:
     seconds: float
     borrowed: int = 0  # attempts on borrowed GPUs
     preempted: int = 0  # attempts preempted to give them back
+    died: dict[str, list[int]] = field(default_factory=dict)  # ended on their own: exit codes
 
     @property
     def ok(self) -> bool:
-        return not self.violations and not self.not_final
+        return not self.violations and not self.not_final and not self.died
 
     def line(self) -> str:
         return (
             f"chaos: jobs={self.jobs} attempts={self.attempts} kills={self.kills} "
             f"violations={len(self.violations)} not_final={len(self.not_final)} "
-            f"borrowed={self.borrowed} preempted={self.preempted}"
+            f"borrowed={self.borrowed} preempted={self.preempted} died={self.died}"
         )
 
 
@@ -565,6 +579,7 @@ def run(
             seconds=time.monotonic() - began,
             borrowed=counts["borrowed"],
             preempted=counts["preempted"],
+            died=stack.died,
         )
     except BaseException:
         if stack is not None:
@@ -606,6 +621,7 @@ def drive(
         jobs = all_jobs(stack)
         pause_and_resume(stack, plan, jobs)
         faults.repair()
+        stack.revive()
         pending = [j for j in jobs.values() if not is_final(j, plan)]
         faulting = now - start < duration or faults.turn < 2 * len(faults.kinds)
         if not faulting and not pending:

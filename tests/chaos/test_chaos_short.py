@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.chaos, pytest.mark.postgres]
 def assert_held(result: driver.Result) -> None:
     print(result.line(), result.kills_by_kind, f"{result.seconds:.0f} s")
     assert result.violations == []
+    assert result.died == {}  # no process of the stack ended by itself
     assert result.not_final == []
     assert result.kills >= 8
 

@@ -1,4 +1,5 @@
-"""A task held by a worker that is SIGKILLed runs again on another worker within a minute.
+"""A task held by a worker that is SIGKILLed runs again on another worker within a minute, and a
+worker lives through a restart of Redis.
 
 Two real Celery workers on the project's settings (acks late, the broker's visibility timeout
 and restore sweep of starforge.settings) and a real Redis: worker A takes a task that holds it,
@@ -20,7 +21,7 @@ from celery import Celery
 from django.conf import settings
 
 from tests.e2e.held_task import RUNS_KEY
-from tests.e2e.stack import REDIS_URL, ROOT, kill_group, stack_env, wait_until
+from tests.e2e.stack import REDIS_URL, ROOT, Redis, kill_group, stack_env, wait_until
 
 pytestmark = pytest.mark.e2e
 DB = 14  # this test's own Redis database: its queue holds nothing of other tests
@@ -83,3 +84,46 @@ def test_a_task_held_by_a_killed_worker_runs_again_within_a_minute(tmp_path: Pat
             kill_group(second, signal.SIGKILL)
         client.flushdb()
         client.close()
+
+
+def test_a_worker_lives_through_a_restart_of_its_broker_while_it_holds_tasks(
+    tmp_path: Path,
+) -> None:
+    """Redis restarts (a failover, an upgrade) while the worker holds a running task and a
+    countdown one, both unacked: the worker reconnects and takes new tasks. A Celery 5.7.0 worker
+    died here ("Unrecoverable error", exit 1) as it closed the lost connection, which is why
+    requirements.txt keeps Celery at 5.6: a worker gone stalls the scheduler and the reconciler
+    (the chaos test saw it: jobs left RUNNING and QUEUED until its deadline)."""
+    broker = Redis()
+    broker.start()
+    app = Celery("sender", broker=broker.url)
+    env = {**stack_env(tmp_path, 0), "REDIS_URL": broker.url, "SF_TEST_WORKER": "a"}
+    log = open(tmp_path / "worker-a.log", "w")  # noqa: SIM115 - the child keeps it
+    argv = [sys.executable, "-m", "celery", "-A", "starforge", "worker", "--concurrency", "2"]
+    argv += ["-I", "tests.e2e.held_task", "-n", "a@%h", "--loglevel", "INFO"]
+    worker = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        wait_until(lambda: _ready(tmp_path, "a"), 60, "the worker to start")
+        client = redis.Redis.from_url(broker.url)
+        app.send_task("tests.e2e.held_task.hold", args=[3.0])
+        app.send_task("tests.e2e.held_task.hold", args=[0.0], countdown=60)
+        wait_until(lambda: _runs(client) or None, 30, "the worker to start the task")
+        client.close()
+        broker.kill()
+        time.sleep(1.0)
+        broker.start()  # the same port, empty: no persistence
+        client = redis.Redis.from_url(broker.url)
+        sent = time.time()
+        app.send_task("tests.e2e.held_task.hold", args=[0.0])
+
+        def taken() -> list[dict] | None:
+            assert worker.poll() is None, (tmp_path / "worker-a.log").read_text()[-6000:]
+            return [run for run in _runs(client) if run["at"] >= sent] or None
+
+        assert len(wait_until(taken, 60, "the worker to take a task sent after the restart")) == 1
+        client.close()
+    finally:
+        kill_group(worker, signal.SIGKILL)
+        broker.kill()
