@@ -110,6 +110,8 @@ def test_a_worker_lives_through_a_restart_of_its_broker_while_it_holds_tasks(
         app.send_task("tests.e2e.held_task.hold", args=[3.0])
         app.send_task("tests.e2e.held_task.hold", args=[0.0], countdown=60)
         wait_until(lambda: _runs(client) or None, 30, "the worker to start the task")
+        log_text = (tmp_path / "worker-a.log").read_text
+        wait_until(lambda: log_text().count(" received") == 2, 30, "both tasks to be held")
         client.close()
         broker.kill()
         time.sleep(1.0)
