@@ -36,10 +36,6 @@ def _database_url() -> str:
 
 def _worker(var: Path) -> subprocess.Popen:
     env = {**stack_env(var, 0), "REDIS_URL": BROKER, "DATABASE_URL": _database_url()}
-    # At normal priority: in the suite's parallel runs on two cores, a niced worker (the
-    # PostgreSQL default, jobs.priority) once had its pool open a second session late, at the
-    # third task; the pool's growth under starvation is not what this test is about.
-    env["SF_WORKER_NICE"] = "0"
     log = open(var / "worker.log", "w")  # noqa: SIM115 - the child keeps it
     argv = [sys.executable, "-m", "celery", "-A", "starforge", "worker", "--concurrency", "1"]
     argv += ["-I", "tests.e2e.backend_task", "--loglevel", "INFO"]
@@ -75,14 +71,16 @@ def test_a_worker_keeps_its_session_between_tasks_and_replaces_a_broken_one(tmp_
     try:
         wait_until(lambda: "ready." in (tmp_path / "worker.log").read_text(), 60, "the worker")
         first = [_run(app, client, tmp_path) for _ in range(6)]
-        # The pool's few sessions serve task after task, each used again: not one per task.
-        assert set(first[2:]) <= set(first[:2]), f"new sessions for later tasks: {first}"
+        # The pool's few sessions serve task after task, each used again: not one per task. When
+        # it opens its second is up to the pool's timing (under the suite's parallel load, once
+        # at the third task, at normal priority and niced alike), so the bound is on how many.
+        assert len(set(first)) <= 3, f"sessions for 6 tasks: {first}"
         with connection.cursor() as cursor:
             for pid in set(first):
                 cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
         after = [_run(app, client, tmp_path) for _ in range(6)]
         assert not set(after) & set(first)
-        assert set(after[2:]) <= set(after[:2]), f"new sessions for later tasks: {after}"
+        assert len(set(after)) <= 3, f"sessions for 6 tasks after the restart: {after}"
     finally:
         kill_group(worker)
         client.flushdb()
