@@ -36,10 +36,11 @@ def _own_db(url: str) -> str:
 BROKER = _own_db(REDIS_URL)
 
 
-def _worker(var: Path, name: str) -> subprocess.Popen:
-    env = {**stack_env(var, 0), "REDIS_URL": BROKER, "SF_TEST_WORKER": name}
+def _worker(var: Path, name: str, broker: str = BROKER, concurrency: int = 1) -> subprocess.Popen:
+    env = {**stack_env(var, 0), "REDIS_URL": broker, "SF_TEST_WORKER": name}
     log = open(var / f"worker-{name}.log", "w")  # noqa: SIM115 - the child keeps it
-    argv = [sys.executable, "-m", "celery", "-A", "starforge", "worker", "--concurrency", "1"]
+    argv = [sys.executable, "-m", "celery", "-A", "starforge", "worker"]
+    argv += ["--concurrency", str(concurrency)]
     argv += ["-I", "tests.e2e.held_task", "-n", f"{name}@%h", "--loglevel", "INFO"]
     argv += ["--without-mingle", "--without-gossip"]
     return subprocess.Popen(
@@ -97,13 +98,7 @@ def test_a_worker_lives_through_a_restart_of_its_broker_while_it_holds_tasks(
     broker = Redis()
     broker.start()
     app = Celery("sender", broker=broker.url)
-    env = {**stack_env(tmp_path, 0), "REDIS_URL": broker.url, "SF_TEST_WORKER": "a"}
-    log = open(tmp_path / "worker-a.log", "w")  # noqa: SIM115 - the child keeps it
-    argv = [sys.executable, "-m", "celery", "-A", "starforge", "worker", "--concurrency", "2"]
-    argv += ["-I", "tests.e2e.held_task", "-n", "a@%h", "--loglevel", "INFO"]
-    worker = subprocess.Popen(
-        argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    worker = _worker(tmp_path, "a", broker.url, concurrency=2)
     try:
         wait_until(lambda: _ready(tmp_path, "a"), 60, "the worker to start")
         client = redis.Redis.from_url(broker.url)
