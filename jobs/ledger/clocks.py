@@ -60,6 +60,52 @@ def mark_started(attempt: Attempt, at: dt.datetime, now: dt.datetime, *, reopen:
     return attempt.start_time
 
 
+def mark_started_many(attempts: list[Attempt], reported: dict[int, dt.datetime], now: dt.datetime):
+    """`mark_started` for each of `attempts` (none reopened), in two statements for them all:
+    each start bounded as there and set where none is yet, then each stored start read back."""
+    wanted = [attempt for attempt in attempts if reported.get(attempt.pk) is not None]
+    for attempt in wanted:
+        attempt.start_time = bounded_start(attempt, reported[attempt.pk], now)
+    pks = [attempt.pk for attempt in wanted]
+    Attempt.objects.filter(pk__in=pks, start_time__isnull=True, end_time__isnull=True).bulk_update(
+        wanted, ["start_time"]
+    )
+    _read_clocks(attempts)
+
+
+def close_many(
+    attempts: list[Attempt],
+    reported_ends: dict[int, dt.datetime | None],
+    now: dt.datetime,
+    exit_codes: dict[int, int | None],
+    **fields,
+) -> int:
+    """`close` for each of `attempts`, in two statements for them all: each end bounded as
+    `bounded_end` says, each attempt's exit code and the shared `fields` (end_reason, failure)
+    written where it is still open. Returns how many it closed: fewer than `attempts` when one
+    was closed meanwhile, which the caller must not take as closed (it rolls back)."""
+    _read_clocks(attempts)
+    for attempt in attempts:
+        attempt.end_time = bounded_end(attempt, reported_ends.get(attempt.pk), now)
+        attempt.exit_code = exit_codes.get(attempt.pk)
+        for name, value in fields.items():
+            setattr(attempt, name, value)
+    rows = Attempt.objects.filter(
+        pk__in=[attempt.pk for attempt in attempts], end_time__isnull=True
+    )
+    return rows.bulk_update(attempts, ["end_time", "exit_code", *fields])
+
+
+def _read_clocks(attempts: list[Attempt]) -> None:
+    """Each attempt's clocks as stored, in one statement."""
+    columns = ("start_time", "alive_at", "submitted_at", "end_time")
+    stored = Attempt.objects.filter(pk__in=[attempt.pk for attempt in attempts])
+    by_pk = {row[0]: row[1:] for row in stored.values_list("pk", *columns)}
+    for attempt in attempts:
+        for name, value in zip(columns, by_pk[attempt.pk], strict=True):
+            setattr(attempt, name, value)
+
+
 def seen_alive(attempt_ids: Iterable[int], now: dt.datetime) -> None:
     """The server saw these attempts alive at `now`: no end may be billed before it."""
     ids = list(attempt_ids)
