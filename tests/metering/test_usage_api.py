@@ -3,9 +3,10 @@
 import datetime as dt
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
-from metering.records import meter_ended
+from metering.records import UNRECORDED_COLUMNS, _unrecorded_since, meter_ended
 from tests.jobs.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
@@ -134,3 +135,23 @@ def test_without_a_token_it_is_refused(usage):
     from django.test import Client
 
     assert Client().get("/api/v1/usage").status_code == 401
+
+
+@pytest.mark.parametrize("narrowed", [False, True])
+def test_the_unrecorded_part_is_read_by_an_index_that_leaves_out_never_started_attempts(
+    usage, team, narrowed
+):
+    """Pending attempts pile up in a busy ledger; a usage answer must not read each of them."""
+    midnight = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    rows = _unrecorded_since(midnight)
+    if narrowed:
+        rows = rows.filter(job__team_id__in=[team.pk])
+    sql, params = rows.values_list(*UNRECORDED_COLUMNS).query.sql_with_params()
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":  # the tables are tiny: make any index preferable
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute(f"EXPLAIN {sql}", params)
+        else:
+            cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
+        plan = " ".join(str(row) for row in cursor.fetchall())
+    assert "attempt_started_unmetered" in plan, plan
