@@ -22,6 +22,8 @@ BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
         dt.datetime(2026, 12, 4, 18, 0, 1, 123456, tzinfo=dt.UTC),
         dt.datetime(2026, 7, 4, 18, 0, 1, 999, tzinfo=BERLIN),
         dt.datetime(2026, 12, 4, 18, 0),  # naive
+        dt.datetime(2026, 12, 4, 18, 0, 0, 5),  # naive, a microsecond part
+        dt.datetime(2026, 1, 1, 0, 0, 0, 500, tzinfo=dt.timezone(-dt.timedelta(hours=5.5))),
         dt.date(2026, 12, 4),
         dt.timedelta(seconds=90061.5),
         decimal.Decimal("1.10"),
