@@ -11,11 +11,13 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from ninja.renderers import JSONRenderer
 
+from jobs.models import Job
 from jobs.schemas import EventOut, JobOut, JobPage
 from tests.jobs.api_helpers import submit
 from tests.jobs.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
+TIME_TO_THE_SECOND = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.000Z")
 
 
 def queries(api, path: str) -> int:
@@ -28,9 +30,21 @@ def queries(api, path: str) -> int:
 
 
 def as_validated(schema, body):
-    """`body` as ninja would answer it after validating it against `schema`."""
+    """`body` as ninja would answer it after validating it against `schema`, both with their
+    times to the millisecond written alike: Django's ECMA-262 rule writes a time less than a
+    millisecond past the second as ".000Z", which reads back as the whole second ("Z")."""
     dumped = schema.model_validate(body).model_dump()
-    return json.loads(JSONRenderer().render(None, dumped, response_status=200))
+    return _whole_seconds(json.loads(JSONRenderer().render(None, dumped, response_status=200)))
+
+
+def _whole_seconds(value):
+    if isinstance(value, dict):
+        return {key: _whole_seconds(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_whole_seconds(item) for item in value]
+    if isinstance(value, str) and TIME_TO_THE_SECOND.fullmatch(value):
+        return value.removesuffix(".000Z") + "Z"
+    return value
 
 
 @pytest.fixture
@@ -81,9 +95,9 @@ def test_a_timeline_is_two_queries(api, jobs):
 
 def test_the_answers_conform_to_their_schemas(api, jobs):
     page = api.get("/jobs").json()
-    assert as_validated(JobPage, page) == page
+    assert as_validated(JobPage, page) == _whole_seconds(page)
     one = api.get(f"/jobs/{jobs[1].pk}").json()
-    assert as_validated(JobOut, one) == one
+    assert as_validated(JobOut, one) == _whole_seconds(one)
     assert one["ranks"] == [{"rank": 0, "node": "n0", "state": "running", "exit_code": None}]
     assert one["gpu_seconds"] > 3000
     done = api.get(f"/jobs/{jobs[0].pk}").json()
@@ -93,7 +107,7 @@ def test_the_answers_conform_to_their_schemas(api, jobs):
         True,
     )
     events = api.get(f"/jobs/{submit(api)}/events").json()
-    assert events and all(as_validated(EventOut, e) == e for e in events)
+    assert events and all(as_validated(EventOut, e) == _whole_seconds(e) for e in events)
 
 
 def test_a_job_without_attempts_shows_zero_gpu_seconds_as_a_float(api, jobs):
@@ -108,3 +122,13 @@ def test_prepared_reads_follow_each_request_s_reader(api, api_as, make_team, mak
     assert carol.get(f"/jobs/{jobs[0].pk}").status_code == 404
     assert carol.get(f"/jobs/{jobs[0].pk}/events").status_code == 404
     assert carol.get("/jobs").json()["items"] == []
+
+
+def test_a_time_under_a_millisecond_past_the_second_conforms_too(api, team, alice):
+    job = queued_job(team, alice)
+    Job.objects.filter(pk=job.pk).update(
+        submitted_at=dt.datetime(2026, 12, 7, 1, 2, 3, 500, tzinfo=dt.UTC)
+    )
+    one = api.get(f"/jobs/{job.pk}").json()
+    assert one["submitted_at"] == "2026-12-07T01:02:03.000Z"
+    assert as_validated(JobOut, one) == _whole_seconds(one)
