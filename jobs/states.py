@@ -38,19 +38,23 @@ class JobStatus(models.TextChoices):
     def active(cls) -> frozenset["JobStatus"]:
         """States that hold a quota slot (and, from PENDING on, GPUs): a launch is in flight or
         the job is on its cluster, so a stop or a pause must cancel it there."""
-        return frozenset({cls.SUBMITTED, cls.PENDING, cls.RUNNING})
+        return _ACTIVE
 
     @classmethod
     def terminal(cls) -> frozenset["JobStatus"]:
         """States in which nothing runs and the ledger waits for a person (or retry)."""
-        return frozenset({cls.SUCCEEDED, cls.FAILED, cls.STOPPED, cls.PAUSED})
+        return _TERMINAL
 
     @classmethod
     def holds_gpus(cls) -> frozenset["JobStatus"]:
-        return frozenset({cls.PENDING, cls.RUNNING})
+        return _HOLDS_GPUS
 
 
 S = JobStatus
+# Built once: the API asks them of every job of a list, the loops of every job they touch.
+_ACTIVE = frozenset({S.SUBMITTED, S.PENDING, S.RUNNING})
+_TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.STOPPED, S.PAUSED})
+_HOLDS_GPUS = frozenset({S.PENDING, S.RUNNING})
 ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     S.QUEUED: frozenset({S.SUBMITTED, S.STOPPED, S.PAUSED}),
     S.SUBMITTED: frozenset({S.PENDING, S.FAILED, S.QUEUED, S.STOPPED, S.PAUSED}),

@@ -47,8 +47,6 @@ router = Router(auth=[UserToken(), ConsoleSession()], tags=["jobs"])
 DOWNLOAD_PAGE_LINES = 10_000
 COMPUTED = ("gpu_seconds", "ranks")  # attempt fields not read straight off the row
 RANK_KEYS = frozenset(("rank", "node", "state", "exit_code"))
-# Asked of every job of a list: built once, not a set per job.
-TERMINAL, ACTIVE = JobStatus.terminal(), JobStatus.active()
 LOG_FOLLOW_STEP_S = 0.25  # a held follow looks for new lines this often
 FOLLOW_POLL_S = 1.0  # and a follow not held (SF_LOG_FOLLOW_HOLD_S) is asked again after this
 CONTENT_TYPE = f"{RENDERER.media_type}; charset={RENDERER.charset}"
@@ -82,7 +80,7 @@ def job_out(job: dict, started: list[Started], now: dt.datetime) -> dict:
         "backend": job["cluster__kind"],
         "status": job["status"],
         "status_reason": job["status_reason"],
-        "terminal": job["status"] in TERMINAL,
+        "terminal": job["status"] in JobStatus.terminal(),
         "gpus": job["gpus"],
         "nodes": job["nodes"],
         "gpus_per_node": gpus_per_node(job["gpus"], job["nodes"]),
@@ -117,7 +115,9 @@ def job_out(job: dict, started: list[Started], now: dt.datetime) -> dict:
         "follow_on_name": job["follow_on_name"],
         "then": job["then"],
         "borrowed_from": (
-            job["current_attempt__borrowed_from__name"] if job["status"] in ACTIVE else None
+            job["current_attempt__borrowed_from__name"]
+            if job["status"] in JobStatus.active()
+            else None
         ),
         "array": job["array_id"],
         "array_index": job["array_index"],
@@ -127,7 +127,7 @@ def job_out(job: dict, started: list[Started], now: dt.datetime) -> dict:
 
 def _preemption(job: dict) -> dict:
     """When an active job was told to give its borrowed GPUs back, and when SIGKILL follows."""
-    notice = job["current_attempt__preempted_at"] if job["status"] in ACTIVE else None
+    notice = job["current_attempt__preempted_at"] if job["status"] in JobStatus.active() else None
     if notice is None:
         return {"preempted_at": None, "preempt_kill_at": None}
     grace = preempt_grace_s({PREEMPT_GRACE: job["cluster__settings__preempt_grace_s"]})

@@ -12,6 +12,7 @@ import datetime as dt
 from typing import Any
 
 import orjson
+from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpRequest
 from ninja.renderers import JSONRenderer
 from ninja.responses import NinjaJSONEncoder
@@ -21,18 +22,12 @@ OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 class FastJSONRenderer(JSONRenderer):
     def __init__(self) -> None:
-        ninja = NinjaJSONEncoder().default
+        ninja, django = NinjaJSONEncoder().default, DjangoJSONEncoder().default
 
         def default(value: Any) -> Any:
-            # A datetime (several a job) by DjangoJSONEncoder's rule, written out here: ninja's
-            # encoder ends in it after four checks of its own types
-            # (tests/jobs/test_api_renderer.py holds the two to the same answers).
-            if type(value) is not dt.datetime:
-                return ninja(value)
-            text = value.isoformat()
-            if value.microsecond:
-                text = text[:23] + text[26:]
-            return text[:-6] + "Z" if text.endswith("+00:00") else text
+            # A datetime (two a job) straight to Django's rule, which ninja's ends in anyway
+            # after four checks of its own types.
+            return django(value) if type(value) is dt.datetime else ninja(value)
 
         self._default = default
 

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from metering.records import UNRECORDED_COLUMNS, _unrecorded_since, meter_ended
+from metering.records import _unrecorded_of, meter_ended
 from tests.jobs.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
@@ -143,10 +143,9 @@ def test_the_unrecorded_part_is_read_by_an_index_that_leaves_out_never_started_a
 ):
     """Pending attempts pile up in a busy ledger; a usage answer must not read each of them."""
     midnight = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
-    rows = _unrecorded_since(midnight)
-    if narrowed:
-        rows = rows.filter(job__team_id__in=[team.pk])
-    sql, params = rows.values_list(*UNRECORDED_COLUMNS).query.sql_with_params()
+    ids = {"team0": team.pk} if narrowed else {}
+    rows = _unrecorded_of((1 if narrowed else None, None), midnight, **ids)
+    sql, params = rows.query.sql_with_params()
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":  # the tables are tiny: make any index preferable
             cursor.execute("SET LOCAL enable_seqscan = off")
