@@ -2,7 +2,6 @@
 token) and the console (its session). The runner's side is `jobs.api.ingest`."""
 
 import asyncio
-import datetime as dt
 import json
 import time
 
@@ -19,12 +18,12 @@ from jobs.actions.submit import submit_job
 from jobs.api.renderer import RENDERER
 from jobs.auth import ConsoleSession, UserToken
 from jobs.errors import BadRequest, NotFound
-from jobs.executors.base import PREEMPT_GRACE, preempt_grace_s
-from jobs.models import Job, Membership, gpus_per_node, run_output_dir, virtual_gpus
+from jobs.models import Job, Membership
 from jobs.reads import diagnostics
-from jobs.reads.job_rows import JobFilter, Started, job_page, job_row, job_timeline
+from jobs.reads.job_out import job_out, rank_rows
+from jobs.reads.job_rows import JobFilter, job_page, job_row, job_timeline
 from jobs.reads.queue import queue_places
-from jobs.reads.visible import get_visible_job, retry_refusal
+from jobs.reads.visible import get_visible_job
 from jobs.schemas import (
     AttemptOut,
     DiagnosticsOut,
@@ -46,101 +45,19 @@ from metering.usage import attempt_gpu_seconds
 router = Router(auth=[UserToken(), ConsoleSession()], tags=["jobs"])
 DOWNLOAD_PAGE_LINES = 10_000
 COMPUTED = ("gpu_seconds", "ranks")  # attempt fields not read straight off the row
-RANK_KEYS = frozenset(("rank", "node", "state", "exit_code"))
 LOG_FOLLOW_STEP_S = 0.25  # a held follow looks for new lines this often
 FOLLOW_POLL_S = 1.0  # and a follow not held (SF_LOG_FOLLOW_HOLD_S) is asked again after this
 CONTENT_TYPE = f"{RENDERER.media_type}; charset={RENDERER.charset}"
-
-
-def rank_rows(ranks: object) -> list[dict]:
-    """An attempt's stored ranks as RankOut rows (the reconciler stored only checked rows)."""
-    if not isinstance(ranks, list):
-        return []
-    return [
-        {"rank": r["rank"], "node": r["node"], "state": r["state"], "exit_code": r["exit_code"]}
-        for r in ranks
-        if isinstance(r, dict) and isinstance(r.get("rank"), int) and RANK_KEYS <= r.keys()
-    ]
-
-
-def job_out(job: dict, started: list[Started], now: dt.datetime) -> dict:
-    """JobOut of a `jobs.reads.job_rows` row and the job's started attempts."""
-    has_attempt = job["current_attempt__job_ref"] is not None
-    why_not_retry = retry_refusal(
-        job["status"], job["snapshot_id"], job["snapshot__deleted_reason"] or ""
-    )
-    gpu_seconds = sum(attempt_gpu_seconds(start, end, gpus, now) for start, end, gpus in started)
-    return {
-        "id": job["id"],
-        "run_id": job["run_id"],
-        "name": job["name"],
-        "team": job["team__name"],
-        "user": job["user__username"],
-        "cluster": job["cluster__name"],
-        "backend": job["cluster__kind"],
-        "status": job["status"],
-        "status_reason": job["status_reason"],
-        "terminal": job["status"] in JobStatus.terminal(),
-        "gpus": job["gpus"],
-        "nodes": job["nodes"],
-        "gpus_per_node": gpus_per_node(job["gpus"], job["nodes"]),
-        "gpu_type": job["gpu_type"],
-        "cpus": job["cpus"],
-        "memory_mb": job["memory_mb"],
-        "image": job["image"],
-        "ranks": rank_rows(job["current_attempt__ranks"]),
-        "virtual_gpus": virtual_gpus(job["cluster__kind"], job["cluster__gpus_virtual"]),
-        "entrypoint": job["entrypoint"],
-        "priority": job["priority"],
-        "window": job["window__name"],
-        "window_policy": job["window_policy"],
-        "attempt": job["attempt_count"],
-        "retry_count": job["retry_count"],
-        "job_ref": job["current_attempt__job_ref"] if has_attempt else "",
-        "submitted_at": job["submitted_at"],
-        "started_at": job["current_attempt__start_time"],
-        "ended_at": job["current_attempt__end_time"],
-        "exit_code": job["current_attempt__exit_code"],
-        "gpu_seconds": float(round(gpu_seconds, 3)),
-        "output_dir": run_output_dir(job["cluster__settings__output_root"], job["run_id"]),
-        "snapshot": job["snapshot_id"],
-        "max_retries": job["max_retries"],
-        "retries_left": max(0, job["max_retries"] - job["retry_count"]),
-        "retry_cooldown_s": job["retry_cooldown_s"],
-        "time_limit_s": job["time_limit_s"],
-        "next_attempt_at": job["next_attempt_at"],
-        "retry_available": not why_not_retry,
-        "retry_unavailable_reason": why_not_retry,
-        "parent": job["parent_id"],
-        "follow_on_name": job["follow_on_name"],
-        "then": job["then"],
-        "borrowed_from": (
-            job["current_attempt__borrowed_from__name"]
-            if job["status"] in JobStatus.active()
-            else None
-        ),
-        "array": job["array_id"],
-        "array_index": job["array_index"],
-        **_preemption(job),
-    }
-
-
-def _preemption(job: dict) -> dict:
-    """When an active job was told to give its borrowed GPUs back, and when SIGKILL follows."""
-    notice = job["current_attempt__preempted_at"] if job["status"] in JobStatus.active() else None
-    if notice is None:
-        return {"preempted_at": None, "preempt_kill_at": None}
-    grace = preempt_grace_s({PREEMPT_GRACE: job["cluster__settings__preempt_grace_s"]})
-    return {"preempted_at": notice, "preempt_kill_at": notice + dt.timedelta(seconds=grace)}
 
 
 def _job_answer(request, job_id: int, status: int = 200) -> HttpResponse:
     found = job_row(request.auth, job_id)
     if found is None:
         raise NotFound(f"job {job_id} does not exist or belongs to a team you are not in")
-    job, started = found
-    places = queue_places([job], request.auth.is_staff)
-    return _answer(request, {**job_out(job, started, timezone.now()), **places[job_id]}, status)
+    row, started = found
+    places = queue_places([row.job], request.auth.is_staff)
+    answer = {**job_out(row.job, row.shown, started, timezone.now()), **places[job_id]}
+    return _answer(request, answer, status)
 
 
 def _answer(request: HttpRequest, body: object, status: int = 200) -> HttpResponse:
@@ -243,14 +160,12 @@ def list_jobs(request, filters: Query[JobFilters]):
     more = len(page) > filters.limit
     page = page[: filters.limit]
     now = timezone.now()
-    places = queue_places(page, request.auth.is_staff)
-    return _answer(
-        request,
-        {
-            "items": [{**job_out(j, started[j["id"]], now), **places[j["id"]]} for j in page],
-            "next_before": page[-1]["id"] if more else None,
-        },
-    )
+    places = queue_places([row.job for row in page], request.auth.is_staff)
+    items = [
+        {**job_out(row.job, row.shown, started[row.job["id"]], now), **places[row.job["id"]]}
+        for row in page
+    ]
+    return _answer(request, {"items": items, "next_before": page[-1].job["id"] if more else None})
 
 
 @router.get(

@@ -2,11 +2,12 @@
 
 Each reads only the columns its answer shows, joined in one query whose SQL is built once per
 process (`jobs.reads.prepared`), and instantiates no model: a page of 50 jobs used to build
-some 200 model objects and decode every cluster's settings 50 times. Who sees what is
-`visible_jobs`, as everywhere else.
+some 200 model objects and decode every cluster's settings 50 times. A job's row comes with
+what its answer shows of the row alone (`jobs.reads.job_out.shown_of`), kept for the row as
+the database sends it (ROWS): a page listed again converts and builds only the jobs that moved.
+Who sees what is `visible_jobs`, as everywhere else.
 """
 
-import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -14,7 +15,8 @@ from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
 from jobs.models import Attempt
-from jobs.reads.prepared import Prepared, reader
+from jobs.reads.job_out import Started, shown_of
+from jobs.reads.prepared import Prepared, RowMemo, reader
 from jobs.reads.visible import visible_jobs
 
 # What JobOut shows, as `values_list` paths; the current attempt's columns come joined.
@@ -67,6 +69,9 @@ JOB_COLUMNS = (
     "array_index",
 )
 ID_MAX = 2**63 - 1  # the largest id a 64-bit integer column holds
+# Rows kept with what they show, per process: a few pages of the largest size (500), for
+# everyone listing and reading the jobs of the moment; 4 to 8 kB a row (16 MB at most).
+KEPT_ROWS = 2_000
 EVENT_COLUMNS = ("time", "kind", "from_status", "to_status", "reason", "actor", "attempt", "data")
 
 
@@ -146,7 +151,34 @@ STARTED_ATTEMPTS = Prepared(_started_attempts)
 STARTED_OF_PAGE = Prepared(_started_of_page)
 TIMELINE = Prepared(_timeline)
 
-Started = tuple[dt.datetime, dt.datetime | None, int]  # start, end, GPUs of a started attempt
+
+# What each answer works out anew from a job's row: where it queues, its GPU-seconds, whether
+# a retry would find its snapshot (`jobs.reads.queue`, `jobs.reads.job_out.job_out`).
+FACTS = (
+    "id",
+    "status",
+    "team_id",
+    "cluster_id",
+    "status_changed_at",
+    "attempt_count",
+    "current_attempt__start_time",
+    "snapshot_id",
+    "snapshot__deleted_reason",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    job: dict  # FACTS of the row, by column name
+    shown: dict  # what JobOut shows of the row alone (`jobs.reads.job_out.shown_of`)
+
+
+def _job_row_of(row: list) -> JobRow:
+    job = dict(zip(JOB_COLUMNS, row, strict=True))
+    return JobRow({name: job[name] for name in FACTS}, shown_of(job))
+
+
+ROWS = RowMemo(_job_row_of, KEPT_ROWS)  # ONE_JOB's and PAGE's: the same columns
 
 
 def _reader_values(user: User) -> dict[str, int | str]:
@@ -154,29 +186,28 @@ def _reader_values(user: User) -> dict[str, int | str]:
     return {} if user.is_staff else {"user_id": user.pk}
 
 
-def job_row(user: User, job_id: int) -> tuple[dict, list[Started]] | None:
-    """The job as JobOut's columns, with its started attempts; None when the user cannot see
-    it (or it does not exist)."""
+def job_row(user: User, job_id: int) -> tuple[JobRow, list[Started]] | None:
+    """The job's row, with its started attempts; None when the user cannot see it (or it does
+    not exist)."""
     if abs(job_id) > ID_MAX:  # no row has it, and the database cannot be sent it
         return None
-    rows = ONE_JOB.rows((user.is_staff,), job_id=job_id, **_reader_values(user))
+    rows = ONE_JOB.built(ROWS, (user.is_staff,), job_id=job_id, **_reader_values(user))
     if not rows:
         return None
-    job = dict(zip(JOB_COLUMNS, rows[0], strict=True))
-    if not may_have_started(job):  # a submit's answer, a queued or pending job: nothing billed
-        return job, []
+    if not may_have_started(rows[0].job):  # a submit's answer, a queued or pending job
+        return rows[0], []
     started = STARTED_ATTEMPTS.rows(job_id=job_id)
-    return job, [tuple(a[1:]) for a in started]
+    return rows[0], [tuple(a[1:]) for a in started]
 
 
 def may_have_started(job: dict) -> bool:
-    """Whether any attempt of the job (a row of JOB_COLUMNS) may have started: its current
+    """Whether any attempt of the job (its FACTS) may have started: its current
     attempt, the newest, has, or there were attempts before it. Otherwise there are no started
     attempts to read, and no GPU-seconds."""
     return job["attempt_count"] > 1 or job["current_attempt__start_time"] is not None
 
 
-def job_page(user: User, jobs: JobFilter) -> tuple[list[dict], dict[int, list[Started]]]:
+def job_page(user: User, jobs: JobFilter) -> tuple[list[JobRow], dict[int, list[Started]]]:
     """Up to `jobs.limit` jobs, newest first, and the started attempts of each."""
     values: dict[str, int | str] = {"user_id": user.pk} if jobs.mine else _reader_values(user)
     for name in ("status", "team"):
@@ -196,10 +227,10 @@ def job_page(user: User, jobs: JobFilter) -> tuple[list[dict], dict[int, list[St
         not jobs.tasks,
         jobs.limit,
     )
-    page = [dict(zip(JOB_COLUMNS, row, strict=True)) for row in PAGE.rows(shape, **values)]
+    page = PAGE.built(ROWS, shape, **values)
     started: dict[int, list[Started]] = defaultdict(list)
-    if any(may_have_started(job) for job in page):  # a page of waiting jobs bills nothing
-        span = {"low": page[-1]["id"], "high": page[0]["id"]}
+    if any(may_have_started(row.job) for row in page):  # a page of waiting jobs bills nothing
+        span = {"low": page[-1].job["id"], "high": page[0].job["id"]}
         for job_id, *attempt in STARTED_OF_PAGE.rows(shape, **values, **span):
             started[job_id].append(tuple(attempt))
     return page, started

@@ -20,16 +20,20 @@ writes inline), or building the read fails.
 import datetime as dt
 import functools
 import json
+import threading
+import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorWrapper
 from django.db.models import JSONField, Model, QuerySet
 from django.db.models.fields.json import KeyTransform
+from django.dispatch import receiver
 from django.utils.dateparse import parse_datetime
 
 # Distinct per parameter and from any constant a read's own SQL holds; the int ones inside the
@@ -39,6 +43,7 @@ _STR_STAND_IN = "\x00starforge-parameter-"
 _DATE_STAND_IN = dt.date(1901, 1, 1)  # a day no ledger holds: Starforge did not exist
 _DATETIME_STAND_IN = dt.datetime(1901, 1, 1, tzinfo=dt.UTC)
 Value = int | str | dt.date | dt.datetime
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,21 @@ class Prepared:
         self._compiled: dict[Hashable, _Compiled] = {}
 
     def rows(self, shape: Hashable = (), /, **values: Value) -> list[list]:
+        compiled, fetched = self._fetch(shape, values)
+        if not compiled.converters or not fetched:
+            return [list(row) for row in fetched]
+        columns = list(zip(*fetched, strict=True))
+        for index, convert in compiled.converters:
+            columns[index] = tuple(map(convert, columns[index]))
+        return [list(row) for row in zip(*columns, strict=True)]
+
+    def built(self, memo: "RowMemo[T]", shape: Hashable = (), /, **values: Value) -> list[T]:
+        """`memo`'s function of each row (as `rows` gives it), worked out once for each row the
+        database sends as `memo` last saw it: only rows not seen before are converted."""
+        compiled, fetched = self._fetch(shape, values)
+        return [memo.of(raw, compiled.converters) for raw in fetched]
+
+    def _fetch(self, shape: Hashable, values: dict[str, Value]) -> tuple["_Compiled", list]:
         compiled = self._compiled.get(shape)
         if compiled is None:
             compiled = self._compiled[shape] = self._compile(shape, values)
@@ -72,13 +92,7 @@ class Prepared:
             params[index] = kind(values[name])
         with _cursor() as cursor:
             cursor.execute(compiled.sql, params)
-            fetched = cursor.fetchall()
-        if not compiled.converters or not fetched:
-            return [list(row) for row in fetched]
-        columns = list(zip(*fetched, strict=True))
-        for index, convert in compiled.converters:
-            columns[index] = tuple(map(convert, columns[index]))
-        return [list(row) for row in zip(*columns, strict=True)]
+            return compiled, cursor.fetchall()
 
     def _compile(self, shape: Hashable, values: dict[str, Value]) -> _Compiled:
         stand_ins = {name: _stand_in(i, value) for i, (name, value) in enumerate(values.items())}
@@ -107,6 +121,59 @@ class Prepared:
             for index, (convs, expression) in compiler.get_converters(fields).items()
         )
         return _Compiled(sql, tuple(params), slots, converters)
+
+
+class RowMemo(Generic[T]):
+    """What a pure function of a read's row gave, kept by the row as the database sent it: a
+    row sent again unchanged (a page of jobs listed again, most of whose jobs did not move) is
+    neither converted nor built again. Any column that changes makes a new row, so what is kept
+    is never stale, only unused; the oldest of `size` rows gives way first.
+
+    `build` must depend only on the row and on settings (all kept rows are dropped when a
+    setting changes, as a test's `override_settings` does). Every read built through one memo
+    must select the same columns. What it gives is shared by every answer that meets the row,
+    so nobody may change it."""
+
+    def __init__(self, build: Callable[[list], T], size: int):
+        self._build = build
+        self._size = size
+        self._kept: dict[tuple, T] = {}
+        self._keeping = threading.Lock()
+        _MEMOS.add(self)
+
+    def of(self, raw: tuple, converters: tuple[tuple[int, Callable[[Any], Any]], ...]) -> T:
+        try:
+            return self._kept[raw]
+        except KeyError:
+            pass
+        except TypeError:  # a column value that cannot be a key (bytes come as memoryview)
+            return self._build(_converted(raw, converters))
+        made = self._build(_converted(raw, converters))
+        with self._keeping:  # the web server's threads share the memo
+            self._kept[raw] = made
+            if len(self._kept) > self._size:
+                del self._kept[next(iter(self._kept))]
+        return made
+
+    def clear(self) -> None:
+        with self._keeping:
+            self._kept.clear()
+
+
+_MEMOS: "weakref.WeakSet[RowMemo]" = weakref.WeakSet()
+
+
+@receiver(setting_changed)
+def _forget_rows(**kwargs: Any) -> None:
+    for memo in list(_MEMOS):
+        memo.clear()
+
+
+def _converted(raw: tuple, converters: tuple[tuple[int, Callable[[Any], Any]], ...]) -> list:
+    row = list(raw)
+    for index, convert in converters:
+        row[index] = convert(row[index])
+    return row
 
 
 def _conversion(convs: list[Callable], expression: Any, connection: Any) -> Callable[[Any], Any]:

@@ -6,6 +6,7 @@ them, so its team's jobs are named; another team's jobs are counted and their GP
 named (staff see every id)."""
 
 import datetime as dt
+import functools
 
 from jobs.models import Job
 from jobs.states import JobStatus
@@ -13,6 +14,7 @@ from jobs.stores import queueplan
 from jobs.stores.queueplan import PLAN_DEPTH
 
 NO_PLAN = "not placed yet: the scheduler has not planned the queue"
+KEPT_PLACES = 4_000  # places made of entries, per process (a few pages of the largest size)
 SINCE = "not placed yet: queued since the scheduler's last tick, which places it next"
 EMPTY: dict[str, object] = {
     "queue_position": None,
@@ -35,9 +37,9 @@ def queue_places(jobs: list[dict], staff: bool) -> dict[int, dict]:
     )
     places = {job["id"]: EMPTY for job in jobs}
     for job in queued:
-        entry = entries.get(job["id"])
-        if entry is not None:
-            places[job["id"]] = _place(entry, job["team_id"], staff, at)
+        packed = entries.get(job["id"])
+        if packed is not None:
+            places[job["id"]] = _place(packed, job["team_id"], staff, at)
         elif at is None:
             places[job["id"]] = {**EMPTY, "estimate_reason": NO_PLAN}
         elif job["status_changed_at"].timestamp() > at:
@@ -59,7 +61,12 @@ def queue_row(job: Job) -> dict:
     return {"id": job.pk, **{name: getattr(job, name) for name in fields}}
 
 
-def _place(entry: dict, team_id: int, staff: bool, at: float | None) -> dict:
+@functools.lru_cache(maxsize=KEPT_PLACES)
+def _place(packed: queueplan.Packed, team_id: int, staff: bool, at: float | None) -> dict:
+    """Kept while the entry stays as it is: a list shows the same places again and again,
+    between ticks and under a long queue's ticks alike. Shared by the answers that show it, so
+    nobody may change it."""
+    entry = queueplan.unpack(packed)
     ahead = [
         {
             "id": job if staff or team == team_id else None,

@@ -41,6 +41,7 @@ CHUNK = 2000  # fields per HSET
 # Waiting jobs per cluster the plan keeps (deeper ones are counted): a tick over 100,000
 # waiting jobs plans in tens of milliseconds, not seconds.
 PLAN_DEPTH = 1000
+Packed = bytes | str  # an entry's JSON, as Redis gives it back
 # KEYS[1] the plan; ARGV: the version the change was worked out from, the new one, the TTL, the
 # version's field, how many fields leave, those fields, then field/value pairs (an even count, so
 # chunks of 4,000 keep pairs whole). 0: the plan is not at that version, and nothing changed.
@@ -143,10 +144,11 @@ def made_at() -> float | None:
 
 def read(
     job_ids: list[int], cluster_ids: set[int]
-) -> tuple[dict[int, dict], dict[int, int], float | None]:
-    """The entries of those of `job_ids` the plan keeps, how many wait on each of
-    `cluster_ids`, and when the plan was made (None: there is no plan, or Redis cannot be
-    reached)."""
+) -> tuple[dict[int, Packed], dict[int, int], float | None]:
+    """The entries of those of `job_ids` the plan keeps, packed (`unpack` reads one), how many
+    wait on each of `cluster_ids`, and when the plan was made (None: there is no plan, or Redis
+    cannot be reached). Packed, so that a reader can keep what it made of an entry for as long
+    as the entry stays the same (`jobs.reads.queue`)."""
     if not job_ids:
         return {}, {}, None
     clusters = sorted(cluster_ids)
@@ -157,8 +159,12 @@ def read(
         log.warning("the queue plan could not be read (Redis): %s", exc)
         return {}, {}, None
     at, counts, rest = values[0], values[1 : 1 + len(clusters)], values[1 + len(clusters) :]
-    # orjson: a list shows 50 entries, and the plan holds only what a tick wrote (ints, floats,
-    # strings), nothing a job wrote.
-    found = {job_id: orjson.loads(v) for job_id, v in zip(job_ids, rest, strict=True) if v}
+    found = {job_id: v for job_id, v in zip(job_ids, rest, strict=True) if v}
     waiting = {c: int(n) for c, n in zip(clusters, counts, strict=True) if n is not None}
     return found, waiting, float(at) if at is not None else None
+
+
+def unpack(packed: Packed) -> dict:
+    """An entry as `read` gives it, as the tick planned it (JSON's lists for its tuples)."""
+    # orjson: the plan holds only what a tick wrote (ints, floats, strings), nothing a job wrote.
+    return orjson.loads(packed)

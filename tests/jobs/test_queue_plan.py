@@ -253,6 +253,24 @@ def test_a_job_the_plan_does_not_keep_says_whether_it_is_new_or_further_back(pla
     assert places[4]["queue_position"] is None and places[4]["estimate_reason"] == ""
 
 
+def test_a_job_shown_again_shows_the_place_of_the_plan_now(plan_key):
+    """What a list made of an entry is kept while the entry stays the same, never past it."""
+    at = timezone.now().timestamp()
+    row = {"id": 3, "status": "QUEUED", "team_id": A, "cluster_id": C,
+           "status_changed_at": timezone.now() - dt.timedelta(minutes=5)}  # fmt: skip
+    third = planned([waiting(1, 0), waiting(2, 0), waiting(3, 0)])[3].packed()
+    store.write({3: third}, {C: 3}, at)
+    shown = queue_places([row], staff=False)[3]
+    assert (shown["queue_position"], len(shown["ahead"])) == (3, 2)
+    assert queue_places([row], staff=False)[3] == shown
+    assert {a["id"] for a in queue_places([row], staff=True)[3]["ahead"]} == {1, 2}
+    first = planned([waiting(3, 0), waiting(4, 0)])[3].packed()
+    store.write({3: first}, {C: 2}, at)  # the same time, another place
+    assert queue_places([row], staff=False)[3]["queue_position"] == 1
+    store.write({3: first}, {C: 2}, at + 1)
+    assert queue_places([row], staff=False)[3]["planned_at"].timestamp() == at + 1
+
+
 # -- the store: a change sent as a change ----------------------------------------------------
 
 
@@ -262,7 +280,7 @@ def _entry(position: int) -> dict:
 
 def _read(job_ids: list[int]) -> dict[int, dict]:
     """The entries read back, with JSON's lists for the tuples they were written with."""
-    found = store.read(job_ids, {C})[0]
+    found = {job: store.unpack(packed) for job, packed in store.read(job_ids, {C})[0].items()}
     return {job: {**e, "a": [tuple(a) for a in e["a"]]} for job, e in found.items()}
 
 
@@ -333,4 +351,4 @@ def test_a_change_of_thousands_of_entries_applies_whole(plan_key, monkeypatch):
     assert sent == ["whole", "change"]
     found = store.read(list(range(1, 14_001)), {C})
     assert found[0].keys() == second.keys() and found[1] == {C: 5_100}
-    assert all(entry["c"] == job + 1 for job, entry in found[0].items())
+    assert all(store.unpack(packed)["c"] == job + 1 for job, packed in found[0].items())
