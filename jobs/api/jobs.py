@@ -55,9 +55,8 @@ def _job_answer(request, job_id: int, status: int = 200) -> HttpResponse:
     if found is None:
         raise NotFound(f"job {job_id} does not exist or belongs to a team you are not in")
     row, started = found
-    places = queue_places([row.job], request.auth.is_staff)
-    answer = {**job_out(row.job, row.shown, started, timezone.now()), **places[job_id]}
-    return _answer(request, answer, status)
+    place = queue_places([row.job], request.auth.is_staff)[job_id]
+    return _answer(request, job_out(row.job, row.shown, started, place, timezone.now()), status)
 
 
 def _answer(request: HttpRequest, body: object, status: int = 200) -> HttpResponse:
@@ -162,7 +161,7 @@ def list_jobs(request, filters: Query[JobFilters]):
     now = timezone.now()
     places = queue_places([row.job for row in page], request.auth.is_staff)
     items = [
-        {**job_out(row.job, row.shown, started[row.job["id"]], now), **places[row.job["id"]]}
+        job_out(row.job, row.shown, started[row.job["id"]], places[row.job["id"]], now)
         for row in page
     ]
     return _answer(request, {"items": items, "next_before": page[-1].job["id"] if more else None})

@@ -34,9 +34,9 @@ def rank_rows(ranks: object) -> list[dict]:
     ]
 
 
-def job_out(job: dict, shown: dict, started: list[Started], now: dt.datetime) -> dict:
+def job_out(job: dict, shown: dict, started: list[Started], place: dict, now: dt.datetime) -> dict:
     """JobOut of a job's row (`job`, by column name), what it shows of the row alone (`shown`,
-    from `shown_of`) and the job's started attempts."""
+    from `shown_of`), the job's started attempts and its queue fields (`jobs.reads.queue`)."""
     why_not_retry = retry_refusal(
         job["status"], job["snapshot_id"], job["snapshot__deleted_reason"] or ""
     )
@@ -46,6 +46,7 @@ def job_out(job: dict, shown: dict, started: list[Started], now: dt.datetime) ->
         "gpu_seconds": float(round(gpu_seconds, 3)),
         "retry_available": not why_not_retry,
         "retry_unavailable_reason": why_not_retry,
+        **place,
     }
 
 
