@@ -132,7 +132,9 @@ class RowMemo(Generic[T]):
     `build` must depend only on the row and on settings (all kept rows are dropped when a
     setting changes, as a test's `override_settings` does). Every read built through one memo
     must select the same columns. What it gives is shared by every answer that meets the row,
-    so nobody may change it."""
+    so nobody may change it. Rows are compared as Python compares tuples, so 30 and 30.0 in a
+    column are the same value: a build must not tell them apart (the job reads' only numbers
+    that could be either come from cluster settings, where validation keeps them whole)."""
 
     def __init__(self, build: Callable[[list], T], size: int):
         self._build = build
