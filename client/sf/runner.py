@@ -864,6 +864,11 @@ def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
     return _finish_ranks(env, plans, codes, failed, supervisor.signalled, started_at)
 
 
+# How often the runner looks at its ranks, and so the longest a stop or a preemption notice
+# waits for its handler: Python runs signal handlers in the main thread, and a signal the
+# kernel hands to another of the runner's threads (the readers, samplers, shippers) does not
+# interrupt a main thread blocked in waitpid. Waiting without a timeout would act on that
+# notice only once the job exited by itself.
 RANK_POLL_S = 0.05
 
 
@@ -872,13 +877,11 @@ def wait_ranks(
 ) -> tuple[list[int], int | None]:
     """Wait for every rank; the first to exit non-zero fails the attempt and every other rank
     is ended at once (SIGTERM, SIGKILL after the grace). Returns the exit codes and the index
-    of the rank that failed first (None: none failed)."""
-    if len(procs) == 1:  # the job itself, as it always ran
-        code = procs[0].wait()
-        return [code], (0 if code != 0 else None)
+    of the rank that failed first (None: none failed). A single-node job is one rank, the job
+    itself: what it leaves running is ended once it exits (`Supervisor.end_leftovers`)."""
     codes: list[int | None] = [None] * len(procs)
     failed = None
-    while any(code is None for code in codes):
+    while True:
         for index, proc in enumerate(procs):
             if codes[index] is None:
                 code = proc.poll()
@@ -887,9 +890,11 @@ def wait_ranks(
                 codes[index] = code
                 if code != 0 and failed is None:
                     failed = index
-                    supervisor.end_all()
+                    if len(procs) > 1:
+                        supervisor.end_all()
+        if all(code is not None for code in codes):
+            return [c if c is not None else 0 for c in codes], failed
         time.sleep(RANK_POLL_S)
-    return [c if c is not None else 0 for c in codes], failed
 
 
 def _finish_ranks(

@@ -3,8 +3,10 @@ notice file, sends the job SIGTERM and kills it SF_PREEMPT_GRACE_S later; a SIGT
 SF_STOP_GRACE_S; the SDK's sf.should_checkpoint() turns true and keeps the SIGTERM from ending
 the job; the checkpoint scan follows no link and stops at its bounds."""
 
+import ctypes
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -74,6 +76,33 @@ def test_a_job_that_ignores_its_notice_is_killed_after_that_signals_grace(
     proc.wait(timeout=30)
     took = time.monotonic() - sent
     assert 2.5 < took < 8, took  # not the other grace (10 s for a stop, 120 s for a preemption)
+    assert exit_record(env)["reason"] == "killed by signal 9"
+
+
+TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or TGKILL is None, reason="tgkill: Linux x86_64/arm64"
+)
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+def test_a_notice_the_kernel_hands_to_another_thread_of_the_runner_is_acted_on(tmp_path, signum):
+    """A signal sent to the runner's process may be delivered to any of its threads; Python
+    runs the handler in the main thread, which must not sit in a wait the signal cannot
+    interrupt. tgkill aims it at a reader or sampler thread: the case CI met by chance."""
+    env = runner_env(tmp_path, "", "", [sys.executable, "-c", STUBBORN])
+    env["SF_PREEMPT_GRACE_S" if signum == signal.SIGUSR1 else "SF_STOP_GRACE_S"] = "2"
+    proc = start(env)
+    others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+    assert others, "the runner has threads of its own by the time the job prints"
+    sent = time.monotonic()
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(TGKILL, proc.pid, others[0], signum) == 0
+    try:
+        proc.wait(timeout=20)  # the job sleeps 60 s: only the runner's SIGKILL ends it sooner
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < 8
     assert exit_record(env)["reason"] == "killed by signal 9"
 
 
