@@ -305,9 +305,14 @@ class JobArray(models.Model):
 class Job(models.Model):
     run_id = models.CharField(max_length=32, unique=True)
     name = models.CharField(max_length=200, blank=True)
-    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
-    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT)
+    # No index of their own for team, user, cluster and array: the composite indexes in Meta
+    # lead with each of them, and serve their lookups as well. Every index is written on each
+    # insert and on each status change (status is in several, so no update of a job is a
+    # heap-only one on PostgreSQL): the four single-column copies cost every submit and every
+    # transition a write each, about 5% of the API mix's throughput (`bench/http_bench.py`).
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs", db_index=False)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, db_index=False)
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, db_index=False)
     # GPUs the job holds in all: nodes x GPUs per node. Every quota, share, capacity sum and
     # meter counts this; `gpus_per_node` is what each rank gets.
     gpus = models.PositiveIntegerField(default=1)
@@ -365,7 +370,12 @@ class Job(models.Model):
     follow_on_name = models.CharField(max_length=50, blank=True)
     # A task of a job array: its index and its parameter set (--array-file's line).
     array = models.ForeignKey(
-        JobArray, null=True, blank=True, on_delete=models.PROTECT, related_name="tasks"
+        JobArray,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="tasks",
+        db_index=False,  # job_array_status leads with it
     )
     array_index = models.PositiveIntegerField(null=True, blank=True)
     array_params = models.JSONField(null=True, blank=True)
@@ -436,7 +446,8 @@ def new_token_nonce() -> str:
 class Attempt(models.Model):
     """One launch of a job: first run, each resume, each retry."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    # one_attempt_number (job, number) leads with the job: no index of its own (see Job.team).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts", db_index=False)
     number = models.PositiveIntegerField()
     gpus = models.PositiveIntegerField()  # in all: nodes x GPUs per node
     nodes = models.PositiveIntegerField(default=1)
@@ -524,7 +535,8 @@ class JobEvent(models.Model):
         OBSERVATION = "observation"
         NOTE = "note"  # lifecycle decisions: auto-retry planned, follow-ons created or not
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    # event_job_order (job, id) leads with the job: no index of its own (see Job.team).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events", db_index=False)
     time = models.DateTimeField(default=timezone.now)
     kind = models.CharField(max_length=12, choices=Kind.choices)
     from_status = models.CharField(max_length=10, blank=True)
