@@ -9,6 +9,8 @@ from metering.views import usage_page
 from starforge.api import api
 
 urlpatterns = [
+    # First: most requests are the API's, and Django tries the patterns in order.
+    path("api/", api.urls),
     path("", views.job_list, name="job-list"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/<str:verb>/", views.job_action, name="job-action"),
@@ -53,5 +55,4 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/login/", throttle.sign_in_view(admin.site.login)),
     path("admin/", admin.site.urls),
-    path("api/", api.urls),
 ]
