@@ -309,7 +309,8 @@ class Job(models.Model):
     # lead with each of them, and serve their lookups as well. Every index is written on each
     # insert and on each status change (status is in several, so no update of a job is a
     # heap-only one on PostgreSQL): the four single-column copies cost every submit and every
-    # transition a write each, about 5% of the API mix's throughput (`bench/http_bench.py`).
+    # transition a write each: dropping them gave the SQLite API mix about 5% more requests a
+    # second in an A/B (`bench/http_bench.py`'s servers; its full runs vary by as much).
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs", db_index=False)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, db_index=False)
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, db_index=False)
