@@ -9,14 +9,14 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-# (index, table, column): each covered by the composite index named beside it.
+# (index, table, column, the composite index that leads with the column and serves its lookups)
 INDEXES = [
-    ("jobs_attempt_job_id_b587cf59", "jobs_attempt", "job_id"),  # one_attempt_number
-    ("jobs_job_array_id_c2e16258", "jobs_job", "array_id"),  # job_array_status
-    ("jobs_job_cluster_id_e533c240", "jobs_job", "cluster_id"),  # job_cluster_status
-    ("jobs_job_team_id_c38d3640", "jobs_job", "team_id"),  # job_team_status
-    ("jobs_job_user_id_093659ab", "jobs_job", "user_id"),  # job_user_latest
-    ("jobs_jobevent_job_id_79067df7", "jobs_jobevent", "job_id"),  # event_job_order
+    ("jobs_attempt_job_id_b587cf59", "jobs_attempt", "job_id", "one_attempt_number"),
+    ("jobs_job_array_id_c2e16258", "jobs_job", "array_id", "job_array_status"),
+    ("jobs_job_cluster_id_e533c240", "jobs_job", "cluster_id", "job_cluster_status"),
+    ("jobs_job_team_id_c38d3640", "jobs_job", "team_id", "job_team_status"),
+    ("jobs_job_user_id_093659ab", "jobs_job", "user_id", "job_user_latest"),
+    ("jobs_jobevent_job_id_79067df7", "jobs_jobevent", "job_id", "event_job_order"),
 ]
 
 
@@ -33,7 +33,7 @@ class Migration(migrations.Migration):
                     f'DROP INDEX IF EXISTS "{name}"',
                     reverse_sql=f'CREATE INDEX IF NOT EXISTS "{name}" ON "{table}" ("{column}")',
                 )
-                for name, table, column in INDEXES
+                for name, table, column, _ in INDEXES
             ],
             state_operations=[
                 migrations.AlterField(
