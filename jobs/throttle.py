@@ -8,7 +8,8 @@ clients' failures did not concern:
   SF_LOGIN_WINDOW_S gets 429 on every further attempt for that username, a right password
   included (that account's brute-force protection), until the window ends; a successful
   sign-in clears its count. Failures for other usernames from the same address never count
-  against it.
+  against it. The username is counted as the sign-in form reads it (`sign_in_name`), so no
+  other spelling of one account's name (full-width letters, another case) opens a fresh count.
 - Bearer tokens: the authenticator looks the token up first; a valid user or job token is
   served whatever its address sent. Only a token that matches nothing is counted against its
   address (`record_bad_token`), and once an address sent SF_TOKEN_MAX_FAILURES of those within
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from functools import wraps
 
 from django.conf import settings
+from django.contrib.auth.forms import UsernameField
 from django.contrib.auth.views import LoginView
 from django.core.cache import caches
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
@@ -102,8 +104,18 @@ def record_bad_token(request: HttpRequest) -> None:
 # -- console sign-in -----------------------------------------------------------------------------
 
 
+def sign_in_name(raw: str) -> str:
+    """The one key of every spelling of a username that signs in to one account.
+
+    Django's sign-in form (`UsernameField`: stripped, NFKC) decides which account a spelling
+    reaches, so the count starts from exactly its folding; case is folded on top, which can only
+    join counts (one address failing as "Alice" and "alice"), never split one account's.
+    """
+    return UsernameField().to_python(raw).casefold()
+
+
 def _login_key(request: HttpRequest) -> str:
-    username = str(request.POST.get("username", "")).strip().lower()
+    username = sign_in_name(str(request.POST.get("username", "")))
     return _key("login", username, client_address(request))
 
 
