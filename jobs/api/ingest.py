@@ -13,7 +13,9 @@ from django.conf import settings
 from django.db.models import Q
 from django.http import FileResponse
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from ninja import Router
+from ninja.decorators import decorate_view
 
 from jobs.auth import BootstrapToken, JobToken
 from jobs.errors import BadRequest, Conflict, Gone, NotFound
@@ -226,6 +228,7 @@ TOKEN_BODY_DOC = attempt_body_doc(
     summary="Exchange the runner's one-time bootstrap credential for its job token",
     openapi_extra=TOKEN_BODY_DOC,
 )
+@decorate_view(never_cache)  # the answer holds the job token
 def exchange_bootstrap(request):
     """Once per attempt, or once per rank where each rank of a multi-node job has a runner of
     its own (Kubernetes): the engines whose job specs others can read (the Ray dashboard, a

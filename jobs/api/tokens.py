@@ -7,7 +7,9 @@ revokes its children (`jobs.auth`).
 
 import datetime as dt
 
+from django.views.decorators.cache import never_cache
 from ninja import Router, Schema, Status
+from ninja.decorators import decorate_view
 from pydantic import Field
 
 from jobs import auth
@@ -69,6 +71,7 @@ def list_tokens(request):
     response={201: NewTokenOut, (400, 401, 413, 422, 429): ErrorOut},
     summary="Create an API token",
 )
+@decorate_view(never_cache)  # the answer holds the secret
 def create_token(request, data: TokenIn):
     creator = auth.request_token(request)
     row, secret = auth.create_token(request.auth, data.name, data.expires_in_days, creator)

@@ -3,7 +3,9 @@ admins (`jobs.webhooks` owns the rules: scopes, targets allowed, delivery)."""
 
 import datetime as dt
 
+from django.views.decorators.cache import never_cache
 from ninja import Router, Schema, Status
+from ninja.decorators import decorate_view
 from pydantic import Field
 
 from jobs import webhooks
@@ -125,6 +127,7 @@ def list_webhooks(request):
     response={201: WebhookDetailOut, (400, 401, 403, 404, 422, 429): ErrorOut},
     summary="Add a webhook",
 )
+@decorate_view(never_cache)  # the answer holds the signing secret
 def add_webhook(request, body: WebhookIn):
     hook = webhooks.create(request.auth, body.url, body.on, body.team, body.wait_after_s)
     return Status(201, detail_out(webhooks.get(request.auth, hook.pk)))
@@ -135,6 +138,7 @@ def add_webhook(request, body: WebhookIn):
     response={200: WebhookDetailOut, (401, 404, 422, 429): ErrorOut},
     summary="One webhook with its latest deliveries and their tries",
 )
+@decorate_view(never_cache)  # the answer holds the signing secret
 def get_webhook(request, webhook_id: int):
     return detail_out(webhooks.get(request.auth, webhook_id))
 

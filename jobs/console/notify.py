@@ -14,6 +14,7 @@ from django.db.models.functions import RowNumber
 from django.http import HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from jobs import webhooks
@@ -33,6 +34,7 @@ EVENT_HELP: dict[str, str] = {
 CHECKED_BY_DEFAULT = (webhooks.Event.SUCCEEDED, webhooks.Event.FAILED)
 
 
+@never_cache  # it shows each webhook's signing secret
 @login_required
 def notification_list(request):
     hooks = list(webhooks.visible(request.user))
@@ -88,6 +90,7 @@ def scopes(user) -> list[str]:
     )
 
 
+@never_cache  # a refused add answers the page, secrets and all
 @login_required
 @require_POST
 def notification_add(request):

@@ -15,6 +15,7 @@ from django.http import Http404, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from jobs import auth, teams
@@ -240,6 +241,7 @@ def job_action(request, job_id: int, verb: str):
     return HttpResponseRedirect(reverse("job-detail", args=[job_id]))
 
 
+@never_cache  # a new token's secret is shown on this answer
 @login_required
 def token_list(request):
     """The user's tokens and a form to create one; a new secret is shown on this answer only."""
