@@ -20,6 +20,7 @@ from jobs.errors import ApiError, BadRequest, NotFound
 from jobs.job_tokens import BOOTSTRAP_SALT, JOB_TOKEN_SALT, attempt_of
 from jobs.models import ApiToken, Attempt
 from jobs.reads.prepared import Prepared, columns, models_of
+from jobs.schemas import text_fault
 
 LAST_USED_RESOLUTION = dt.timedelta(minutes=1)
 NAME_MAX = ApiToken._meta.get_field("name").max_length or 100
@@ -53,6 +54,8 @@ def create_token(
     name = name.strip()
     if not name:
         raise BadRequest("a token needs a name, e.g. the machine it is for")
+    if fault := text_fault(name):  # the console's form sends what the API's schema refuses
+        raise BadRequest(f"a token name {fault}")
     if len(name) > NAME_MAX:
         raise BadRequest(f"a token name is at most {NAME_MAX} characters, got {len(name)}")
     if expires_in_days is not None and not 1 <= expires_in_days <= EXPIRES_IN_DAYS_MAX:

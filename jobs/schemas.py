@@ -1,6 +1,13 @@
-"""API schemas: explicit fields in and out."""
+"""API schemas: explicit fields in and out, and what text and JSON a request may hand on.
+
+Text a request sends may end up in a job's argv, its environment, a file name or a ledger
+column; `text_fault` and `json_fault` are the one place that says which may not, and every
+string field in (`Text`) and the array file's parameter sets (`jobs.actions.arrays`) use them.
+"""
 
 import datetime as dt
+import math
+import re
 from typing import Annotated, Any, Literal
 
 from ninja import Schema
@@ -8,15 +15,53 @@ from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
 from jobs.models import TIME_LIMIT_MAX_S
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
-def _no_nul(value: str) -> str:
-    # NUL cannot reach argv or the environment, and PostgreSQL text cannot store it.
+
+def text_fault(value: str) -> str | None:
+    """Why `value` may not reach an argv, an environment, a file name or the ledger; None if
+    it may. NUL ends a C string (execve, setenv, open) and PostgreSQL text cannot hold it; a
+    lone surrogate (an unpaired JSON escape such as "\\ud800") is no character at all, so it has
+    no UTF-8 for the database, a file system or the runner's exec."""
     if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
+        return "must not contain NUL characters"
+    if LONE_SURROGATE.search(value):
+        return "must not contain lone surrogates (an unpaired \\ud800-\\udfff escape)"
+    return None
+
+
+def json_fault(value: object) -> str | None:
+    """Why a JSON value may not be kept and handed to a job, naming where in it (`lr`,
+    `grid[2].name`); None if it may. Its strings, names included, as `text_fault`; its numbers
+    finite: NaN and Infinity (1e400 parses as Infinity) are JSON that neither PostgreSQL, nor
+    SQLite, nor the runner's parser accepts. Walked without recursion, so no depth can fail it."""
+    stack: list[tuple[str, object]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        fault = None
+        if isinstance(item, str):
+            fault = text_fault(item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            fault = "must be a finite number (NaN, Infinity and numbers past 1.8e308 are not)"
+        elif isinstance(item, dict):
+            for name, inner in item.items():
+                if name_fault := text_fault(name):
+                    return f"a name{' in ' + path if path else ''} {name_fault}"
+                stack.append((f"{path}.{name}" if path else name, inner))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", inner) for i, inner in enumerate(item))
+        if fault:
+            return f"{path or 'the value'} {fault}"
+    return None
+
+
+def _plain_text(value: str) -> str:
+    if fault := text_fault(value):
+        raise ValueError(fault)
     return value
 
 
-Text = Annotated[str, AfterValidator(_no_nul)]
+Text = Annotated[str, AfterValidator(_plain_text)]
 NonEmpty = Annotated[Text, StringConstraints(min_length=1, max_length=4096)]
 
 

@@ -32,7 +32,7 @@ from jobs.ledger.transitions import Change, apply_transitions
 from jobs.models import Job, JobArray, JobEvent
 from jobs.reads.arrays import counts, get_visible_array
 from jobs.reads.visible import retry_refusal
-from jobs.schemas import ArrayIn
+from jobs.schemas import ArrayIn, json_fault
 from jobs.states import VERBS, JobStatus
 
 S = JobStatus
@@ -87,6 +87,9 @@ def check_params(params: list) -> list[dict]:
     for n, item in enumerate(params, 1):
         if not isinstance(item, dict):
             raise BadRequest(f"parameter set {n} of the array file is not a JSON object")
+        # Its values reach the task's argv and SF_ARRAY_PARAMS, and the ledger keeps it.
+        if fault := json_fault(item):
+            raise BadRequest(f"parameter set {n} of the array file: {fault}")
         if len(json.dumps(item)) > MAX_PARAMS_BYTES:
             raise BadRequest(
                 f"parameter set {n} of the array file is over {MAX_PARAMS_BYTES} bytes as JSON"
