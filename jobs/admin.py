@@ -6,14 +6,17 @@ queued job is refused (stop it first), and its logs and last-referenced snapshot
 
 import secrets
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected
 from django.contrib.admin.utils import unquote
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 
+from jobs import webhooks
 from jobs.actions import control
 from jobs.auth import revoke_token
+from jobs.errors import BadRequest
 from jobs.models import (
     ApiToken,
     Attempt,
@@ -121,11 +124,24 @@ class ScheduleWindowAdmin(admin.ModelAdmin):
     list_display = ("name", "timezone", "spec")
 
 
+class WebhookForm(forms.ModelForm):
+    def clean(self) -> dict:
+        """The target rule of `jobs.webhooks.check_target`, `allow_private` as ticked here: a
+        malformed URL or a refused address is a sentence on the form, not a row."""
+        cleaned = super().clean() or {}
+        try:
+            webhooks.check_target(cleaned.get("url") or "", bool(cleaned.get("allow_private")))
+        except BadRequest as exc:
+            self.add_error("url", exc.detail)
+        return cleaned
+
+
 @admin.register(Webhook)
 class WebhookAdmin(admin.ModelAdmin):
     """Where staff let a webhook reach private addresses (`allow_private`); users add theirs
     through the API, the CLI and the console, which check the target."""
 
+    form = WebhookForm
     list_display = ("pk", "owner", "team", "url", "allow_private", "created_at")
     list_filter = ("allow_private",)
     fields = ("owner", "team", "url", "events", "wait_after_s", "allow_private", "created_at")

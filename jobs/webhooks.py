@@ -3,7 +3,10 @@
 A webhook (`jobs.models.Webhook`) belongs to its owner and covers either the owner's own jobs or,
 set up by a team admin, every job of one team. It names the events it wants: a job SUCCEEDED,
 FAILED or STOPPED, was preempted (PAUSED when its borrowed GPUs went back), or has waited QUEUED
-longer than the webhook's `wait_after_s`.
+longer than the webhook's `wait_after_s`. Only while its owner may know: an active user who
+still admins the team (a team webhook) or is still in the job's team (their own jobs'), checked
+when a delivery is written and again at every try, so someone removed or deactivated is told
+nothing more, not even about their own jobs (`_may_tell`).
 
 Firing is part of the ledger's write: `on_transitions` runs inside the transaction that moves
 the jobs, and writes one `WebhookDelivery` per webhook and event (the outbox), so a change that
@@ -19,8 +22,10 @@ signed with HMAC-SHA256 over "<timestamp>.<body>" in the `Starforge-Signature` h
 instead; a `mailto:` target gets an email through Django's email backend, where one is set up.
 
 A target is where the server's own requests go, so nobody may point one at the server's
-neighbourhood (SSRF): a URL whose host resolves to a loopback, link-local, private, multicast or
-reserved address is refused when it is added and again at every delivery (the connection goes to
+neighbourhood (SSRF): a URL whose host resolves to an address that is not globally routable
+(`ipaddress`'s `is_global`: loopback, link-local, private, multicast, reserved, the shared
+address space 100.64.0.0/10 and the other special-purpose ranges; an IPv6 address by the IPv4
+one it carries) is refused when it is added and again at every delivery (the connection goes to
 the address that was checked, so a name that re-resolves elsewhere between check and connect
 leads nowhere), unless staff allowed it (the webhook's `allow_private`, set in the Django
 admin, or a network of SF_WEBHOOK_ALLOWED_NETS). Redirects are not followed.
@@ -37,8 +42,8 @@ import secrets
 import socket
 import ssl
 import time
-from collections.abc import Iterable, Sequence
-from urllib.parse import urlsplit
+from collections.abc import Callable, Iterable, Sequence
+from urllib.parse import SplitResult, urlsplit
 
 from celery import current_app
 from django.conf import settings
@@ -191,7 +196,7 @@ def check_target(url: str, allow_private: bool = False) -> None:
     if url.lower().startswith("mailto:"):
         _check_email(url[len("mailto:") :])
         return
-    parts = urlsplit(url)
+    parts = _split(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BadRequest(
             f"{url[:100]!r} is not an http(s) URL or a mailto: address; "
@@ -209,6 +214,18 @@ def check_target(url: str, allow_private: bool = False) -> None:
         raise BadRequest(str(exc)) from None
 
 
+def _split(url: str) -> SplitResult:
+    """`urlsplit`, whose ValueError on a broken host ("http://[::1", "http://[zz::1]/") is a
+    BadRequest here with a sentence."""
+    try:
+        return urlsplit(url)
+    except ValueError as exc:
+        raise BadRequest(
+            f"{url[:100]!r} is not a well-formed URL ({exc}); an IPv6 address goes in "
+            "brackets, e.g. https://[2001:db8::1]/hook"
+        ) from None
+
+
 def _check_email(address: str) -> None:
     try:
         validate_email(address)
@@ -223,27 +240,33 @@ def _check_email(address: str) -> None:
 def resolve(url: str, allow_private: bool = False) -> tuple[str, int, str]:
     """(address, port, host) to connect to for `url`: its host's first address, all of which
     must be allowed. Raises Refused with the reason."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise Refused(f"host {host} does not resolve ({exc})") from None
+    except (socket.gaierror, UnicodeError, ValueError) as exc:  # ValueError: NUL, bad port
+        raise Refused(f"host {url[:100]!r} does not resolve ({exc})") from None
     addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in found]
     for address in addresses:
         why = _private(address)
         if why and not (allow_private or _allowed_network(address)):
+            carried = _carried(address)
+            shown = address if carried == address else f"{address} (that is {carried})"
             raise Refused(
-                f"host {host} resolves to {address}, a {why} address, which webhooks may not "
+                f"host {host} resolves to {shown}, a {why} address, which webhooks may not "
                 "reach unless an admin allows it"
             )
     return str(addresses[0]), port, host
 
 
+NAT64 = ipaddress.ip_network("64:ff9b::/96")  # the well-known prefix: IPv4 in the last 32 bits
+
+
 def _private(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        address = address.ipv4_mapped
+    """Why the server may not reach this address ("" when it may): only globally routable
+    ones (`is_global`), an IPv6 address that carries an IPv4 one judged by that."""
+    address = _carried(address)
     for word, flag in (
         ("loopback", address.is_loopback),
         ("link-local", address.is_link_local),
@@ -251,10 +274,26 @@ def _private(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
         ("multicast", address.is_multicast),
         ("private", address.is_private),
         ("reserved", address.is_reserved),
+        # Shared address space (100.64.0.0/10: carrier NAT, Tailscale, pod networks, cloud
+        # metadata such as 100.100.100.200) and the other special-purpose ranges.
+        ("not globally routable", not address.is_global),
     ):
         if flag:
             return word
     return ""
+
+
+def _carried(
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The IPv4 address an IPv6 one carries (mapped, 6to4, the NAT64 prefix), where the
+    packets end up; otherwise the address itself."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return address
+    inner = address.ipv4_mapped or address.sixtofour
+    if inner is None and address in NAT64:
+        inner = ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
+    return inner or address
 
 
 def _allowed_network(address) -> bool:
@@ -303,6 +342,10 @@ def notify_waiting(now: dt.datetime | None = None) -> int:
             status_changed_at__lte=now - dt.timedelta(seconds=hook.wait_after_s),
             **({"team_id": hook.team_id} if hook.team_id else {"user_id": hook.owner_id}),
         ).order_by("status_changed_at")[:WAITING_SCAN]
+        found = list(waiting.values_list("pk", "team_id", "status_changed_at"))
+        if not found:
+            continue
+        may_tell = _may_tell([hook], {team_id for _, team_id, _ in found})
         rows = [
             WebhookDelivery(
                 webhook=hook,
@@ -312,7 +355,8 @@ def notify_waiting(now: dt.datetime | None = None) -> int:
                 created_at=now,
                 next_at=now,
             )
-            for job_id, since in waiting.values_list("pk", "status_changed_at")
+            for job_id, team_id, since in found
+            if may_tell(hook, team_id)
         ]
         told = set(
             WebhookDelivery.objects.filter(webhook=hook, key__in=[r.key for r in rows]).values_list(
@@ -320,7 +364,7 @@ def notify_waiting(now: dt.datetime | None = None) -> int:
             )
         )
         rows = [r for r in rows if r.key not in told]
-        if rows and _still_allowed(hook):
+        if rows:
             WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)  # a racing sweep
             written += len(rows)
     return written
@@ -337,7 +381,7 @@ def _preempted_ids(job_ids: list[int]) -> set[int]:
 
 def _write(hooks: list[Webhook], event: str, pairs: list[tuple[int, int, int]], key_of, now):
     """One delivery per webhook and (job, team, owner) it covers, its owner still allowed."""
-    admins = _team_admins(hooks)
+    may_tell = _may_tell(hooks, {team_id for _, team_id, _ in pairs})
     rows = [
         WebhookDelivery(
             webhook=hook,
@@ -348,38 +392,61 @@ def _write(hooks: list[Webhook], event: str, pairs: list[tuple[int, int, int]], 
             next_at=now,
         )
         for hook in hooks
-        if hook.team_id is None or hook.owner_id in admins.get(hook.team_id, set())
         for job_id, team_id, user_id in pairs
         if (team_id == hook.team_id if hook.team_id else user_id == hook.owner_id)
+        and may_tell(hook, team_id)
     ]
     if rows:
         WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)
         transaction.on_commit(lambda: _enqueue(None))
 
 
-def _team_admins(hooks: list[Webhook]) -> dict[int, set[int]]:
-    """Per team of a team webhook, the owners still allowed to be told about it: its admins
-    and staff. An admin who was demoted or left is told nothing more."""
-    team_ids = {h.team_id for h in hooks if h.team_id}
-    if not team_ids:
-        return {}
-    allowed: dict[int, set[int]] = {t: set() for t in team_ids}
-    for team_id, user_id in Membership.objects.filter(
-        team_id__in=team_ids, role=Membership.Role.ADMIN
-    ).values_list("team_id", "user_id"):
-        allowed[team_id].add(user_id)
-    staff = set(
-        User.objects.filter(
-            pk__in={h.owner_id for h in hooks if h.team_id}, is_staff=True
-        ).values_list("pk", flat=True)
-    )
-    for members in allowed.values():
-        members |= staff
-    return allowed
+def _may_tell(hooks: Iterable[Webhook], team_ids: set[int]) -> Callable[[Webhook, int], bool]:
+    """Whether a webhook may still be told about a job of a team, read in two queries for
+    these webhooks and teams. Its owner must be active; a team webhook's owner must still
+    admin the team (or be staff), a personal one's still be in the job's team: someone who
+    was removed, demoted or deactivated is told nothing more about the team's jobs, not even
+    their own (whose reasons carry log lines)."""
+    owners = {h.owner_id for h in hooks}
+    users = {
+        pk: (active, staff)
+        for pk, active, staff in User.objects.filter(pk__in=owners).values_list(
+            "pk", "is_active", "is_staff"
+        )
+    }
+    roles = {
+        (user_id, team_id): role
+        for user_id, team_id, role in Membership.objects.filter(
+            user_id__in=owners, team_id__in=team_ids
+        ).values_list("user_id", "team_id", "role")
+    }
+
+    def may_tell(hook: Webhook, team_id: int) -> bool:
+        active, staff = users.get(hook.owner_id, (False, False))
+        role = roles.get((hook.owner_id, team_id))
+        if not active:
+            return False
+        if hook.team_id is not None:
+            return staff or role == Membership.Role.ADMIN
+        return role is not None
+
+    return may_tell
 
 
-def _still_allowed(hook: Webhook) -> bool:
-    return hook.team_id is None or hook.owner_id in _team_admins([hook]).get(hook.team_id, set())
+def _refusal(delivery: WebhookDelivery) -> str:
+    """Why this delivery may not be sent now ("" when it may), read at every try: the owner
+    may have been removed from the job's team or deactivated since it was written."""
+    hook = delivery.webhook
+    if delivery.job_id is None or delivery.event == TEST_EVENT:
+        return "" if hook.owner.is_active else "the webhook's owner is deactivated"
+    team_id = Job.objects.filter(pk=delivery.job_id).values_list("team_id", flat=True).first()
+    if team_id is None or _may_tell([hook], {team_id})(hook, team_id):
+        return ""  # a job deleted meanwhile: the delivery says so (job null)
+    if not hook.owner.is_active:
+        return "the webhook's owner is deactivated"
+    if hook.team_id is not None:
+        return "the webhook's owner no longer admins its team"
+    return "the webhook's owner is no longer in the job's team"
 
 
 def _enqueue(ids: list[int] | None) -> None:
@@ -402,7 +469,9 @@ def deliver_due(ids: list[int] | None = None, now: dt.datetime | None = None) ->
         claimed = _claim(ids, now)
         if not claimed:
             break
-        for delivery in WebhookDelivery.objects.filter(pk__in=claimed).select_related("webhook"):
+        for delivery in WebhookDelivery.objects.filter(pk__in=claimed).select_related(
+            "webhook__owner"
+        ):
             _deliver(delivery, now)
         sent += len(claimed)
     return sent
@@ -424,13 +493,14 @@ def _claim(ids: list[int] | None, now: dt.datetime) -> list[int]:
 
 def _deliver(delivery: WebhookDelivery, now: dt.datetime) -> None:
     hook = delivery.webhook
-    if delivery.payload is None:
-        delivery.payload = payload(delivery, now)
     started = time.monotonic()
     permanent = False
     try:
-        if delivery.job_id and delivery.event != TEST_EVENT and not _still_allowed(hook):
-            raise Refused("the webhook's owner no longer admins its team")
+        refusal = _refusal(delivery)
+        if refusal:  # before the payload is made: it is never written for one not told
+            raise Refused(refusal)
+        if delivery.payload is None:
+            delivery.payload = payload(delivery, now)
         status, detail = send(hook, delivery)
     except Refused as exc:
         status, detail, permanent = None, f"refused: {exc}", True
@@ -541,7 +611,10 @@ def verify(secret: str, header: str, body: bytes, tolerance_s: int = 300) -> boo
 
 
 def is_slack(url: str) -> bool:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a malformed URL saved outside `create`: never Slack's
+        return False
     return parts.scheme == "https" and (parts.hostname or "") in SLACK_HOSTS
 
 

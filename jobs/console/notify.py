@@ -11,7 +11,7 @@ from collections.abc import Callable
 from django.contrib.auth.decorators import login_required
 from django.db.models import F, Window
 from django.db.models.functions import RowNumber
-from django.http import HttpResponseRedirect
+from django.http import HttpResponse, QueryDict
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
@@ -37,18 +37,25 @@ CHECKED_BY_DEFAULT = (webhooks.Event.SUCCEEDED, webhooks.Event.FAILED)
 @never_cache  # it shows each webhook's signing secret
 @login_required
 def notification_list(request):
+    return _page(request)
+
+
+def _page(request, form: QueryDict | None = None, status: int = 200) -> HttpResponse:
+    """The page; with `form`, its add form filled in as it was sent (a refused add)."""
     hooks = list(webhooks.visible(request.user))
     recent = latest_deliveries([h.pk for h in hooks])
     rows = [{"hook": h, "kind": kind(h.url), "deliveries": recent.get(h.pk, [])} for h in hooks]
+    chosen = form.getlist("on") if form is not None else CHECKED_BY_DEFAULT
     return render(
         request,
         "jobs/notifications.html",
         {
             "rows": rows,
             "events": [
-                {"name": e, "help": EVENT_HELP.get(e, ""), "checked": e in CHECKED_BY_DEFAULT}
+                {"name": e, "help": EVENT_HELP.get(e, ""), "checked": e in chosen}
                 for e in webhooks.EVENTS
             ],
+            "form": form or {},
             "scopes": scopes(request.user),
             "wait_default_min": webhooks.WAIT_DEFAULT_S // 60,
             "wait_min_min": webhooks.WAIT_MIN_S // 60,
@@ -57,6 +64,7 @@ def notification_list(request):
             "recent": RECENT_DELIVERIES,
             "signature_header": webhooks.SIGNATURE_HEADER,
         },
+        status=status,
     )
 
 
@@ -107,7 +115,11 @@ def notification_add(request):
         )
         return f"webhook {hook.pk} added: {', '.join(hook.events)} to {url}"
 
-    return _act(request, add)
+    # A refused add answers the page itself, with the refusal's 4xx (a malformed URL: 400, as
+    # the API), the sentence, and the form as it was filled in.
+    return refusals.act(
+        request, add, reverse("notifications"), lambda status: _page(request, request.POST, status)
+    )
 
 
 @login_required
@@ -143,5 +155,5 @@ def _wait_s(text: str) -> int | None:
     return int(text) * 60
 
 
-def _act(request, action: Callable[[], str]) -> HttpResponseRedirect:
+def _act(request, action: Callable[[], str]) -> HttpResponse:
     return refusals.act(request, action, reverse("notifications"))

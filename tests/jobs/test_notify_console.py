@@ -135,10 +135,12 @@ def test_an_admin_adds_a_webhook_for_their_team(admin, team):
         ({"url": "http://10.1.2.3/x", "on": "failed"}, "a private address"),
     ],
 )
-def test_a_bad_form_shows_the_sentence_and_creates_nothing(admin, form, sentence):
-    response = signed_in(admin).post("/notifications/add/", form, follow=True)
-    assert response.redirect_chain == [("/notifications/", 302)]
-    assert sentence in response.content.decode()
+def test_a_bad_form_answers_400_with_the_sentence_and_creates_nothing(admin, form, sentence):
+    response = signed_in(admin).post("/notifications/add/", form)
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert sentence in page
+    assert f'value="{form["url"]}"' in page  # the form as it was filled in
     assert not Webhook.objects.exists()
 
 
