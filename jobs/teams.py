@@ -6,7 +6,9 @@ the Django admin. API and console both come through here.
 
 Each change locks the team row first, so two admins demoting each other at once cannot leave
 a team without an admin. Live pages a change concerns are told after commit (`jobs.broadcast`), so
-a removed member's open websockets stop at once rather than at their next reconnect.
+a removed member's open websockets stop at once rather than at their next reconnect. Their
+waiting work in the team stops in the same transaction, whatever removed them
+(`jobs.signals`, `jobs.ledger.departures`); `inherited_jobs` lists what still runs.
 """
 
 import logging
@@ -19,6 +21,7 @@ from django.db.models import Prefetch, QuerySet
 from jobs import broadcast
 from jobs.errors import BadRequest, Conflict, Forbidden, NotFound
 from jobs.models import TIME_LIMIT_MAX_S, Cluster, Membership, ScheduleWindow, Team
+from jobs.reads import outsiders
 
 log = logging.getLogger(__name__)
 ROLES = tuple(Membership.Role.values)
@@ -68,6 +71,17 @@ def can_control_jobs(user: User, team_id: int) -> bool:
             team_id=team_id, user=user, role__in=[Membership.Role.MEMBER, Membership.Role.ADMIN]
         ).exists()
     )
+
+
+def inherited_jobs(actor: User, team_name: str) -> list[outsiders.Outsider]:
+    """The team's running jobs whose submitter may no longer submit in it (removed, made a
+    viewer, deactivated): the team's work now, listed for its admins to keep or stop."""
+    team = get_team(actor, team_name)
+    if not can_manage(actor, team):
+        raise Forbidden(
+            f"only team admins of team {team_name} see the running jobs of members who left"
+        )
+    return outsiders.inherited(team)
 
 
 def uploading_team(user: User, name: str | None) -> Team:

@@ -48,6 +48,14 @@ class TeamDetailOut(Schema):
     defaults: DefaultsOut
 
 
+class InheritedJobOut(Schema):
+    id: int
+    name: str
+    status: str
+    user: str = Field(description="who submitted it")
+    why: str = Field(description="why they may no longer submit in the team")
+
+
 class MemberIn(Schema):
     username: Text = Field(..., max_length=150)
     role: Role = "member"
@@ -154,3 +162,15 @@ def change_role(request, name: Text, username: Text, data: RoleIn):
 def remove_member(request, name: Text, username: Text):
     teams.remove_member(request.auth, name, username)
     return Status(204, None)
+
+
+@router.get(
+    "/teams/{name}/inherited-jobs",
+    response={200: list[InheritedJobOut], (401, 403, 404, 422, 429): ErrorOut},
+    summary="Running jobs of members who left or were deactivated (team admins)",
+)
+def inherited_jobs(request, name: Text):
+    return [
+        {"id": j.job_id, "name": j.name, "status": j.status, "user": j.username, "why": j.why}
+        for j in teams.inherited_jobs(request.auth, name)
+    ]

@@ -17,6 +17,7 @@ from django.views.decorators.http import require_POST
 from jobs import teams
 from jobs.errors import ApiError, Forbidden, NotFound
 from jobs.models import Cluster, ScheduleWindow
+from jobs.reads import outsiders
 
 
 @login_required
@@ -34,6 +35,7 @@ def team_detail(request, name: str):
         team = teams.get_team(request.user, name)
     except NotFound as exc:
         raise Http404(exc.detail) from exc
+    can_manage = teams.can_manage(request.user, team)
     return render(
         request,
         "jobs/team.html",
@@ -41,7 +43,8 @@ def team_detail(request, name: str):
             "team": team,
             "members": team.memberships,  # type: ignore[attr-defined]
             "role": teams.role_of(request.user, team),
-            "can_manage": teams.can_manage(request.user, team),
+            "can_manage": can_manage,
+            "inherited": outsiders.inherited(team) if can_manage else [],
             "roles": teams.ROLES,
             "clusters": Cluster.objects.order_by("name").values_list("name", flat=True),
             "windows": ScheduleWindow.objects.order_by("name").values_list("name", flat=True),

@@ -33,7 +33,9 @@ next tick queues it again, to resume from its checkpoint.
 
 The same tick applies the two time-driven rules: jobs submitted with `--window-policy pause`
 are paused when their window closes and queued again when it reopens, and a team whose monthly
-budget is used up with `budget_hard_stop` set has its running GPU jobs stopped.
+budget is used up with `budget_hard_stop` set has its running GPU jobs stopped. Before it
+admits, it stops the QUEUED jobs whose submitter may no longer submit in the job's team
+(removed, made a viewer, deactivated: `jobs.ledger.departures`).
 """
 
 import bisect
@@ -58,6 +60,7 @@ from jobs.executors import Capacity, executor_for, gpu_type_matches
 from jobs.executors.base import deliver_notice, preempt_grace_s
 from jobs.ledger import clocks
 from jobs.ledger.batches import write_batches
+from jobs.ledger.departures import stop_outsiders
 from jobs.ledger.halt import halt
 from jobs.ledger.lifecycle import requeue_due_retries
 from jobs.ledger.transitions import Change, apply_transitions
@@ -123,6 +126,7 @@ class TickResult:
     stopped: list[int] = field(default_factory=list)  # stopped by a budget hard stop
     preempted: list[int] = field(default_factory=list)  # told to give borrowed GPUs back
     requeued: list[int] = field(default_factory=list)  # queued again after a preemption
+    outsiders: list[int] = field(default_factory=list)  # stopped: submitter may not submit now
 
 
 @dataclass
@@ -377,10 +381,11 @@ def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
             stopped = _hard_stops(teams, month_us, now)
             paused, resumed = _apply_window_policy(now, teams, windows)
             requeued = _requeue_preempted()
+            outsiders = stop_outsiders(now)  # last: the steps above may have queued theirs
         decided = _decide(now, teams, windows, capacities, month_us)
         result = _record(decided, writing)
     result.stopped, result.paused, result.resumed = stopped, paused, resumed
-    result.requeued = requeued
+    result.requeued, result.outsiders = requeued, outsiders
     return result
 
 

@@ -641,6 +641,8 @@ ROUTES: dict[str, Check | Exempt] = {
     ),
     "GET /api/v1/teams/{name}": api_read("GET", TEAM, None, '"alice"', '"gpu_quota"'),
     "PATCH /api/v1/teams/{name}": api_control("PATCH", TEAM, {"default_max_retries": 9}),
+    # For team admins only: 404 for bob, 403 for vic, as a write.
+    "GET /api/v1/teams/{name}/inherited-jobs": api_control("GET", TEAM + "/inherited-jobs"),
     "POST /api/v1/teams/{name}/members": api_control(
         "POST", TEAM + "/members", {"username": "bob", "role": "admin"}
     ),

@@ -22,6 +22,7 @@ PINNED = {
     ("GET", "/api/v1/me"): "jobs_api_me",
     ("GET", "/api/v1/teams"): "jobs_teams_api_list_teams",
     ("GET", "/api/v1/teams/{name}"): "jobs_teams_api_get_team",
+    ("GET", "/api/v1/teams/{name}/inherited-jobs"): "jobs_teams_api_inherited_jobs",
     ("GET", "/api/v1/tokens"): "jobs_tokens_api_list_tokens",
     ("GET", "/api/v1/usage"): "metering_api_usage",
     ("GET", "/api/v1/webhooks"): "jobs_webhooks_api_list_webhooks",
