@@ -222,9 +222,13 @@ class JobOut(Schema):
     )
     estimate_reason: str = Field(description="why there is no estimate; empty when there is one")
     planned_at: dt.datetime | None = Field(description="when the scheduler made this plan")
+    borrowed: bool = Field(
+        description="its GPUs are borrowed from another team's idle quota while it holds them "
+        "(it is preemptible then); false: its own team's quota"
+    )
     borrowed_from: str | None = Field(
-        description="the team whose idle quota its GPUs are borrowed from while it holds "
-        "them (it is preemptible then); null: its own team's quota"
+        description="the team it borrows from, for staff only: null for everyone else, since "
+        "no team learns another's figures (who lent, their quota and holdings)"
     )
     preempted_at: dt.datetime | None = Field(
         description="when it was told to give its borrowed GPUs back (SIGTERM and its notice); "

@@ -56,7 +56,8 @@ def _job_answer(request, job_id: int, status: int = 200) -> HttpResponse:
         raise NotFound(f"job {job_id} does not exist or belongs to a team you are not in")
     row, started = found
     place = queue_places([row.job], request.auth.is_staff)[job_id]
-    return _answer(request, job_out(row.job, row.shown, started, place, timezone.now()), status)
+    answer = job_out(row.job, row.shown, started, place, timezone.now(), request.auth.is_staff)
+    return _answer(request, answer, status)
 
 
 def _answer(request: HttpRequest, body: object, status: int = 200) -> HttpResponse:
@@ -159,9 +160,10 @@ def list_jobs(request, filters: Query[JobFilters]):
     more = len(page) > filters.limit
     page = page[: filters.limit]
     now = timezone.now()
-    places = queue_places([row.job for row in page], request.auth.is_staff)
+    staff = request.auth.is_staff
+    places = queue_places([row.job for row in page], staff)
     items = [
-        job_out(row.job, row.shown, started[row.job["id"]], places[row.job["id"]], now)
+        job_out(row.job, row.shown, started[row.job["id"]], places[row.job["id"]], now, staff)
         for row in page
     ]
     return _answer(request, {"items": items, "next_before": page[-1].job["id"] if more else None})

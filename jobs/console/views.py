@@ -54,9 +54,7 @@ def job_list(request):
             return HttpResponseBadRequest(
                 f"The {key} filter {fault}.\n", content_type="text/plain; charset=utf-8"
             )
-    jobs = visible_jobs(request.user).select_related(
-        "team", "user", "cluster", "current_attempt__borrowed_from"
-    )
+    jobs = visible_jobs(request.user).select_related("team", "user", "cluster", "current_attempt")
     if filters["status"].upper() in JobStatus.values:
         jobs = jobs.filter(status=filters["status"].upper())
     if filters["team"]:
@@ -78,10 +76,10 @@ def job_list(request):
     rows = [queue_row(job) for job in page]
     places = queue_places(rows, request.user.is_staff)
     for job in page:
-        lender = job.current_attempt.borrowed_from if job.current_attempt else None
-        job.borrowed_from = (  # type: ignore[attr-defined]
-            lender.name if lender is not None and job.status in JobStatus.active() else ""
-        )
+        attempt = job.current_attempt  # its lender is another team's and not shown
+        job.borrowed = (  # type: ignore[attr-defined]
+            attempt is not None and attempt.borrowed_from_id is not None
+        ) and job.status in JobStatus.active()
         place = places[job.pk]
         job.queue_position = place["queue_position"]  # type: ignore[attr-defined]
         start = place["estimated_start"]

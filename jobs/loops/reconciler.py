@@ -437,8 +437,8 @@ def _ended_before_notice(attempt: Attempt, obs: Observation) -> bool:
 def _preempted(attempt: Attempt, obs: Observation | None, now: dt.datetime) -> None:
     """A preempted attempt ended (whatever its exit: it was told to stop): billed to its end
     as run, the job PAUSED, marked for the scheduler to queue it again; no retry is spent."""
-    lender = attempt.borrowed_from.name if attempt.borrowed_from is not None else "its lender"
-    reason = f"preempted: GPUs returned to team {lender}"
+    # The borrower's reason (and its webhooks') does not name the lender: another team's.
+    reason = "preempted: borrowed GPUs returned to the lending team"
     end = obs.end_time if obs is not None else None
     if obs is not None and obs.start_time:
         clocks.mark_started(attempt, obs.start_time, now)

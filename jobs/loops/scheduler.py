@@ -420,7 +420,7 @@ class _Decided:
     the order considered (the queue plan's order), and whether it considered every job."""
 
     ctx: _Context
-    admit: list[tuple[int, int, dict]]
+    admit: list["_Admission"]
     reasons: dict[str, list[int]]
     waiting: list[queueplan.Waiting]
     considered_all: bool
@@ -458,7 +458,7 @@ def _decide(
     for row in rows:
         queue[row[1]].append(_Queued(*row))
     ctx.wanting = {team for team, jobs in queue.items() if any(j.gpus for j in jobs)}
-    admit: list[tuple[int, int, dict]] = []
+    admit: list[_Admission] = []
     reasons: dict[str, list[int]] = defaultdict(list)
     waiting: list[queueplan.Waiting] = []  # in the order considered: the queue plan's order
     considered_all = True
@@ -483,7 +483,7 @@ def _decide(
             lender = ctx.borrowing.get(job.id)
             if lender is not None:
                 ctx.held.lend(job.team, lender, job.gpus)
-            admit.append((job.id, job.gpus, _admission_record(ctx, job, lender)))
+            admit.append((job.id, job.gpus, lender, _admission_record(ctx, job, lender)))
             score += job.gpus / max(ctx.teams[team_id].gpu_quota, 1)
         else:
             if reason != job.old_reason:
@@ -672,19 +672,22 @@ def _clock(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M")
 
 
+# An admission to write: job, GPUs, the lending team (None: its own quota), its event's data.
+_Admission = tuple[int, int, int | None, dict]
+
+
 def _admission_record(ctx: _Context, job: _Queued, lender: int | None = None) -> dict:
     """What the team held with this job and the quotas it was admitted under, kept in the
     admission event so `check_ledger` can verify every admission after the fact; for a job on
-    borrowed GPUs, the lender, what it held with them and its quota, and the borrowed sum."""
+    borrowed GPUs, the borrowed sum and the cap. Only the job's own team's figures: every
+    member of it reads the event, so the lender (which the attempt keeps) and its holdings and
+    quota stay out (docs/ARCHITECTURE.md, invariant 8)."""
     team = ctx.teams[job.team]
     held, member = ctx.held.team[team.pk], ctx.held.member[(team.pk, job.user)]
     borrowed = {}
     if lender is not None:
         borrowed = {
-            "lender_id": lender,
-            "borrowed_from": ctx.teams[lender].name,
-            "lender_gpus": ctx.held.team[lender].gpus,
-            "lender_quota": ctx.teams[lender].gpu_quota,
+            "borrowed": True,
             "borrowed_gpus": ctx.held.borrowed[team.pk],
             "borrow_cap": team.borrow_cap,
         }
@@ -910,7 +913,6 @@ def _send_notices(ctx: _Context) -> list[int]:
     and give the notices after commit. Returns the victims' job ids."""
     sent, events, deliver = [], [], []
     for notice in ctx.notices:
-        lender = ctx.teams[notice.lender].name
         for victim in notice.victims:
             # An attempt that ended since the tick read it is told nothing.
             marked = Attempt.objects.filter(
@@ -926,13 +928,14 @@ def _send_notices(ctx: _Context) -> list[int]:
                     job_id=victim.job,
                     kind=JobEvent.Kind.NOTE,
                     actor="scheduler",
-                    # Short enough for the Events tab's column (160 characters).
+                    # Short enough for the Events tab's column (160 characters); the lender
+                    # unnamed, as everywhere the borrower reads.
                     reason=(
-                        f"preemption notice: team {lender} needs back the {victim.gpus} GPUs "
+                        f"preemption notice: the lending team needs back the {victim.gpus} GPUs "
                         f"this job borrowed; SIGTERM now, SIGKILL in {say(grace)}; then PAUSED "
                         "and queued again"
                     ),
-                    data={"lender": lender, "gpus": victim.gpus, "grace_s": grace},
+                    data={"gpus": victim.gpus, "grace_s": grace},
                 )
             )
         if notice.victims:
@@ -944,7 +947,8 @@ def _send_notices(ctx: _Context) -> list[int]:
                     actor="scheduler",
                     reason=(
                         f"preempting {len(notice.victims)} job(s) on {gpus} GPUs that other "
-                        f"teams borrowed from team {lender}: this job needs them back"
+                        f"teams borrowed from team {ctx.teams[notice.lender].name}: this job "
+                        "needs them back"
                     ),
                     data={"victims": len(notice.victims), "gpus": gpus},
                 )
@@ -1221,20 +1225,20 @@ def _apply_window_policy(
     return paused, _queue_again(to_resume, reason, "paused_by_window")
 
 
-def _submit(admit: list[tuple[int, int, dict]], now: dt.datetime) -> list[int]:
+def _submit(admit: list[_Admission], now: dt.datetime) -> list[int]:
     if not admit:
         return []
-    gpus_by_job = {job_id: gpus for job_id, gpus, _ in admit}
-    lender_by_job = {job_id: data.get("lender_id") for job_id, _, data in admit}
+    gpus_by_job = {job_id: gpus for job_id, gpus, _, _ in admit}
+    lender_by_job = {job_id: lender for job_id, _, lender, _ in admit}
     changes = [
         Change(
             job_id,
-            f"admitted on GPUs borrowed from team {data['borrowed_from']} (preemptible); launching"
-            if "borrowed_from" in data
+            "admitted on GPUs borrowed from another team's idle quota (preemptible); launching"
+            if lender is not None
             else "admitted; launching",
             data=data,
         )
-        for job_id, _, data in admit
+        for job_id, _, lender, data in admit
     ]
     changed, _ = apply_transitions(S.SUBMITTED, changes, actor="scheduler", expected={S.QUEUED})
     fields = ("id", "run_id", "attempt_count", "nodes")

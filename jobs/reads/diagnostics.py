@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from jobs.durations import say
 from jobs.executors.base import preempt_grace_s
-from jobs.models import Attempt, Job, JobEvent, Team
+from jobs.models import Attempt, Job, JobEvent
 from jobs.reads.queue import queue_places, queue_row
 from jobs.reads.visible import current_attempt, retry_unavailable_reason
 from jobs.states import JobStatus
@@ -44,16 +44,16 @@ def explain(job: Job, now: dt.datetime | None = None) -> list[str]:
 
 def _preemption(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str]:
     """Borrowed GPUs: that the job holds some and may be preempted, that it is being
-    preempted, or that its last preemption paused it and how it resumes."""
+    preempted, or that its last preemption paused it and how it resumes. The lender is
+    another team, so it is never named: its members' jobs are theirs to know."""
     sentences = []
     if job.status in S.active() and attempt is not None and attempt.borrowed_from_id:
-        lender = Team.objects.get(pk=attempt.borrowed_from_id).name
         if attempt.preempted_at is not None:
             grace = preempt_grace_s(job.cluster.settings)
             kill = attempt.preempted_at + dt.timedelta(seconds=grace)
             sentences.append(
-                f"Preempted at {attempt.preempted_at:%H:%M:%S} UTC: team {lender} needs back "
-                f"the GPUs this job borrowed. It was sent SIGTERM and its notice "
+                f"Preempted at {attempt.preempted_at:%H:%M:%S} UTC: the lending team needs "
+                f"back the GPUs this job borrowed. It was sent SIGTERM and its notice "
                 f"(sf.should_checkpoint() is true) and is killed at {kill:%H:%M:%S} UTC unless "
                 "it exits first; it then goes PAUSED and is queued again to resume from its "
                 f"checkpoint{_checkpoint(attempt)}."
@@ -67,18 +67,16 @@ def _preemption(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str
                 else f" once it has run {say(floor)}"
             )
             sentences.append(
-                f"It runs on GPUs borrowed from team {lender}'s idle quota, beyond its own "
-                f"team's: it is preemptible while it holds them{after}, when team {lender} "
+                f"It runs on GPUs borrowed from another team's idle quota, beyond its own "
+                f"team's: it is preemptible while it holds them{after}, when that team "
                 f"wants them back{_checkpoint(attempt)}."
             )
     last = (
         Attempt.objects.filter(job=job, preempted_at__isnull=False, end_time__isnull=False)
-        .select_related("borrowed_from")
         .order_by("-number")
         .first()
     )
     if last is not None and job.status in (S.PAUSED, S.QUEUED, *S.active()):
-        lender = last.borrowed_from.name if last.borrowed_from else "its lender"
         end = last.end_time or now
         ran = say((end - last.start_time).total_seconds()) if last.start_time else "0 s"
         if job.status == S.PAUSED and job.paused_by_preemption:
@@ -90,8 +88,8 @@ def _preemption(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str
         else:
             then = f"attempt {job.attempt_count} resumed it from its checkpoint"
         sentences.append(
-            f"Attempt {last.number} was preempted at {last.preempted_at:%H:%M:%S} UTC: team "
-            f"{lender} took back the {last.gpus} GPUs it had borrowed. It ran {ran} (billed as "
+            f"Attempt {last.number} was preempted at {last.preempted_at:%H:%M:%S} UTC: the "
+            f"lending team took back the {last.gpus} GPUs it had borrowed. It ran {ran} (billed as "
             f"run) and ended at {end:%H:%M:%S} UTC{_checkpoint(last)}; {then}. "
             "A resume after a preemption spends no retry."
         )

@@ -34,9 +34,12 @@ def rank_rows(ranks: object) -> list[dict]:
     ]
 
 
-def job_out(job: dict, shown: dict, started: list[Started], place: dict, now: dt.datetime) -> dict:
+def job_out(
+    job: dict, shown: dict, started: list[Started], place: dict, now: dt.datetime, staff: bool
+) -> dict:
     """JobOut of a job's row (`job`, by column name), what it shows of the row alone (`shown`,
-    from `shown_of`), the job's started attempts and its queue fields (`jobs.reads.queue`)."""
+    from `shown_of`), the job's started attempts and its queue fields (`jobs.reads.queue`).
+    Only `staff` read which team a borrowing job's GPUs are lent by: another team's figures."""
     why_not_retry = retry_refusal(
         job["status"], job["snapshot_id"], job["snapshot__deleted_reason"] or ""
     )
@@ -46,6 +49,9 @@ def job_out(job: dict, shown: dict, started: list[Started], place: dict, now: dt
         "gpu_seconds": float(round(gpu_seconds, 3)),
         "retry_available": not why_not_retry,
         "retry_unavailable_reason": why_not_retry,
+        "borrowed_from": job["current_attempt__borrowed_from__name"]
+        if staff and shown["borrowed"]
+        else None,
         **place,
     }
 
@@ -94,7 +100,7 @@ def shown_of(job: dict) -> dict:
         "parent": job["parent_id"],
         "follow_on_name": job["follow_on_name"],
         "then": job["then"],
-        "borrowed_from": job["current_attempt__borrowed_from__name"] if active else None,
+        "borrowed": active and job["current_attempt__borrowed_from__name"] is not None,
         "array": job["array_id"],
         "array_index": job["array_index"],
         **_preemption(job, active),

@@ -73,6 +73,9 @@ ID_MAX = 2**63 - 1  # the largest id a 64-bit integer column holds
 # everyone listing and reading the jobs of the moment; 4 to 8 kB a row (16 MB at most).
 KEPT_ROWS = 2_000
 EVENT_COLUMNS = ("time", "kind", "from_status", "to_status", "reason", "actor", "attempt", "data")
+# What events written before lenders went unnamed kept of a lender in its borrower's timeline
+# (another team's id, name, holdings and quota): never shown.
+LENDER_KEYS = frozenset(("lender_id", "borrowed_from", "lender_gpus", "lender_quota", "lender"))
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,8 @@ TIMELINE = Prepared(_timeline)
 
 
 # What each answer works out anew from a job's row: where it queues, its GPU-seconds, whether
-# a retry would find its snapshot (`jobs.reads.queue`, `jobs.reads.job_out.job_out`).
+# a retry would find its snapshot, who lent its GPUs (staff only) (`jobs.reads.queue`,
+# `jobs.reads.job_out.job_out`).
 FACTS = (
     "id",
     "status",
@@ -164,6 +168,7 @@ FACTS = (
     "current_attempt__start_time",
     "snapshot_id",
     "snapshot__deleted_reason",
+    "current_attempt__borrowed_from__name",
 )
 
 
@@ -243,4 +248,8 @@ def job_timeline(user: User, job_id: int) -> list[dict] | None:
     rows = TIMELINE.rows((user.is_staff,), job_id=job_id, **_reader_values(user))
     if not rows:
         return None
-    return [dict(zip(EVENT_COLUMNS, row, strict=True)) for row in rows if row[0] is not None]
+    events = [dict(zip(EVENT_COLUMNS, row, strict=True)) for row in rows if row[0] is not None]
+    for event in events:
+        if isinstance(event["data"], dict) and not LENDER_KEYS.isdisjoint(event["data"]):
+            event["data"] = {k: v for k, v in event["data"].items() if k not in LENDER_KEYS}
+    return events

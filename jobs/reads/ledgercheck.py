@@ -7,6 +7,7 @@ object pending or running that no open attempt accounts for is an orphan.
 """
 
 import datetime as dt
+import itertools
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -97,24 +98,33 @@ def quotas_now(now: dt.datetime) -> Iterator[str]:
 
 def admissions(now: dt.datetime) -> Iterator[str]:
     """Replay every status event in order: at each admission the team held no more than the
-    quotas recorded in that admission event."""
+    quotas recorded in that admission event, and a lender no more than its quota (as recorded
+    by events written before lenders went unnamed, else its quota now)."""
     gpus = dict(Job.objects.values_list("pk", "gpus"))
     owner = {pk: (team, user) for pk, team, user in Job.objects.values_list("pk", "team", "user")}
+    quota_now = dict(Team.objects.values_list("pk", "gpu_quota"))
     team_gpus: dict[int, int] = defaultdict(int)  # on each team's quota (lent GPUs included)
     team_jobs: dict[int, int] = defaultdict(int)
     member_gpus: dict[tuple[int, int], int] = defaultdict(int)
     borrowed: dict[int, int] = defaultdict(int)
+    admitted_times: dict[int, int] = defaultdict(int)
     lender: dict[int, int] = {}  # job -> the team whose quota its current admission is on
     holding = S.active()
     events = JobEvent.objects.filter(kind=JobEvent.Kind.STATUS).order_by("id")
     rows = events.values_list("job_id", "from_status", "to_status", "data")
-    for job_id, src, dst, data in rows.iterator(chunk_size=10_000):
+    replay = rows.iterator(chunk_size=10_000)
+    first = next(replay, None)
+    # Read once the events' cursor is open: each admission it holds committed with its attempt,
+    # so that attempt is read too, however many the scheduler admits meanwhile.
+    lenders = _lenders()
+    for job_id, src, dst, data in itertools.chain([first] if first else [], replay):
         team, user = owner[job_id]
         admitted = dst == S.SUBMITTED and src == S.QUEUED
         if admitted:
+            admitted_times[job_id] += 1
             lender.pop(job_id, None)
-            if data and data.get("lender_id") is not None:
-                lender[job_id] = data["lender_id"]
+            if (job_id, admitted_times[job_id]) in lenders:
+                lender[job_id] = lenders[(job_id, admitted_times[job_id])]
         sign = (dst in holding) - (src in holding)
         on = lender.get(job_id, team)
         team_gpus[on] += sign * gpus[job_id]
@@ -131,12 +141,21 @@ def admissions(now: dt.datetime) -> Iterator[str]:
         ]
         if on != team:
             limits += [
-                ("GPUs of its lender", team_gpus[on], data.get("lender_quota")),
+                ("GPUs of its lender", team_gpus[on], data.get("lender_quota", quota_now[on])),
                 ("borrowed GPUs", borrowed[team], data.get("borrow_cap")),
             ]
         for what, held, limit in limits:
             if limit is not None and held > limit:
                 yield f"job {job_id}: admitted while its team held {held} {what}, limit {limit}"
+
+
+def _lenders() -> dict[tuple[int, int], int]:
+    """(job, attempt number) -> the team that lent the attempt its GPUs. The borrower's events
+    do not say (another team's figures); its k-th admission opened its attempt k, since the
+    scheduler's admission is the one place an attempt is opened (jobs.ledger.clocks)."""
+    on_loan = Attempt.objects.filter(borrowed_from__isnull=False)
+    rows = on_loan.values_list("job_id", "number", "borrowed_from_id")
+    return {(job, number): team for job, number, team in rows}
 
 
 def attempts(now: dt.datetime) -> Iterator[str]:

@@ -57,7 +57,9 @@ def test_past_its_quota_a_team_borrows_idle_gpus_within_its_cap(teams):
     admit_queued_jobs()
     assert [state(j)[0] for j in jobs] == [S.SUBMITTED] * 3 + [S.QUEUED]
     assert [lender_of(j) for j in jobs[:3]] == [None, "lab", "lab"]
-    assert state(jobs[1])[1] == "admitted on GPUs borrowed from team lab (preemptible); launching"
+    assert state(jobs[1])[1] == (
+        "admitted on GPUs borrowed from another team's idle quota (preemptible); launching"
+    )
     assert state(jobs[3])[1] == (
         "waiting for quota: team vision uses 2 of 2 GPUs; this job needs 2 (it borrows 4 of "
         "the 4 GPUs it may borrow)"
@@ -120,11 +122,11 @@ def test_a_borrowed_job_says_so_in_the_api_diagnostics_and_the_list(teams, api_a
     own, borrowed = queued_job(vision, vic, gpus=2), queued_job(vision, vic, gpus=2)
     admit_queued_jobs()
     api = api_as(vic)
-    assert api.get(f"/jobs/{own.pk}").json()["borrowed_from"] is None
-    assert api.get(f"/jobs/{borrowed.pk}").json()["borrowed_from"] == "lab"
+    assert api.get(f"/jobs/{own.pk}").json()["borrowed"] is False
+    assert api.get(f"/jobs/{borrowed.pk}").json()["borrowed"] is True
     assert (
-        "It runs on GPUs borrowed from team lab's idle quota, beyond its own team's: it is "
-        "preemptible while it holds them once it has run 10 min, when team lab wants them "
+        "It runs on GPUs borrowed from another team's idle quota, beyond its own team's: it is "
+        "preemptible while it holds them once it has run 10 min, when that team wants them "
         "back (no checkpoint of its seen yet)."
     ) in explain(Job.objects.get(pk=borrowed.pk))
     console = Client()
@@ -133,7 +135,7 @@ def test_a_borrowed_job_says_so_in_the_api_diagnostics_and_the_list(teams, api_a
     assert page.count('<span class="badge borrowed"') == 1
     # Once it ends it holds nothing borrowed any more.
     apply_transitions(S.STOPPED, [Change(borrowed.pk, "test")], actor="test")
-    assert api.get(f"/jobs/{borrowed.pk}").json()["borrowed_from"] is None
+    assert api.get(f"/jobs/{borrowed.pk}").json()["borrowed"] is False
 
 
 @pytest.mark.postgres

@@ -1,7 +1,8 @@
 """Taking lent GPUs back: when a lendable team's job waits for GPUs its quota lent out, the
 scheduler preempts borrowers (lowest priority, then most recent checkpoint, then most recent
 start; never one that has run less than the minimum runtime), each gets a notice and keeps its
-GPUs until it ends, then goes PAUSED ("preempted: GPUs returned to team X") and is queued again
+GPUs until it ends, then goes PAUSED ("preempted: borrowed GPUs returned to the lending team")
+and is queued again
 without spending its retry budget. A controllable clock throughout; the engine is a fake that
 records what it was told (the real ones: the end-to-end tests)."""
 
@@ -155,8 +156,8 @@ def test_the_lowest_priority_borrower_goes_first_and_only_as_many_as_needed(
     )
     notes = JobEvent.objects.filter(job=low, kind=JobEvent.Kind.NOTE)
     assert notes.get().reason == (
-        "preemption notice: team lab needs back the 2 GPUs this job borrowed; SIGTERM now, "
-        "SIGKILL in 1 min 30 s; then PAUSED and queued again"
+        "preemption notice: the lending team needs back the 2 GPUs this job borrowed; SIGTERM "
+        "now, SIGKILL in 1 min 30 s; then PAUSED and queued again"
     )
     assert len(notes.get().reason) <= 160  # whole in the Events tab
     assert JobEvent.objects.filter(job=mine, kind=JobEvent.Kind.NOTE).get().reason == (
@@ -289,10 +290,10 @@ def test_a_preempted_job_pauses_resumes_without_a_retry_and_its_lender_starts(
     ref = f"ref-{victim.current_attempt.backend_name}"
     Attempt.objects.filter(pk=victim.current_attempt_id).update(checkpoint_at=T0 + MIN / 2)
     assert (
-        "Preempted at 12:00:00 UTC: team lab needs back the GPUs this job borrowed. It was sent "
-        "SIGTERM and its notice (sf.should_checkpoint() is true) and is killed at 12:01:30 UTC "
-        "unless it exits first; it then goes PAUSED and is queued again to resume from its "
-        "checkpoint (its newest checkpoint: 12:00:30 UTC)."
+        "Preempted at 12:00:00 UTC: the lending team needs back the GPUs this job borrowed. It "
+        "was sent SIGTERM and its notice (sf.should_checkpoint() is true) and is killed at "
+        "12:01:30 UTC unless it exits first; it then goes PAUSED and is queued again to resume "
+        "from its checkpoint (its newest checkpoint: 12:00:30 UTC)."
     ) in explain(Job.objects.get(pk=victim.pk), now=T0 + MIN)
     # It checkpoints and exits non-zero 40 s into its grace: the end the engine reports.
     Engine.ends[ref] = Observation("FAILED", exit_code=143, end_time=T0 + dt.timedelta(seconds=40))
@@ -301,11 +302,11 @@ def test_a_preempted_job_pauses_resumes_without_a_retry_and_its_lender_starts(
     victim.refresh_from_db()
     attempt = Attempt.objects.get(pk=victim.current_attempt_id)
     assert victim.status == S.PAUSED
-    assert victim.status_reason == "preempted: GPUs returned to team lab"
+    assert victim.status_reason == "preempted: borrowed GPUs returned to the lending team"
     assert attempt.end_time == T0 + dt.timedelta(seconds=40)  # billed as run, to the second
     assert victim.retry_count == 0 and victim.next_attempt_at is None
     assert (
-        "Attempt 1 was preempted at 12:00:00 UTC: team lab took back the 8 GPUs it had "
+        "Attempt 1 was preempted at 12:00:00 UTC: the lending team took back the 8 GPUs it had "
         "borrowed. It ran 1 h (billed as run) and ended at 12:00:40 UTC (its newest checkpoint: "
         "12:00:30 UTC); the scheduler queues it again on its next tick. A resume after a "
         "preemption spends no retry."
@@ -323,7 +324,7 @@ def test_a_preempted_job_pauses_resumes_without_a_retry_and_its_lender_starts(
         .values_list("to_status", "reason")
     )
     assert timeline[-2:] == [
-        (S.PAUSED, "preempted: GPUs returned to team lab"),
+        (S.PAUSED, "preempted: borrowed GPUs returned to the lending team"),
         (S.QUEUED, "resuming after preemption; waiting for the scheduler"),
     ]
     meter_ended()
@@ -338,8 +339,8 @@ def test_a_victim_past_its_grace_is_cancelled_every_tick_until_it_ends(
     vic = teams[3]
     victim = preempted_borrower(teams, django_capture_on_commit_callbacks)
     read = api_as(vic).get(f"/jobs/{victim.pk}").json()
-    assert (read["borrowed_from"], read["preempted_at"], read["preempt_kill_at"]) == (
-        "lab",
+    assert (read["borrowed"], read["preempted_at"], read["preempt_kill_at"]) == (
+        True,
         "2026-12-02T12:00:00Z",
         "2026-12-02T12:01:30Z",
     )
@@ -421,5 +422,5 @@ def test_a_victim_gone_from_its_engine_after_its_notice_pauses_without_the_lost_
     victim.refresh_from_db()
     assert (victim.status, victim.status_reason) == (
         S.PAUSED,
-        "preempted: GPUs returned to team lab",
+        "preempted: borrowed GPUs returned to the lending team",
     )
