@@ -111,7 +111,7 @@ def sign_in_name(raw: str) -> str:
     reaches, so the count starts from exactly its folding; case is folded on top, which can only
     join counts (one address failing as "Alice" and "alice"), never split one account's.
     """
-    return UsernameField().to_python(raw).casefold()
+    return (UsernameField().to_python(raw) or "").casefold()  # "" for an empty name
 
 
 def _login_key(request: HttpRequest) -> str:
