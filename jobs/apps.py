@@ -7,3 +7,4 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         from jobs import pgtime, signals  # noqa: F401  (connects the receivers)
+        from starforge import checks  # noqa: F401  (registers the deploy checks)

@@ -1,12 +1,18 @@
 """Settings for Starforge. Everything a deployment changes comes from the environment.
 
 DATABASE_URL   ledger database (default: embedded SQLite under var/)
-REDIS_URL      Celery broker and Channels layer (default: redis://127.0.0.1:6379/0)
-SF_VAR_DIR     root for the embedded ledger, snapshots, logs, run outputs (default: ./var)
+REDIS_URL      Celery broker and Channels layer (default: the embedded Redis `make run` starts
+               on 127.0.0.1:SF_REDIS_PORT, 6390, with this installation's own password, kept
+               in $SF_VAR_DIR/redis-password, mode 0600)
+SF_VAR_DIR     root for the embedded ledger, snapshots, logs, run outputs (default: ./var);
+               everything server processes write there is private to their user (umask 077)
+SF_DEBUG=1     Django's debug pages, for development only (default off)
 SF_SECRET_KEY  signs sessions and job tokens (default: this installation's own key, made with
                `secrets` on first start and kept in $SF_VAR_DIR/secret-key, mode 0600; never a
                string from the repository; starforge.settings_prod requires the variable)
 SF_LOCAL_GPU_SLOTS   virtual GPU slots of the local executor when NVML finds no GPU (default 4)
+SF_SANDBOX_ALLOW_NETS  CIDRs besides the public internet that sandboxed local jobs may reach
+                     (default: none; private, shared and link-local networks are refused)
 SF_METRICS_TOKEN     a scrape token for /metrics (`Authorization: Bearer <it>`), as well as staff
                      users' API tokens (default: none, only staff tokens)
 SF_METRICS_ALLOWED_NETS   CIDRs that may read /metrics without any credential (default: none;
@@ -52,60 +58,99 @@ def _env_cidrs(name: str) -> list[str]:
 
 
 SECRET_KEY_MIN_LENGTH = 50
+REDIS_PASSWORD_MIN_LENGTH = 32
 
 
-def _read_secret_key(path: Path) -> str:
+def _read_secret(path: Path, min_length: int, what: str, instead: str) -> str:
     # Another process may have created the file an instant ago and still be writing it.
     for _ in range(50):
-        key = path.read_text().strip()
-        if len(key) >= SECRET_KEY_MIN_LENGTH:
-            return key
+        secret = path.read_text().strip()
+        if len(secret) >= min_length:
+            return secret
         time.sleep(0.1)
     raise RuntimeError(
-        f"{path} holds fewer than {SECRET_KEY_MIN_LENGTH} characters: delete it to make a new "
-        "secret key (that signs every user out) or set SF_SECRET_KEY"
+        f"{path} holds fewer than {min_length} characters: delete it to make a new {what}, "
+        f"or {instead}"
     )
 
 
-def installation_secret_key(var_dir: Path) -> str:
-    """This installation's own secret key: made once, on first start, under `var_dir`.
+def installation_secret(path: Path, nbytes: int, min_length: int, what: str, instead: str) -> str:
+    """A secret of this installation's own: made once, on first start, in `path`.
 
     The file is created with O_EXCL, so processes starting at once (server, worker, beat) all
-    end up with the one key that won, and with mode 0600, readable by the server's user only.
-    """
-    path = var_dir / "secret-key"
+    end up with the one secret that won, and with mode 0600, readable by the server's user
+    only. `what` names it and `instead` says what to set in its place, for the sentences."""
     if path.exists():
-        return _read_secret_key(path)
+        return _read_secret(path, min_length, what, instead)
     try:
-        var_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        return _read_secret_key(path)
+        return _read_secret(path, min_length, what, instead)
     except OSError as exc:
         raise RuntimeError(
-            f"cannot create the secret key file {path} ({exc.strerror}): make SF_VAR_DIR "
-            "writable for the server's user or set SF_SECRET_KEY"
+            f"cannot create the {what} file {path} ({exc.strerror}): make SF_VAR_DIR writable "
+            f"for the server's user, or {instead}"
         ) from exc
-    key = secrets.token_urlsafe(64)  # 86 characters
+    secret = secrets.token_urlsafe(nbytes)
     with os.fdopen(fd, "w") as out:
         os.fchmod(out.fileno(), 0o600)  # whatever the umask
-        out.write(key + "\n")
-    return key
+        out.write(secret + "\n")
+    return secret
 
+
+def installation_secret_key(var_dir: Path) -> str:
+    """This installation's own secret key (86 characters), in `var_dir`/secret-key."""
+    return installation_secret(
+        var_dir / "secret-key",
+        64,
+        SECRET_KEY_MIN_LENGTH,
+        "secret key (that signs every user out)",
+        "set SF_SECRET_KEY",
+    )
+
+
+def installation_redis_password(var_dir: Path) -> str:
+    """The embedded Redis's password (43 characters), in `var_dir`/redis-password."""
+    return installation_secret(
+        var_dir / "redis-password",
+        32,
+        REDIS_PASSWORD_MIN_LENGTH,
+        "Redis password",
+        "set REDIS_URL to a Redis of your own",
+    )
+
+
+def private_dir(path: Path) -> None:
+    """`path` and its missing parents, made 0700 (an existing folder keeps its mode)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+# Server processes make everything private to their own user from the first write (the ledger,
+# its journal, logs, snapshots, beat's schedule, collected static files): a folder is 0700 and
+# a file 0600 unless the code that makes it says otherwise, as the local executor does for the
+# few folders a job of another uid passes through (0711). The runner sets its own umask for
+# the job it starts (client/sf/runner.py).
+SERVER_UMASK = 0o077
+os.umask(SERVER_UMASK)
 
 SECRET_KEY = os.environ.get("SF_SECRET_KEY") or installation_secret_key(VAR_DIR)
-DEBUG = os.environ.get("SF_DEBUG", "1") == "1"
+# Off unless a developer asks for it: Django's debug pages show settings and every URL pattern
+# to whoever makes a request fail or miss.
+DEBUG = os.environ.get("SF_DEBUG", "0") == "1"
 ALLOWED_HOSTS = [h for h in os.environ.get("SF_ALLOWED_HOSTS", "*").split(",") if h]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
+    # Before django.contrib.auth: its createsuperuser, which validates a password given in the
+    # environment too, takes the place of Django's (the first app's command wins).
+    "jobs",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
-    "jobs",
     "metering",
 ]
 
@@ -198,7 +243,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     )
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-AUTH_PASSWORD_VALIDATORS: list[dict] = []
+# Every door that sets a password (the console's password change, the admin, createsuperuser,
+# changepassword) refuses a short, common, all-digit or user-like one.
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 12},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
@@ -217,7 +272,16 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Redis: REDIS_URL as given (starforge.settings_prod refuses one without a password unless
+# SF_REDIS_TRUSTED_NETWORK=1). Unset: the embedded Redis `make run` starts on 127.0.0.1 at
+# SF_REDIS_PORT, which asks for this installation's own password: local jobs share the
+# server's loopback, and a Redis that lets anyone in hands them every live page and the
+# Celery workers' commands.
+REDIS_EMBEDDED = not os.environ.get("REDIS_URL")
+SF_REDIS_PORT = _env_int("SF_REDIS_PORT", 6390)
+REDIS_URL = os.environ.get("REDIS_URL") or (
+    f"redis://:{installation_redis_password(VAR_DIR)}@127.0.0.1:{SF_REDIS_PORT}/0"
+)
 CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True
 # Every task is idempotent (keyed by job and attempt), so a redelivery after a worker crash is
@@ -298,6 +362,12 @@ SF_OUTPUT_ROOT = Path(os.environ.get("SF_OUTPUT_ROOT", VAR_DIR / "runs")).resolv
 SF_VAR_DIR = VAR_DIR
 SF_LOCAL_STATE_DIR = VAR_DIR / "local-executor"
 SF_LOCAL_GPU_SLOTS = _env_int("SF_LOCAL_GPU_SLOTS", 4)
+# The local executor's job sandbox (jobs.executors.sandbox): the group its network helper runs
+# under (no job's), the networks besides the public internet its jobs may reach (CIDRs), and
+# the device nodes a job gets in it (CUDA_VISIBLE_DEVICES chooses among them).
+SF_SANDBOX_NET_GID = _env_int("SF_SANDBOX_NET_GID", 199_999)
+SF_SANDBOX_ALLOW_NETS = _env_cidrs("SF_SANDBOX_ALLOW_NETS")
+SF_SANDBOX_DEVICES = os.environ.get("SF_SANDBOX_DEVICES", "/dev/nvidia*")
 SF_MAX_SNAPSHOT_BYTES = _env_int("SF_MAX_SNAPSHOT_MB", 100) * 1024 * 1024
 SF_MAX_SNAPSHOT_UNPACKED_BYTES = _env_int("SF_MAX_SNAPSHOT_UNPACKED_MB", 1024) * 1024 * 1024
 SF_PENDING_DEADLINE_S = _env_int("SF_PENDING_DEADLINE_S", 1800)

@@ -8,7 +8,10 @@ SF_SECRET_KEY          required: at least 50 characters (`python -c "import secr
                        print(secrets.token_urlsafe(64))"`)
 SF_ALLOWED_HOSTS       required: comma-separated host names the server answers to
 DATABASE_URL           required: a PostgreSQL URL (the embedded SQLite is for one machine)
-REDIS_URL              the broker and channel layer (default redis://127.0.0.1:6379/0)
+REDIS_URL              required: the broker and channel layer, with its password
+                       (redis://:PASSWORD@host:6379/0, rediss://..., unix://:PASSWORD@/path)
+SF_REDIS_TRUSTED_NETWORK=1   accept a REDIS_URL without a password: only Starforge's server
+                       hosts can reach that Redis (no job, no other tenant's machine)
 SF_CSRF_TRUSTED_ORIGINS   comma-separated origins (https://starforge.example.com) when the
                        console is reached through a proxy under another name
 SF_BEHIND_TLS_PROXY=1  trust X-Forwarded-Proto from the proxy that terminates TLS
@@ -21,6 +24,8 @@ SF_METRICS_TOKEN       the scrape token Prometheus sends to /metrics (at least 3
 import os
 
 from django.core.exceptions import ImproperlyConfigured
+
+from starforge.redis_url import password_given
 
 
 def _required(name: str, why: str) -> str:
@@ -37,6 +42,18 @@ if len(_SECRET_KEY) < 50 or len(set(_SECRET_KEY)) < 5 or _SECRET_KEY.startswith(
     raise ImproperlyConfigured(
         "SF_SECRET_KEY is too weak: use at least 50 random characters, e.g. "
         "python -c 'import secrets; print(secrets.token_urlsafe(64))'"
+    )
+
+
+# Also before the base settings: without the variable they would point at an embedded Redis
+# that only `make run` starts, and make a password file for it under SF_VAR_DIR.
+_REDIS_URL = _required("REDIS_URL", "the Celery broker and the live pages' channel layer")
+if not password_given(_REDIS_URL) and os.environ.get("SF_REDIS_TRUSTED_NETWORK") != "1":
+    raise ImproperlyConfigured(
+        "REDIS_URL has no password: whoever reaches that Redis reads every live log line and "
+        "commands the Celery workers. Set requirepass on the Redis and put it in the URL "
+        "(redis://:PASSWORD@host:6379/0), or set SF_REDIS_TRUSTED_NETWORK=1 if only "
+        "Starforge's server hosts can reach it"
     )
 
 from starforge.settings import *  # noqa: E402, F403

