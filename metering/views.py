@@ -13,6 +13,7 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from jobs.errors import NotFound
+from jobs.schemas import text_fault
 from jobs.teams import visible_teams
 from metering.usage import (
     UsageLine,
@@ -34,6 +35,10 @@ def usage_page(request):
     except ValueError as exc:
         return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
     team = request.GET.get("team") or None
+    if team is not None and (fault := text_fault(team)):  # PostgreSQL cannot compare it
+        return HttpResponseBadRequest(
+            f"The team filter {fault}.\n", content_type="text/plain; charset=utf-8"
+        )
     try:
         teams = usage_teams(request.user, team)
     except NotFound as exc:

@@ -123,3 +123,11 @@ def test_a_jobs_list_filter_no_name_can_hold_is_400_with_a_sentence(alice, key):
     response = console.get("/", {key: "vi\x00sion"})
     assert response.status_code == 400
     assert response.content.decode() == f"The {key} filter must not contain NUL characters.\n"
+
+
+def test_the_usage_pages_team_filter_no_name_can_hold_is_400_with_a_sentence(alice):
+    console = Client()
+    console.force_login(alice)
+    response = console.get("/usage/", {"team": "vi\x00sion"})
+    assert response.status_code == 400
+    assert response.content.decode() == "The team filter must not contain NUL characters.\n"
