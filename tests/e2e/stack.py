@@ -128,16 +128,28 @@ def wait_until(
 
 
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, wait: float = 15) -> None:
-    """Signal the process group `proc` leads; escalate to SIGKILL if it outlives `wait`."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-    try:
-        proc.wait(timeout=wait)
-    except subprocess.TimeoutExpired:
+    """Signal the process group `proc` leads, and what is left of it should `proc` have exited
+    already (a stack whose supervisor died leaves its children in the group); SIGKILL the
+    group if anything of it outlives `wait`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    deadline = time.monotonic() + wait
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        proc.poll()  # reap the leader
+        time.sleep(0.1)
+    if _group_alive(proc.pid):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+    proc.wait(timeout=10)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs (zombies wait for a reaper: not counted)."""
+    for process in psutil.process_iter(["status"]):
+        with contextlib.suppress(OSError):
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+    return False
 
 
 def sf_command(workdir: Path, config: Path) -> Callable[..., subprocess.CompletedProcess]:
@@ -206,6 +218,14 @@ class Stack:
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> Stack:
+        """Start every process; one that fails to come up takes the others down with it."""
+        try:
+            return self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> Stack:
         self._manage("migrate", "--no-input", "-v", "0")
         code = "from jobs.bootstrap import ensure_demo as e; d = e(); print(d.token, d.password)"
         lines = self._manage("shell", "-c", code).stdout.strip().splitlines()

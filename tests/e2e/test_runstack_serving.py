@@ -69,11 +69,7 @@ def stack(tmp_path_factory):
             "var": var,
         }
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc, signal.SIGTERM, wait=20)
 
 
 def listening(port: int) -> psutil.Process:

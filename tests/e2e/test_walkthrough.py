@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.stack import ROOT, free_port, sf_command, stack_env
+from tests.e2e.stack import ROOT, free_port, kill_group, sf_command, stack_env
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +39,11 @@ def start_stack(var: Path, **extra: str) -> tuple[subprocess.Popen, str, str]:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    token = _wait_for_banner(var / "stack.log", proc)
+    try:
+        token = _wait_for_banner(var / "stack.log", proc)
+    except BaseException:
+        stop_stack(proc)  # a stack that did not come up is not left running
+        raise
     return proc, f"http://127.0.0.1:{port}", token
 
 
@@ -54,11 +58,8 @@ def stack(tmp_path_factory):
 
 
 def stop_stack(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    """SIGTERM to the stack's process group, SIGKILL to whatever outlives it."""
+    kill_group(proc, signal.SIGTERM, wait=20)
 
 
 def _wait_for_banner(log: Path, proc: subprocess.Popen) -> str:
@@ -206,9 +207,12 @@ def test_ctrl_c_stops_every_process_make_run_started(tmp_path):
     import psutil
 
     proc, _, _ = start_stack(tmp_path)
-    children = psutil.Process(proc.pid).children(recursive=True)
-    assert len(children) >= 3  # uvicorn, celery worker (+ pool), celery beat
-    proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the foreground process
-    assert proc.wait(timeout=30) == 0
-    gone, alive = psutil.wait_procs(children, timeout=15)
-    assert alive == []
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) >= 3  # uvicorn, celery worker (+ pool), celery beat
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the foreground process
+        assert proc.wait(timeout=30) == 0
+        gone, alive = psutil.wait_procs(children, timeout=15)
+        assert alive == []
+    finally:
+        stop_stack(proc)  # a failed check leaves nothing running
