@@ -28,7 +28,7 @@ $(VENV)/.engines: requirements-engines.txt $(VENV)/.installed
 engines: $(VENV)/.engines ## Install Ray (venv) and Slurm + munge (Debian) for the engine suites
 	@command -v sbatch >/dev/null && [ -x /usr/sbin/munged ] || .ci/slurm.sh install
 
-run: venv ## Start the whole product (SQLite, local executor, Redis if none is reachable)
+run: venv ## Start the whole product (SQLite, local executor, its own Redis with a password)
 	$(PY) manage.py runstack
 
 test: venv engines ## Run the whole suite in two shards side by side (.ci/suite.py; starts PostgreSQL, Slurm and Ray when not running)
