@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PG_URL ?= postgres://postgres@127.0.0.1:5432/starforge_ci
 PYTEST := $(PY) -m pytest
 
-.PHONY: help venv engines run test test-postgres test-sqlite lint bench clean
+.PHONY: help venv engines sandbox-tools run test test-postgres test-sqlite lint bench clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -28,10 +28,18 @@ $(VENV)/.engines: requirements-engines.txt $(VENV)/.installed
 engines: $(VENV)/.engines ## Install Ray (venv) and Slurm + munge (Debian) for the engine suites
 	@command -v sbatch >/dev/null && [ -x /usr/sbin/munged ] || .ci/slurm.sh install
 
-run: venv ## Start the whole product (SQLite, local executor, its own Redis with a password)
+# The local executor's job sandbox (jobs/executors/sandbox.py): installed when the server runs
+# as root, the only case in which jobs run as other uids and get one.
+sandbox-tools: ## Install bubblewrap, passt and nftables (Debian) for the job sandbox, as root
+	@if [ "$$(id -u)" = 0 ] && ! { command -v bwrap && command -v pasta && command -v nft && \
+		command -v ip; } >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			bubblewrap passt nftables iproute2 >/dev/null; fi
+
+run: venv sandbox-tools ## Start the whole product (SQLite, local executor, its own Redis with a password)
 	$(PY) manage.py runstack
 
-test: venv engines ## Run the whole suite in two shards side by side (.ci/suite.py; starts PostgreSQL, Slurm and Ray when not running)
+test: venv engines sandbox-tools ## Run the whole suite in two shards side by side (.ci/suite.py; starts PostgreSQL, Slurm and Ray when not running)
 	@command -v chromium >/dev/null || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@.ci/services.sh start postgres

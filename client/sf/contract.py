@@ -226,6 +226,10 @@ RANK_VARS = frozenset(
 RANK_LAUNCH_VAR = "SF_RANK_LAUNCH"
 RANK_GPUS_VAR = "SF_RANK_GPUS"
 RANK_LAUNCHES = ("local", "srun")
+# The local executor's sandbox (`sf.sandbox`): JSON {"net_gid": N, "devices": [paths]}, the
+# group its network helper runs under and the device nodes the job gets. Unset: no sandbox
+# (the runner starts the ranks on the host as it always did: other engines, or run_as none).
+SANDBOX_VAR = "SF_SANDBOX"
 # The states a rank reports (started.json and exit.json carry `ranks`: one object per rank
 # with rank, node, state, exit_code).
 RANK_STATES = ("running", "succeeded", "failed", "killed")

@@ -54,6 +54,7 @@ from sf.contract import (
     RUN_DIR,
     RUN_DIR_VAR,
     RUNNER_SECRETS,
+    SANDBOX_VAR,
     STARTED_FILE,
     STARTED_FILE_VAR,
     STOP_GRACE_VAR,
@@ -62,6 +63,7 @@ from sf.contract import (
 )
 from sf.http import ApiError, Client, ConnectError
 from sf.ranks import RankPlan, RankPlanError, plan_ranks, rank_states, terminator
+from sf.sandbox import Sandbox, SandboxConfig, SandboxError
 from sf.supervise import Supervisor, guard_runner
 from sf.system import SystemSampler, sample_interval
 
@@ -93,6 +95,7 @@ RUNNER_ONLY = RUNNER_SECRETS | frozenset(
         RANK_GPUS_VAR,
         STOP_GRACE_VAR,
         NICENESS_VAR,
+        SANDBOX_VAR,
     }
 )
 # What a job sees of the contract when its own variables come apart (SF_USER_ENV).
@@ -770,6 +773,49 @@ def _user_env(raw: str) -> dict[str, str]:
 
 
 def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
+    """Run the ranks, in the executor's sandbox where it asked for one (`sf.sandbox`), and
+    write the exit file; the sandbox is gone before the runner exits."""
+    sandbox = None
+    try:
+        config = SandboxConfig.from_environ(env.environ)
+        if config is not None:
+            sandbox = Sandbox.open(config, [env.run_dir, *env.job_dirs()], env.attempt_dir)
+        return run_ranks(env, plans, sandbox)
+    except SandboxError as exc:
+        return _ingest_failed(env, f"cannot make the job's sandbox: {exc}")
+    except Terminated as exc:
+        _say(f"stopped by signal {exc.signum} before the entrypoint started")
+        return _finish(env, -exc.signum, None)
+    finally:
+        if sandbox is not None:
+            sandbox.close()
+
+
+def start_rank(env: RunnerEnv, plan: RankPlan, sandbox: Sandbox | None) -> subprocess.Popen:
+    """One rank in its own session, as the job's uid: entered into the sandbox by `nsenter`
+    (which stays root until it is inside, then takes the uid), or started here directly."""
+    argv, identity = plan.argv, env.identity
+    drop: dict[str, Any] = identity.popen_args() if identity else {}
+    if sandbox is not None:
+        uid, gid = (identity.uid, identity.gid) if identity else (None, None)
+        argv = sandbox.enter(argv, env.run_dir, uid, gid)
+        drop = {"umask": 0o077} if identity else {}
+    proc = subprocess.Popen(
+        argv,
+        cwd=env.run_dir,
+        env=plan.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        **drop,
+    )
+    if sandbox is not None:
+        sandbox.adopt(proc.pid)
+    return proc
+
+
+def run_ranks(env: RunnerEnv, plans: list[RankPlan], sandbox: Sandbox | None) -> int:
     """Start every rank, stream their output and metrics, end all when one fails, and write
     the exit file. A single-node job is one rank: the job itself, as it always ran."""
     client = env.shipping_client()
@@ -778,24 +824,14 @@ def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
     metrics = MetricsTail(env.metrics_file, MetricsShipper(client, env.attempt), owner)
     console_path = os.path.join(env.attempt_dir, CONSOLE_LOG)
     multi = len(plans) > 1
+    spared = sandbox.helpers if sandbox is not None else None
     with open(console_path, "a", encoding="utf-8") as console:
         procs: list[subprocess.Popen] = []
         for plan in plans:
             try:
-                procs.append(
-                    subprocess.Popen(
-                        plan.argv,
-                        cwd=env.run_dir,
-                        env=plan.env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE,
-                        start_new_session=True,
-                        **(env.identity.popen_args() if env.identity else {}),
-                    )
-                )
+                procs.append(start_rank(env, plan, sandbox))
             except OSError as exc:
-                Supervisor(procs).end_all()
+                Supervisor(procs, spared=spared).end_all()
                 for proc in procs:
                     proc.wait()
                 return _ingest_failed(env, f"cannot start entrypoint {plan.argv[0]!r}: {exc}")
@@ -805,6 +841,7 @@ def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
             stop_grace=env.stop_grace,
             preempt_grace=env.preempt_grace,
             notice=lambda kind, kill_at: write_notice(env.notice_file, kind, kill_at),
+            spared=spared,
         )
         supervisor.install()
         checkpoints = CheckpointWatcher(client, env.attempt, env.checkpoint_dir)
@@ -852,6 +889,8 @@ def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
         for sampler in samplers:
             sampler.stop()  # no samples of a finished job; before the final flush and exit file
         supervisor.end_leftovers(readers)
+    if sandbox is not None:
+        sandbox.close()  # nothing of the job is left in it: the exit record says so
     metrics.stop()
     checkpoints.stop()  # the checkpoint a preempted job saved on its notice, reported now
     # Both channels flush at once: a down server costs the give-up time once, not twice.

@@ -103,8 +103,13 @@ class Supervisor:
         stop_grace: float = KILL_GRACE_S,
         preempt_grace: float = KILL_GRACE_S,
         notice: Callable[[str, float], None] | None = None,
+        spared: Callable[[], set[int]] | None = None,
     ) -> None:
         self.procs = procs  # one process group per rank
+        # The processes that hold the job's sandbox (`sf.sandbox.Sandbox.helpers`), not the
+        # job's: a stop's SIGTERM is not theirs (the rank's `nsenter` must outlive its job to
+        # report how it ended), only the SIGKILL after the grace is.
+        self.spared = spared
         # How a SIGTERM reaches the ranks when not through their processes here (srun steps:
         # `sf.ranks.terminator`); the SIGKILL after the grace is sent here either way.
         self.terminate = terminate
@@ -150,12 +155,20 @@ class Supervisor:
         if signum == signal.SIGTERM and self.terminate is not None:
             self.terminate()
             return
-        for proc in self.procs:
-            try:
-                os.killpg(proc.pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass  # group already gone
+        spared: set[int] = set()
+        if self.spared is not None:
+            # A sandboxed rank's group leads with its nsenter: every process of the job is
+            # below the runner, so the tree alone reaches them.
+            spared = self.spared() if signum != signal.SIGKILL else set()
+        else:
+            for proc in self.procs:
+                try:
+                    os.killpg(proc.pid, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass  # group already gone
         for pid in descendants(os.getpid()):
+            if pid in spared:
+                continue
             try:
                 os.kill(pid, signum)
             except (ProcessLookupError, PermissionError):
@@ -164,12 +177,12 @@ class Supervisor:
     def end_leftovers(self, readers: list[threading.Thread]) -> None:
         """The entrypoint has exited: end what it left running, wait until nothing is, then
         let the readers drain the pipes."""
-        if descendants(os.getpid()):
+        if self._left():
             self._signal_all(signal.SIGTERM)
             self._arm(KILL_GRACE_S)
         while True:
             _reap_orphans()
-            if not descendants(os.getpid()):
+            if not self._left():
                 break
             if self.kill_at is not None and time.monotonic() >= self.kill_at:
                 self._signal_all(signal.SIGKILL)
@@ -178,3 +191,8 @@ class Supervisor:
             self.killer.cancel()
         for reader in readers:
             reader.join(5.0)
+
+    def _left(self) -> list[int]:
+        """The job's processes still there (the sandbox's own are not the job's)."""
+        spared = self.spared() if self.spared is not None else set()
+        return [pid for pid in descendants(os.getpid()) if pid not in spared]

@@ -57,12 +57,14 @@ from sf.contract import (
     RANK_LAUNCH_VAR,
     RECORD_KEY_VAR,
     RUN_DIR,
+    SANDBOX_VAR,
     STARTED_FILE,
     STOP_GRACE_VAR,
     file_env,
     read_json,
 )
 
+from jobs.executors import sandbox
 from jobs.executors.base import (
     DEFAULT_PATH,
     Capacity,
@@ -138,7 +140,10 @@ class LocalExecutor:
 
     @staticmethod
     def validate_settings(settings: dict) -> None:
-        check_known(settings, {"gpu_slots", "gpu_type", "max_jobs", "run_as", "uid_base"})
+        check_known(
+            settings, {"gpu_slots", "gpu_type", "max_jobs", "run_as", "sandbox", "uid_base"}
+        )
+        sandbox.check_setting(settings)
         gpu_type = settings.get("gpu_type")
         if gpu_type is not None and (not isinstance(gpu_type, str) or not gpu_type.strip()):
             raise ValueError("gpu_type must be a non-empty string (the type of the GPU slots)")
@@ -175,13 +180,16 @@ class LocalExecutor:
                 # (no runner holds its lock, none ever wrote proc.json): launch it now.
                 shutil.rmtree(attempt_dir)
             identity = job_identity(self.cluster.settings, spec)
+            confine = None
             if identity:
                 self._open_to(identity)
+                if sandbox.wanted(self.cluster.settings):
+                    confine = sandbox.prepare_launch(self.cluster.name)
             slots = self._free_slots(spec.gpus)
             attempt_dir.mkdir(parents=True)
             attempt_dir.chmod(0o711)  # the job may pass through to work/, not list or write
             _write_json(attempt_dir / SLOTS_FILE, {"gpus": slots})
-            proc = self._spawn(spec, attempt_dir, slots, identity)
+            proc = self._spawn(spec, attempt_dir, slots, identity, confine)
             _write_json(attempt_dir / PROC_FILE, {"pid": proc.pid, "gpus": slots})
         threading.Thread(target=proc.wait, daemon=True).start()  # reap; state is on disk
         return spec.name
@@ -311,10 +319,13 @@ class LocalExecutor:
         attempt_dir: Path,
         slots: list[int],
         identity: "JobIdentity | None",
+        confine: dict | None = None,
     ) -> subprocess.Popen:
         python = runner_python()
         env = runner_env(spec, attempt_dir, identity, python)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, slots))
+        if confine is not None:
+            env[SANDBOX_VAR] = json.dumps(confine)  # the runner builds it (sf.sandbox)
         niceness = job_niceness()
         if niceness is not None:
             env[NICENESS_VAR] = str(niceness)  # not the worker's lowered priority (SF_WORKER_NICE)

@@ -31,10 +31,10 @@ from tests.jobs.test_local_executor import (  # noqa: F401 - autouse fixtures of
     _api_for_runners,
     finished,
     job_dirs,
-    process_alive,
     run_until,
     start,
 )
+from tests.processes import job_processes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = JobStatus
@@ -135,8 +135,7 @@ def test_one_rank_failing_ends_every_rank_fast_with_its_code_and_lines(team, ali
     assert job.status_reason.endswith("its last lines:\nrank one loading\nbad shard")
     states = [(r["rank"], r["state"], r["exit_code"]) for r in attempt.ranks]
     assert states[1] == (1, "failed", 7) and states[0][1] == "killed"
-    pid = next(int(ln["text"].split()[-1]) for ln in lines(job) if "zero" in ln["text"])
-    assert not process_alive(pid)
+    assert not job_processes(job.run_id)
     assert took < 20
 
 
@@ -162,7 +161,8 @@ def _end_every_rank(settings):
 
 
 def rank_pids(job: Job) -> dict[int, int]:
-    """{rank: pid} from lines the ranks print as `pid <rank> <pid>`."""
+    """{rank: pid} from lines the ranks print as `pid <rank> <pid>` (in the job's own PID
+    namespace where it has one: `tests.processes` finds them on the host)."""
     found = {}
     for line in lines(job):
         if line["text"].startswith("pid "):
@@ -182,13 +182,13 @@ def test_stop_ends_every_rank(team, alice):
     job = gang_job(team, alice, SLEEPER)
     start(job)
     run_until(lambda: Job.objects.get(pk=job.pk).status == S.RUNNING and len(rank_pids(job)) == 2)
-    pids = rank_pids(job)
+    assert len(job_processes(job.run_id)) >= 2
     control.stop_job(User.objects.get(username="alice"), job.pk)
     deadline = time.monotonic() + 20
-    while any(process_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+    while job_processes(job.run_id) and time.monotonic() < deadline:
         reconcile_all()
         time.sleep(0.2)
-    assert not any(process_alive(p) for p in pids.values())
+    assert not job_processes(job.run_id)
     assert Job.objects.get(pk=job.pk).status == S.STOPPED
 
 
@@ -211,7 +211,7 @@ def test_pause_and_resume_restart_every_rank_from_the_shared_checkpoint(team, al
     alice_user = User.objects.get(username="alice")
     control.pause_job(alice_user, job.pk)
     run_until(lambda: Job.objects.get(pk=job.pk).status == S.PAUSED)
-    assert not any(process_alive(p) for p in rank_pids(job).values())
+    assert not job_processes(job.run_id)
     control.resume_job(alice_user, job.pk)
     # Each tick schedules again: the paused runner keeps its slots until it has flushed.
     run_until(lambda: start(job) and finished(job))
@@ -229,12 +229,12 @@ def test_a_runner_killed_under_its_ranks_leaves_none_of_them(team, alice, local_
     [attempt] = start(job)
     run_until(lambda: len(rank_pids(job)) == 2)
     attempt_dir = LocalExecutor(local_cluster).root / attempt.job_ref
+    assert len(job_processes(job.run_id)) >= 2
     os.kill(read_json(attempt_dir / "proc.json")["pid"], signal.SIGKILL)
-    pids = rank_pids(job)
     run_until(lambda: finished(job), timeout=40)
     job.refresh_from_db()
     assert job.status == S.FAILED
-    assert not any(process_alive(p) for p in pids.values())
+    assert not job_processes(job.run_id)
 
 
 def test_check_usage_agrees_with_a_gang_jobs_gpu_seconds(team, alice):
