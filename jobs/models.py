@@ -10,6 +10,7 @@ import secrets
 from pathlib import PurePosixPath
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
@@ -31,8 +32,6 @@ class ScheduleWindow(models.Model):
         return self.name
 
     def clean(self) -> None:
-        from django.core.exceptions import ValidationError
-
         from jobs.windows import WindowSpecError, parse_window
 
         try:
@@ -85,8 +84,6 @@ class Cluster(models.Model):
         return virtual_gpus(self.kind, self.gpus_virtual)
 
     def clean(self) -> None:
-        from django.core.exceptions import ValidationError
-
         from jobs.executors.base import validate_cluster_settings
 
         try:
@@ -166,6 +163,11 @@ class Team(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def save(self, *args, **kwargs) -> None:
+        super().save(*args, **kwargs)
+        if self.default_cluster_id is not None:  # a team may use its default (jobs.grants)
+            ClusterGrant.objects.get_or_create(team=self, cluster_id=self.default_cluster_id)
+
 
 class TeamGpuTypeQuota(models.Model):
     """A cap on the GPUs of one type a team's jobs hold at once, beside its `gpu_quota`.
@@ -208,6 +210,23 @@ class ClusterShare(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team} on {self.cluster}: {self.percent}%"
+
+
+class ClusterGrant(models.Model):
+    """The team may use the cluster: submit to it, choose it as default, be admitted on it."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="grants")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="cluster_grants")
+    granted_at = models.DateTimeField(default=timezone.now)
+    granted_by = models.CharField(max_length=150, blank=True, help_text="empty: the team's default")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "cluster"], name="one_grant_per_team")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team} may use {self.cluster}"
 
 
 class Membership(models.Model):

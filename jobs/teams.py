@@ -18,9 +18,9 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Prefetch, QuerySet
 
-from jobs import broadcast
+from jobs import broadcast, grants
 from jobs.errors import BadRequest, Conflict, Forbidden, NotFound
-from jobs.models import TIME_LIMIT_MAX_S, Cluster, Membership, ScheduleWindow, Team
+from jobs.models import TIME_LIMIT_MAX_S, Cluster, ClusterGrant, Membership, ScheduleWindow, Team
 from jobs.reads import outsiders
 
 log = logging.getLogger(__name__)
@@ -37,12 +37,17 @@ DEFAULT_FIELDS = (
 
 
 def visible_teams(user: User) -> QuerySet[Team]:
-    """The teams the user is in (every team for staff), members prefetched, by name."""
+    """The teams the user is in (every team for staff), members and the clusters each may use
+    (`grants`) prefetched, by name."""
     teams = Team.objects.all() if user.is_staff else Team.objects.filter(membership__user=user)
     members = Membership.objects.select_related("user").order_by("user__username")
+    granted = ClusterGrant.objects.select_related("cluster").order_by("cluster__name")
     return (
         teams.select_related("default_cluster", "window")
-        .prefetch_related(Prefetch("membership_set", queryset=members, to_attr="memberships"))
+        .prefetch_related(
+            Prefetch("membership_set", queryset=members, to_attr="memberships"),
+            Prefetch("cluster_grants", queryset=granted, to_attr="grants"),
+        )
         .order_by("name")
     )
 
@@ -57,6 +62,11 @@ def get_team(user: User, name: str) -> Team:
 def role_of(user: User, team: Team) -> str | None:
     """The user's role in a team read through `visible_teams` (None: staff outside it)."""
     return next((m.role for m in team.memberships if m.user_id == user.pk), None)  # type: ignore[attr-defined]
+
+
+def cluster_names(team: Team) -> list[str]:
+    """The clusters a team read through `visible_teams` may use, by name."""
+    return [grant.cluster.name for grant in team.grants]  # type: ignore[attr-defined]
 
 
 def can_manage(user: User, team: Team) -> bool:
@@ -163,16 +173,16 @@ def set_defaults(actor: User, team_name: str, changes: dict[str, Any]) -> Team:
                 f"a team admin sets only {', '.join(DEFAULT_FIELDS)}; quotas are set by staff "
                 f"in the admin (got {', '.join(sorted(unknown))})"
             )
-        values = _resolve_defaults(changes)
+        values = _resolve_defaults(actor, team, changes)
         Team.objects.filter(pk=team.pk).update(**values)
         log.info("team %s defaults set by %s: %s", team.name, actor.username, changes)
     return get_team(actor, team_name)
 
 
-def _resolve_defaults(changes: dict[str, Any]) -> dict[str, Any]:
+def _resolve_defaults(actor: User, team: Team, changes: dict[str, Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     if "default_cluster" in changes:
-        values["default_cluster"] = _cluster(changes["default_cluster"])
+        values["default_cluster"] = _cluster(actor, team, changes["default_cluster"])
     if "window" in changes:
         values["window"] = _window(changes["window"])
     if "default_max_retries" in changes:
@@ -191,8 +201,16 @@ def _resolve_defaults(changes: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _cluster(name: str | None) -> Cluster | None:
-    return named(Cluster, name, "cluster", "clusters") if name else None
+def _cluster(actor: User, team: Team, name: str | None) -> Cluster | None:
+    """A team admin chooses among the clusters the team may use (any other gets the 404 of an
+    unknown cluster); staff choose any cluster, and so grant it, as in the admin."""
+    if not name:
+        return None
+    if not actor.is_staff:
+        return grants.usable_cluster(team, name)
+    cluster = grants.any_cluster(name)
+    grants.grant(team, cluster, actor.username)
+    return cluster
 
 
 def _window(name: str | None) -> ScheduleWindow | None:

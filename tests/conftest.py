@@ -9,7 +9,7 @@ from django.test import Client
 
 from jobs.auth import issue_token
 from jobs.executors import override
-from jobs.models import Cluster, Membership, Team
+from jobs.models import Cluster, ClusterGrant, Membership, Team
 from jobs.redis_client import client
 from jobs.stores import queueplan
 from tests.access import let_jobs_reach_the_interpreter, let_jobs_through
@@ -68,6 +68,18 @@ def make_team(db, local_cluster):
         )
 
     return make
+
+
+@pytest.fixture
+def grant(team):
+    """`grant(cluster)`: team vision (`to=`: another team) may use the cluster, as if staff
+    granted it (`jobs.grants`); a team's default cluster is granted when the team is saved."""
+
+    def give(cluster: Cluster, to: Team | None = None) -> Cluster:
+        ClusterGrant.objects.get_or_create(team=to or team, cluster=cluster)
+        return cluster
+
+    return give
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs import kick, teams
+from jobs import grants, kick, teams
 from jobs.actions import submit
 from jobs.errors import BadRequest, Conflict, Forbidden
 from jobs.ledger import halt
@@ -193,6 +193,8 @@ def act(user: User, array_id: int, verb: str, failed_only: bool = False) -> dict
     ids = list(chosen.order_by("pk").values_list("pk", flat=True))
     if verb == "retry" and ids:
         _check_retry(array)
+    if verb in ("resume", "retry") and ids:
+        _check_cluster(array)
     acted = 0
     for start in range(0, len(ids), CHUNK):
         acted += _apply(user, verb, ids[start : start + CHUNK], allowed)
@@ -239,6 +241,14 @@ def _apply(user: User, verb: str, ids: list[int], allowed: Iterable[str]) -> int
                 retry_count=F("retry_count") + 1, next_attempt_at=None
             )
     return len(moved)
+
+
+def _check_cluster(array: JobArray) -> None:
+    """The tasks share one cluster: if the team may no longer use it, none goes back to the
+    queue (the same 404 as an unknown cluster)."""
+    task = Job.objects.filter(array=array).select_related("cluster").first()
+    if task is not None:
+        grants.check_may_use(array.team, task.cluster)
 
 
 def _check_retry(array: JobArray) -> None:

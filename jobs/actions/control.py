@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs import kick, teams
+from jobs import grants, kick, teams
 from jobs.errors import Conflict, Forbidden
 from jobs.ledger import halt
 from jobs.ledger.transitions import transition
@@ -64,7 +64,9 @@ def retry_job(user: User, job_id: int) -> Job:
 
 
 def _requeue(user: User, job: Job, verb: str, done: str, **fields) -> None:
-    """Back to QUEUED where `VERBS[verb]` allows it, with `fields` set; a tick after commit."""
+    """Back to QUEUED where `VERBS[verb]` allows it, with `fields` set; a tick after commit.
+    Only on a cluster the team may still use: another gets the 404 of an unknown cluster."""
+    grants.check_may_use(job.team, job.cluster)
     with transaction.atomic():
         transition(
             job.pk,

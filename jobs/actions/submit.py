@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import QuerySet
 
-from jobs import kick, teams
+from jobs import grants, kick, teams
 from jobs.errors import BadRequest, Forbidden, NotFound
 from jobs.executors import Capacity, executor_for, gpu_type_matches
 from jobs.executors.base import GPU_VISIBILITY_VARS, check_request
@@ -153,14 +153,9 @@ def _memberships(shape: tuple, user_id: int, name: str = "") -> QuerySet:
     return memberships.order_by("pk").values_list(*columns)[:1]
 
 
-def _clusters(shape: tuple, name: str) -> QuerySet:
-    return Cluster.objects.filter(name=name).values_list(*prepared.columns(Cluster))
-
-
-# Every submission reads its membership and cluster: their SQL is built once (an ORM read of
-# each cost ~1.5 ms a submit, most of it building the query and its models).
+# Every submission reads its membership: its SQL is built once (an ORM read cost ~1.5 ms a
+# submit, most of it building the query and its models). The cluster's is `grants.USABLE`.
 MEMBERSHIP = prepared.Prepared(_memberships)
-CLUSTER = prepared.Prepared(_clusters)
 
 
 def _resolve_membership(user: User, name: str | None) -> Membership:
@@ -191,17 +186,9 @@ def _check_priority(user: User, membership: Membership, priority: int) -> None:
 
 
 def _resolve_cluster(team: Team, name: str | None) -> Cluster:
-    if name:
-        found = CLUSTER.rows(name=name)  # the name is unique; none: the 400 naming them
-        cluster = (
-            prepared.models_of(found[0], Cluster)[0]
-            if found
-            else teams.named(Cluster, name, "cluster", "clusters")
-        )
-    else:
-        cluster = team.default_cluster or Cluster.objects.filter(name="local").first()
-        if cluster is None:
-            raise BadRequest(f"team {team.name} has no default cluster; pass --cluster")
+    """The named cluster, else the team's default: one the team may use (`jobs.grants`; any
+    other gets the same 404 as a cluster that does not exist), and enabled."""
+    cluster = grants.usable_cluster(team, name)
     if not cluster.enabled:
         raise BadRequest(f"cluster {cluster.name} is disabled")
     return cluster

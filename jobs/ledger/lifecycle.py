@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs import kick
+from jobs import grants, kick
 from jobs.ledger.transitions import Change, apply_transitions
 from jobs.models import Job, JobEvent
 from jobs.states import JobStatus
@@ -81,9 +81,17 @@ def requeue_due_retries(now: dt.datetime | None = None) -> list[int]:
 
 
 def after_success(job_id: int) -> list[Job]:
-    """Create the job's follow-on jobs, once each (a unique constraint backs the check)."""
+    """Create the job's follow-on jobs, once each (a unique constraint backs the check), on
+    its cluster while its team may still use it (`jobs.grants`)."""
     parent = Job.objects.select_for_update().get(pk=job_id)
-    made = []
+    made: list[Job] = []
+    if parent.then and not grants.may_use(parent.team_id, parent.cluster_id):
+        _note(
+            parent.pk,
+            f"follow-on jobs {', '.join(parent.then)} were not created: team "
+            f"{parent.team.name} may no longer use cluster {parent.cluster.name}",
+        )
+        return made
     for name in parent.then:
         if Job.objects.filter(parent=parent, follow_on_name=name).exists():
             continue

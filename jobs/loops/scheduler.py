@@ -64,6 +64,7 @@ from jobs.ledger.departures import stop_outsiders
 from jobs.ledger.halt import halt
 from jobs.ledger.lifecycle import requeue_due_retries
 from jobs.ledger.transitions import Change, apply_transitions
+from jobs.ledger.ungranted import stop_ungranted
 from jobs.loops import queueplan
 from jobs.models import (
     Attempt,
@@ -127,6 +128,7 @@ class TickResult:
     preempted: list[int] = field(default_factory=list)  # told to give borrowed GPUs back
     requeued: list[int] = field(default_factory=list)  # queued again after a preemption
     outsiders: list[int] = field(default_factory=list)  # stopped: submitter may not submit now
+    ungranted: list[int] = field(default_factory=list)  # stopped: team's cluster grant revoked
 
 
 @dataclass
@@ -382,10 +384,12 @@ def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
             paused, resumed = _apply_window_policy(now, teams, windows)
             requeued = _requeue_preempted()
             outsiders = stop_outsiders(now)  # last: the steps above may have queued theirs
+            ungranted = stop_ungranted(now)  # after them too, for the same reason
         decided = _decide(now, teams, windows, capacities, month_us)
         result = _record(decided, writing)
     result.stopped, result.paused, result.resumed = stopped, paused, resumed
     result.requeued, result.outsiders = requeued, outsiders
+    result.ungranted = ungranted
     return result
 
 

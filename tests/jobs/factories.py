@@ -5,17 +5,21 @@ import threading
 
 from django.db import connections, transaction
 
-from jobs.models import Attempt, Job
+from jobs.models import Attempt, ClusterGrant, Job
 
 _runs = itertools.count(1)
 
 
 def queued_job(team, user, gpus: int = 1, **fields) -> Job:
+    """A QUEUED job as a submit would have made it: on a cluster its team may use (granted
+    here when it is not the team's default), so the scheduler admits it rather than stop it."""
+    cluster = fields.pop("cluster", team.default_cluster)
+    ClusterGrant.objects.get_or_create(team=team, cluster=cluster)
     return Job.objects.create(
         run_id=f"run{next(_runs):06d}",
         team=team,
         user=user,
-        cluster=fields.pop("cluster", team.default_cluster),
+        cluster=cluster,
         gpus=gpus,
         entrypoint=fields.pop("entrypoint", ["true"]),
         **fields,

@@ -50,11 +50,11 @@ def test_get_job_answers_the_ledger_row(api):
 
 
 @pytest.mark.parametrize("root", [None, "/runs", "/mnt/outputs/"])
-def test_the_output_dir_shown_is_the_one_the_job_is_given(api, settings, root):
+def test_the_output_dir_shown_is_the_one_the_job_is_given(api, grant, settings, root):
     """A cluster that mounts run outputs elsewhere (`output_root`) gets them there; the job
     page, the list and `sf job status` say so."""
     cluster_settings = {"gpus": 16} | ({"output_root": root} if root else {})
-    Cluster.objects.create(name="mounted", kind="noop", settings=cluster_settings)
+    grant(Cluster.objects.create(name="mounted", kind="noop", settings=cluster_settings))
     job_id = submit(api, cluster="mounted")
     job = Job.objects.get(pk=job_id)
     given = launch_spec(job, with_attempt(job, "SUBMITTED")).env["SF_OUTPUT_DIR"]

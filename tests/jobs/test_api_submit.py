@@ -75,8 +75,8 @@ def test_without_a_cluster_the_job_goes_to_the_team_default_cluster(api, team):
     assert Job.objects.get().cluster == bench
 
 
-def test_a_named_cluster_overrides_the_team_default(api, local_cluster):
-    Cluster.objects.create(name="bench", kind="noop", settings={"gpus": 16})
+def test_a_named_cluster_overrides_the_team_default(api, grant):
+    grant(Cluster.objects.create(name="bench", kind="noop", settings={"gpus": 16}))
     response = api.post("/jobs", {"entrypoint": ["a"], "cluster": "bench"})
     assert response.status_code == 201
     assert response.json()["cluster"] == "bench"
@@ -135,17 +135,17 @@ def test_an_entrypoint_with_an_empty_argument_is_refused_with_422(api, before):
     assert ledger() == before
 
 
-def test_an_unknown_cluster_is_refused_with_400_naming_the_known_ones(api, before):
-    Cluster.objects.create(name="bench", kind="noop")
+def test_an_unknown_cluster_is_refused_with_404_naming_the_teams_own(api, before):
+    Cluster.objects.create(name="bench", kind="noop")  # exists, but not vision's
     detail = assert_refused(
-        api.post("/jobs", {"entrypoint": ["a"], "cluster": "nowhere"}), 400, "'nowhere'"
+        api.post("/jobs", {"entrypoint": ["a"], "cluster": "nowhere"}), 404, "'nowhere'"
     )["detail"]
-    assert "local" in detail and "bench" in detail
+    assert detail == "team vision has no cluster 'nowhere'; clusters it may use: local"
     assert ledger() == before
 
 
-def test_a_disabled_cluster_is_refused_with_400(api, before):
-    Cluster.objects.create(name="old", kind="noop", enabled=False)
+def test_a_disabled_cluster_is_refused_with_400(api, grant, before):
+    grant(Cluster.objects.create(name="old", kind="noop", enabled=False))
     assert_refused(api.post("/jobs", {"entrypoint": ["a"], "cluster": "old"}), 400, "disabled")
     assert ledger() == before
 
@@ -175,8 +175,10 @@ def test_more_gpus_than_the_team_quota_is_refused_as_never_startable(api, before
     assert ledger() == before
 
 
-def test_past_its_quota_a_team_that_may_borrow_submits_up_to_its_borrow_cap(api, team, before):
-    big = Cluster.objects.create(name="big", kind="noop", settings={"gpus": 64})
+def test_past_its_quota_a_team_that_may_borrow_submits_up_to_its_borrow_cap(
+    api, team, grant, before
+):
+    big = grant(Cluster.objects.create(name="big", kind="noop", settings={"gpus": 64}))
     team.borrow_cap = 12
     team.save()
     job = {"entrypoint": ["a"], "cluster": big.name}
@@ -185,8 +187,8 @@ def test_past_its_quota_a_team_that_may_borrow_submits_up_to_its_borrow_cap(api,
     assert_refused(response, 400, "quota is 8 and it may borrow at most 12; it could never start")
 
 
-def test_more_gpus_than_the_cluster_has_is_refused_as_never_startable(api, team, before):
-    tiny = Cluster.objects.create(name="tiny", kind="noop", settings={"gpus": 2})
+def test_more_gpus_than_the_cluster_has_is_refused_as_never_startable(api, grant, before):
+    tiny = grant(Cluster.objects.create(name="tiny", kind="noop", settings={"gpus": 2}))
     response = api.post("/jobs", {"entrypoint": ["a"], "gpus": 3, "cluster": tiny.name})
     assert_refused(response, 400, "cluster tiny has 2", "could never start")
     assert ledger() == before

@@ -84,8 +84,10 @@ def test_a_request_that_could_never_run_is_refused_and_creates_nothing(api, body
     assert nothing_created()
 
 
-def test_several_nodes_on_ray_are_refused_with_what_to_do_instead(api, team):
-    ray = Cluster.objects.create(name="ray", kind="ray", settings={"address": "http://r:8265"})
+def test_several_nodes_on_ray_are_refused_with_what_to_do_instead(api, grant):
+    ray = grant(
+        Cluster.objects.create(name="ray", kind="ray", settings={"address": "http://r:8265"})
+    )
     response = api.post("/jobs", {"entrypoint": ["a"], "nodes": 2, "cluster": ray.name})
     assert_refused(response, 400, "use Ray Train")
     assert nothing_created()

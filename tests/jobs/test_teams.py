@@ -240,8 +240,8 @@ def test_a_removed_member_loses_the_team_at_once(api, admin_api):
 # -- defaults ------------------------------------------------------------------------------------
 
 
-def test_a_team_admin_sets_defaults_by_name_and_only_what_was_sent(admin_api, team):
-    Cluster.objects.create(name="gpu-slurm", kind="slurm", settings={})
+def test_a_team_admin_sets_defaults_by_name_and_only_what_was_sent(admin_api, grant):
+    grant(Cluster.objects.create(name="gpu-slurm", kind="slurm", settings={}))
     ScheduleWindow.objects.create(name="nights", spec="mon-fri 20:00-08:00")
     response = patch(
         admin_api,
@@ -263,7 +263,7 @@ def test_a_team_admin_sets_defaults_by_name_and_only_what_was_sent(admin_api, te
 @pytest.mark.parametrize(
     ("body", "status", "fragment"),
     [
-        ({"default_cluster": "nowhere"}, 400, "unknown cluster 'nowhere'; known clusters: local"),
+        ({"default_cluster": "nowhere"}, 404, "no cluster 'nowhere'; clusters it may use: local"),
         ({"window": "never"}, 400, "unknown schedule window 'never'"),
         ({"default_max_retries": 101}, 400, "default_max_retries must be a whole number from 0"),
         ({"default_max_retries": -1}, 400, "from 0 to 100"),
