@@ -66,3 +66,21 @@ def test_the_firewall_table_is_written_whole_and_again_without_harm(settings):
     ).stdout
     assert listed.count(f"meta skgid {gid} jump job_egress") == 1
     assert listed.count("fib daddr type local reject") == 1
+
+
+def test_make_run_says_plainly_whether_local_jobs_are_sandboxed(monkeypatch):
+    from io import StringIO
+
+    from jobs.management.commands.runstack import Command
+    from jobs.models import Cluster
+
+    def notice(settings: dict, problem: str) -> str:
+        monkeypatch.setattr(sandbox, "problem", lambda: problem)
+        out = StringIO()
+        Command(stdout=out)._sandbox_notice(Cluster(name="local", kind="local", settings=settings))
+        return " ".join(out.getvalue().split())
+
+    assert "run sandboxed" in notice({}, "")
+    said = notice({}, "bwrap not found: install Debian's bubblewrap")
+    assert "cannot be sandboxed here (bwrap not found" in said and "will fail" in said
+    assert "run without a sandbox" in notice({"sandbox": "none"}, "")

@@ -211,6 +211,8 @@ class Command(BaseCommand):
                         "run_as none on the cluster to run jobs as this user."
                     )
                 )
+            if not trusts_jobs_like_the_server(cluster.settings):
+                self._sandbox_notice(cluster)
             if trusts_jobs_like_the_server(cluster.settings):
                 self.stdout.write(
                     self.style.WARNING(
@@ -220,6 +222,35 @@ class Command(BaseCommand):
                         "to run them as unprivileged users."
                     )
                 )
+
+    def _sandbox_notice(self, cluster) -> None:
+        """Say whether the jobs of a local cluster under run_as get their sandbox."""
+        from jobs.executors import sandbox
+
+        if not sandbox.wanted(cluster.settings):
+            self.stdout.write(
+                self.style.WARNING(
+                    f'Local jobs on cluster {cluster.name!r} run without a sandbox ("sandbox": '
+                    '"none"): they share this host\'s network and process table, so they reach '
+                    "Redis, PostgreSQL and the web server on its loopback and read other jobs' "
+                    "command lines."
+                )
+            )
+            return
+        why = sandbox.problem()
+        if why:
+            self.stdout.write(
+                self.style.WARNING(
+                    f"Local jobs on cluster {cluster.name!r} cannot be sandboxed here ({why}): "
+                    "their launches will fail, saying so. Install the tools, or set the "
+                    'cluster\'s "sandbox" to "none" to run them unconfined.'
+                )
+            )
+            return
+        self.stdout.write(
+            f"Local jobs on cluster {cluster.name!r} run sandboxed: their own processes, "
+            "network and /tmp; outbound connections only to the internet (bubblewrap, pasta)."
+        )
 
 
 def _child_env(host: str, port: int, ws_port: int) -> dict[str, str]:
