@@ -1,5 +1,9 @@
 """Django admin: clusters, teams and quotas, windows, tokens, webhooks; jobs are read-only here.
 
+The clusters a team may use are rows on both the team's and the cluster's page; adding or
+deleting one is a grant or a revoke through `jobs.grants` (a revoke clears the team's default
+when it was that cluster). Saving a team with a default cluster grants it (`Team.save`).
+
 Deleting a job here goes through `jobs.actions.control.delete_job`, like the API: an active or
 queued job is refused (stop it first), and its logs and last-referenced snapshot go with it.
 """
@@ -10,10 +14,11 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected
 from django.contrib.admin.utils import unquote
+from django.db.models import Prefetch
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 
-from jobs import webhooks
+from jobs import grants, webhooks
 from jobs.actions import control
 from jobs.auth import revoke_token
 from jobs.errors import BadRequest
@@ -21,6 +26,7 @@ from jobs.models import (
     ApiToken,
     Attempt,
     Cluster,
+    ClusterGrant,
     ClusterShare,
     Job,
     JobEvent,
@@ -50,8 +56,34 @@ class GpuTypeQuotaInline(admin.TabularInline):
     extra = 0
 
 
+class ClusterGrantInline(admin.TabularInline):
+    """A row is a grant: add one to let the team use the cluster, delete it to revoke."""
+
+    model = ClusterGrant
+    extra = 0
+    readonly_fields = ("granted_by", "granted_at")
+    verbose_name = "cluster grant (the team may use the cluster)"
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False  # a grant is added or deleted, never pointed elsewhere
+
+
+class GrantsThroughTheRule(admin.ModelAdmin):
+    """Saves the grant rows of a team's or a cluster's page through `jobs.grants`."""
+
+    def save_formset(self, request, form, formset, change) -> None:
+        if formset.model is not ClusterGrant:
+            return super().save_formset(request, form, formset, change)
+        added = formset.save(commit=False)  # deletions are left to us too
+        for grant in formset.deleted_objects:
+            grants.revoke(grant.team, grant.cluster, request.user.username)
+        for grant in added:
+            grants.grant(grant.team, grant.cluster, request.user.username)
+        return None
+
+
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin):
+class TeamAdmin(GrantsThroughTheRule):
     """Quotas count from the scheduler's next tick; waiting jobs then say the new numbers."""
 
     list_display = (
@@ -96,19 +128,27 @@ class TeamAdmin(admin.ModelAdmin):
             },
         ),
     )
-    inlines = [MembershipInline, ClusterShareInline, GpuTypeQuotaInline]
+    inlines = [MembershipInline, ClusterGrantInline, ClusterShareInline, GpuTypeQuotaInline]
 
 
 @admin.register(Cluster)
-class ClusterAdmin(admin.ModelAdmin):
-    list_display = ("name", "kind", "enabled", "window", "health")
-    inlines = [ClusterShareInline]
+class ClusterAdmin(GrantsThroughTheRule):
+    list_display = ("name", "kind", "enabled", "window", "health", "teams")
+    inlines = [ClusterGrantInline, ClusterShareInline]
     readonly_fields = (
         "unreachable_since",
         "unreachable_reason",
         "poll_failing_since",
         "poll_error",
     )
+
+    def get_queryset(self, request):
+        granted = ClusterGrant.objects.select_related("team").order_by("team__name")
+        return super().get_queryset(request).prefetch_related(Prefetch("grants", granted))
+
+    @admin.display(description="teams that may use it")
+    def teams(self, cluster: Cluster) -> str:
+        return ", ".join(grant.team.name for grant in cluster.grants.all()) or "none"
 
     @admin.display(description="health")
     def health(self, cluster: Cluster) -> str:

@@ -1,4 +1,5 @@
-"""Embedded-default setup: the local cluster, a demo team with a GPU quota, a demo user+token.
+"""Embedded-default setup: the local cluster, a demo team with a GPU quota that may use it, a
+demo user and token.
 
 The demo user's password and token are this installation's own, made on first start and kept
 under SF_VAR_DIR (mode 0600) so `make run` prints the same lines each time; nothing a reader of
@@ -13,6 +14,7 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.auth.models import User
 
+from jobs import grants
 from jobs.auth import hash_token, issue_token
 from jobs.models import ApiToken, Cluster, Membership, Team
 
@@ -29,10 +31,14 @@ class Demo:
 
 
 def ensure_demo(gpu_quota: int = 4) -> Demo:
-    cluster, _ = Cluster.objects.get_or_create(name="local", defaults={"kind": "local"})
-    team, _ = Team.objects.get_or_create(
+    cluster, new_cluster = Cluster.objects.get_or_create(name="local", defaults={"kind": "local"})
+    team, new_team = Team.objects.get_or_create(
         name="demo", defaults={"gpu_quota": gpu_quota, "default_cluster": cluster}
     )
+    if new_cluster or new_team:
+        # The README's first job runs there. Only when one of them is new: a grant an admin
+        # revoked since is not given back at the next start.
+        grants.grant(team, cluster, "bootstrap")
     user, created = User.objects.get_or_create(
         username="demo", defaults={"is_staff": True, "is_superuser": True}
     )

@@ -1,12 +1,13 @@
 """The teams API (`/api/v1/teams`): members read their teams; team admins (and staff) manage
-members and the team's defaults. Quotas are staff's, through the Django admin."""
+members and the team's defaults. Quotas are staff's, through the Django admin, and so are the
+clusters a team may use: staff grant and revoke them here too (`jobs.grants`)."""
 
 from typing import Literal
 
 from ninja import Router, Schema, Status
 from pydantic import Field
 
-from jobs import teams
+from jobs import grants, teams
 from jobs.auth import ConsoleSession, UserToken
 from jobs.models import Team
 from jobs.schemas import ErrorOut, Text
@@ -46,6 +47,7 @@ class TeamDetailOut(Schema):
     members: list[MemberOut]
     quotas: QuotasOut = Field(description="set by staff in the Django admin")
     defaults: DefaultsOut
+    clusters: list[str] = Field(description="the clusters the team may use, granted by staff")
 
 
 class InheritedJobOut(Schema):
@@ -63,6 +65,25 @@ class MemberIn(Schema):
 
 class RoleIn(Schema):
     role: Role
+
+
+class GrantIn(Schema):
+    cluster: Text = Field(..., max_length=50, description="a cluster's name")
+
+
+class GrantOut(Schema):
+    team: str
+    cluster: str
+    granted: bool = Field(description="true: granted now; false: the team could already use it")
+
+
+class RevokedOut(Schema):
+    team: str
+    cluster: str
+    default_cleared: bool = Field(description="it was the team's default cluster, now none")
+    queued: int = Field(
+        description="the team's QUEUED jobs on the cluster, which the scheduler's next tick stops"
+    )
 
 
 class DefaultsIn(Schema):
@@ -103,6 +124,7 @@ def team_out(user, team: Team) -> dict:
             "default_retry_cooldown_s": team.default_retry_cooldown_s,
             "default_time_limit_s": team.default_time_limit_s,
         },
+        "clusters": teams.cluster_names(team),
     }
 
 
@@ -174,3 +196,31 @@ def inherited_jobs(request, name: Text):
         {"id": j.job_id, "name": j.name, "status": j.status, "user": j.username, "why": j.why}
         for j in teams.inherited_jobs(request.auth, name)
     ]
+
+
+@router.post(
+    "/teams/{name}/clusters",
+    response={(200, 201): GrantOut, (400, 401, 403, 404, 413, 422, 429): ErrorOut},
+    summary="Let the team use a cluster (staff)",
+)
+def grant_cluster(request, name: Text, data: GrantIn):
+    cluster, granted = grants.grant_named(
+        request.auth, teams.get_team(request.auth, name), data.cluster
+    )
+    body = {"team": name, "cluster": cluster.name, "granted": granted}
+    return Status(201 if granted else 200, body)
+
+
+@router.delete(
+    "/teams/{name}/clusters/{cluster}",
+    response={200: RevokedOut, (401, 403, 404, 422, 429): ErrorOut},
+    summary="Take a cluster from the team (staff)",
+)
+def revoke_cluster(request, name: Text, cluster: Text):
+    revoked = grants.revoke_named(request.auth, teams.get_team(request.auth, name), cluster)
+    return {
+        "team": name,
+        "cluster": cluster,
+        "default_cleared": revoked.default_cleared,
+        "queued": revoked.queued,
+    }

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from jobs import teams
 from jobs.errors import ApiError, Forbidden, NotFound
-from jobs.models import Cluster, ScheduleWindow
+from jobs.models import ScheduleWindow
 from jobs.reads import outsiders
 
 
@@ -46,7 +46,7 @@ def team_detail(request, name: str):
             "can_manage": can_manage,
             "inherited": outsiders.inherited(team) if can_manage else [],
             "roles": teams.ROLES,
-            "clusters": Cluster.objects.order_by("name").values_list("name", flat=True),
+            "clusters": teams.cluster_names(team),  # only those it may use (jobs.grants)
             "windows": ScheduleWindow.objects.order_by("name").values_list("name", flat=True),
             "max_retries_limit": teams.MAX_RETRIES_LIMIT,
             "cooldown_limit": teams.RETRY_COOLDOWN_LIMIT_S,

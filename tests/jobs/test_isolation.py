@@ -77,6 +77,7 @@ class World:
             job_id=self.job.pk,
             name=self.team.name,
             username="alice",
+            cluster="local",
             token_id=self.token.pk,
             verb="{verb}",
         )
@@ -651,6 +652,12 @@ ROUTES: dict[str, Check | Exempt] = {
     ),
     "DELETE /api/v1/teams/{name}/members/{username}": api_control(
         "DELETE", TEAM + "/members/{username}"
+    ),
+    "POST /api/v1/teams/{name}/clusters": api_control(
+        "POST", TEAM + "/clusters", {"cluster": "local"}
+    ),
+    "DELETE /api/v1/teams/{name}/clusters/{cluster}": api_control(
+        "DELETE", TEAM + "/clusters/{cluster}"
     ),
     "GET /api/v1/usage": Check(usage_api_outsider, usage_api_viewer),
     # The websockets.

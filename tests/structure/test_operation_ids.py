@@ -5,6 +5,7 @@ from starforge.api import api
 
 PINNED = {
     ("DELETE", "/api/v1/jobs/{job_id}"): "jobs_api_delete_job",
+    ("DELETE", "/api/v1/teams/{name}/clusters/{cluster}"): "jobs_teams_api_revoke_cluster",
     ("DELETE", "/api/v1/teams/{name}/members/{username}"): "jobs_teams_api_remove_member",
     ("DELETE", "/api/v1/tokens/{token_id}"): "jobs_tokens_api_revoke_token",
     ("DELETE", "/api/v1/webhooks/{webhook_id}"): "jobs_webhooks_api_remove_webhook",
@@ -42,6 +43,7 @@ PINNED = {
     ("POST", "/api/v1/jobs/{job_id}/retry"): "retry_job",
     ("POST", "/api/v1/jobs/{job_id}/stop"): "stop_job",
     ("POST", "/api/v1/snapshots"): "jobs_api_upload_snapshot",
+    ("POST", "/api/v1/teams/{name}/clusters"): "jobs_teams_api_grant_cluster",
     ("POST", "/api/v1/teams/{name}/members"): "jobs_teams_api_add_member",
     ("POST", "/api/v1/tokens"): "jobs_tokens_api_create_token",
     ("POST", "/api/v1/webhooks"): "jobs_webhooks_api_add_webhook",
