@@ -735,8 +735,10 @@ def cmd_status(args: argparse.Namespace) -> None:
     ]
     if job.get("status") == "QUEUED":
         lines += _queue_lines(job)
-    if job.get("borrowed_from"):
+    if job.get("borrowed_from"):  # staff only: a borrower never learns who lent
         lines.append(f"{'borrowed from:':<15} team {job['borrowed_from']} (preemptible)")
+    elif job.get("borrowed"):
+        lines.append(f"{'borrowed:':<15} another team's idle GPUs (preemptible)")
     if job.get("preempted_at"):
         lines.append(
             f"{'preempted:':<15} at {_when(job['preempted_at'])[11:]} UTC, SIGKILL at "

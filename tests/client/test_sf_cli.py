@@ -419,3 +419,14 @@ def test_logs_rank_refusals(fake_api: Any, sf_env: Any, capsys: pytest.CaptureFi
     fake_api.route("GET /api/v1/jobs/7/logs", lambda r: (400, {"detail": detail}))
     assert run_cli(["job", "logs", "7", "--rank", "5"]) == 1
     assert capsys.readouterr().err == f"error: {detail}\n"
+
+
+def test_status_says_a_job_borrowed_without_naming_the_lender(
+    fake_api: Any, sf_env: Any, capsys: pytest.CaptureFixture
+) -> None:
+    sf_env(fake_api.url)
+    fake_api.route("GET /api/v1/jobs/7", lambda r: (200, {**JOB, "borrowed": True}))
+    assert run_cli(["job", "status", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "borrowed:       another team's idle GPUs (preemptible)" in out
+    assert "borrowed from" not in out
