@@ -85,11 +85,14 @@ def make_cluster(gpus: int, name: str = "bench-noop", nodes: int = 0):
 
 
 def make_teams(n: int, quota: int, cluster, user=None) -> list:
-    from jobs.models import Membership, Team
+    from jobs.models import ClusterGrant, Membership, Team
 
     teams = Team.objects.bulk_create(
         [Team(name=f"t{i:03d}", gpu_quota=quota, default_cluster=cluster) for i in range(n)]
     )
+    # bulk_create skips Team.save, which grants a team its default cluster: without the grant
+    # the scheduler stops the teams' jobs rather than admit them (jobs.grants).
+    ClusterGrant.objects.bulk_create([ClusterGrant(team=t, cluster=cluster) for t in teams])
     if user is not None:
         Membership.objects.bulk_create(
             [Membership(team=t, user=user, role="member") for t in teams]
