@@ -700,6 +700,13 @@ class RunnerEnv:
             dirs.append(tmpdir)
         return [d for d in dirs if d]
 
+    def sandbox_dirs(self) -> list[str]:
+        """What the job reaches in its sandbox whatever the masks hide: its run dir, the
+        folders it writes, and a follow-on's parent outputs (its team's too)."""
+        parent = self.environ.get("SF_PARENT_OUTPUT_DIR", "")
+        extra = [parent] if parent and os.path.isdir(parent) else []
+        return [self.run_dir, *self.job_dirs(), *extra]
+
 
 def prepare(env: RunnerEnv) -> tuple[list[str], dict[str, str]]:
     """Create the directories, ingest the snapshot; return the checked argv and job env."""
@@ -779,7 +786,7 @@ def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
     try:
         config = SandboxConfig.from_environ(env.environ)
         if config is not None:
-            sandbox = Sandbox.open(config, [env.run_dir, *env.job_dirs()], env.attempt_dir)
+            sandbox = Sandbox.open(config, env.sandbox_dirs(), env.attempt_dir)
         return run_ranks(env, plans, sandbox)
     except SandboxError as exc:
         return _ingest_failed(env, f"cannot make the job's sandbox: {exc}")

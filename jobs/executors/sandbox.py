@@ -177,15 +177,13 @@ def apply_firewall(gid: int, allow: list[str], dns: list[str]) -> None:
             env={"PATH": _tool_path()},
             check=False,
         )
+        error = "" if done.returncode == 0 else done.stderr.strip() or "failed"
     except (OSError, subprocess.TimeoutExpired) as exc:
-        done = None
         error = str(exc)
-    else:
-        error = done.stderr.strip()
-    if done is None or done.returncode != 0:
+    if error:
         raise LaunchError(
-            f"cannot apply the sandbox's firewall rule (nft: {error or 'failed'}); without it "
-            "a job could reach this host's own addresses",
+            f"cannot apply the sandbox's firewall rule (nft: {error}); without it a job could "
+            "reach this host's own addresses",
             permanent=True,
         )
 
