@@ -22,6 +22,7 @@ from jobs import broadcast, grants
 from jobs.errors import BadRequest, Conflict, Forbidden, NotFound
 from jobs.models import TIME_LIMIT_MAX_S, Cluster, ClusterGrant, Membership, ScheduleWindow, Team
 from jobs.reads import outsiders
+from jobs.schemas import text_fault
 
 log = logging.getLogger(__name__)
 ROLES = tuple(Membership.Role.values)
@@ -126,7 +127,7 @@ def add_member(actor: User, team_name: str, username: str, role: str) -> Members
     with transaction.atomic():
         team = _managed_team(actor, team_name)
         _check_role(role)
-        user = User.objects.filter(username=username).first()
+        user = User.objects.filter(username=_text("a user name", username)).first()
         if user is None:
             raise BadRequest(f"unknown user {username!r}; staff create users in the admin")
         existing = Membership.objects.filter(team=team, user=user).first()
@@ -206,6 +207,7 @@ def _cluster(actor: User, team: Team, name: str | None) -> Cluster | None:
     unknown cluster); staff choose any cluster, and so grant it, as in the admin."""
     if not name:
         return None
+    name = _text("a cluster name", name)
     if not actor.is_staff:
         return grants.usable_cluster(team, name)
     cluster = grants.any_cluster(name)
@@ -219,11 +221,20 @@ def _window(name: str | None) -> ScheduleWindow | None:
 
 def named(model: Any, name: str, noun: str, plural: str) -> Any:
     """The row of `model` called `name`, or a 400 naming the ones that exist."""
-    row = model.objects.filter(name=name).first()
+    row = model.objects.filter(name=_text(f"a {noun} name", name)).first()
     if row is None:
         known = ", ".join(model.objects.order_by("name").values_list("name", flat=True))
         raise BadRequest(f"unknown {noun} {name!r}; known {plural}: {known or 'none'}")
     return row
+
+
+def _text(what: str, value: str) -> str:
+    """A name from a form or a path, refused with a sentence where the ledger cannot hold it
+    (NUL, a lone surrogate) rather than failing in the database."""
+    fault = text_fault(value)
+    if fault:
+        raise BadRequest(f"{what} {fault}")
+    return value
 
 
 def _in_range(field: str, value: Any, limit: int, low: int = 0) -> int:
@@ -248,6 +259,7 @@ def _managed_team(actor: User, name: str) -> Team:
 
 
 def _membership(team: Team, username: str) -> Membership:
+    username = _text("a user name", username)
     membership = (
         Membership.objects.select_related("user").filter(team=team, user__username=username).first()
     )

@@ -15,7 +15,7 @@ import json
 import pytest
 from django.test import Client
 
-from jobs.models import ApiToken, Job, JobArray
+from jobs.models import ApiToken, Job, JobArray, Membership
 from tests.jobs.api_helpers import assert_refused
 
 pytestmark = pytest.mark.django_db
@@ -131,3 +131,22 @@ def test_the_usage_pages_team_filter_no_name_can_hold_is_400_with_a_sentence(ali
     response = console.get("/usage/", {"team": "vi\x00sion"})
     assert response.status_code == 400
     assert response.content.decode() == "The team filter must not contain NUL characters.\n"
+
+
+@pytest.mark.parametrize(
+    "path, form, sentence",
+    [
+        ("members/", {"username": "bo\x00b", "role": "member"}, "a user name must not"),
+        ("members/bo%00b/role/", {"role": "member"}, "a user name must not"),
+        ("members/bo%00b/remove/", {}, "a user name must not"),
+        ("defaults/", {"default_cluster": "lo\x00cal"}, "a cluster name must not"),
+        ("defaults/", {"window": "ni\x00ghts"}, "a schedule window name must not"),
+    ],
+)
+def test_a_team_form_with_a_name_no_ledger_can_hold_says_so(alice, team, path, form, sentence):
+    Membership.objects.filter(user=alice, team=team).update(role="admin")
+    console = Client()
+    console.force_login(alice)
+    page = console.post(f"/teams/{team.name}/{path}", form, follow=True)
+    assert page.status_code == 200
+    assert f"{sentence} contain NUL characters" in page.content.decode()
