@@ -36,7 +36,7 @@ def throughput(n_jobs: int, quota: int, gang_every: int = 0) -> dict:
 
     user = common.make_user()
     cluster = common.make_cluster(gpus=n_jobs * 2, nodes=CLUSTER_NODES if gang_every else 0)
-    teams = common.make_teams(N_TEAMS, quota, cluster)
+    teams = common.make_teams(N_TEAMS, quota, cluster, user)  # a member: admission stops outsiders
     t = time.perf_counter()
     common.queue_jobs(n_jobs, teams, cluster, user)
     if gang_every:
@@ -113,7 +113,7 @@ def one_tick(depth: int, quota: int = 1) -> dict:
 
     user = common.make_user()
     cluster = common.make_cluster(gpus=depth * 2)
-    teams = common.make_teams(N_TEAMS, quota, cluster)
+    teams = common.make_teams(N_TEAMS, quota, cluster, user)  # a member: admission stops outsiders
     t = time.perf_counter()
     common.queue_jobs(depth, teams, cluster, user)
     common.analyze()

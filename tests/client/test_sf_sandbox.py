@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sf.contract import SANDBOX_VAR
 from sf.sandbox import Sandbox, SandboxConfig, SandboxError, _comm, holder_argv
-from sf.supervise import Supervisor, descendants
+from sf.supervise import descendants
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root")
 
@@ -74,6 +74,33 @@ def test_no_request_no_sandbox():
     assert SandboxConfig.from_environ({SANDBOX_VAR: json.dumps({"net_gid": 7})}) == SandboxConfig(7)
 
 
+# A runner's part, in a process of its own: the supervisor signals every process below the
+# process it runs in, which must not be pytest's (its servers are below it).
+STOP_IN_A_SANDBOX = """
+import json, os, signal, subprocess, sys
+from sf.sandbox import Sandbox, SandboxConfig
+from sf.supervise import Supervisor, descendants
+work, job = sys.argv[1], sys.argv[2]
+sandbox = Sandbox.open(SandboxConfig(199_999), [work + "/work"], work)
+try:
+    argv = sandbox.enter([sys.executable, "-c", job], work + "/work", 200_001, 200_001)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    sandbox.adopt(proc.pid)
+    up = proc.stdout.readline()
+    supervisor = Supervisor([proc], spared=sandbox.helpers)
+    supervisor._forward(signal.SIGTERM, None)
+    code = proc.wait(timeout=10)
+    said = proc.stdout.readline()
+    helpers_alive = sandbox.holder.poll() is None and sandbox.net.poll() is None
+    anchor_alive = sandbox.anchor in descendants(os.getpid())
+    supervisor.end_leftovers([])
+finally:
+    sandbox.close()
+print(json.dumps({
+    "up": up, "code": code, "said": said, "helpers_alive": helpers_alive,
+    "anchor_alive": anchor_alive, "left": descendants(os.getpid()),
+}))
+"""
 TRAPS_TERM = """
 import signal, sys, time
 def save(*_):
@@ -100,28 +127,19 @@ def work():
 
 @as_root
 def test_a_stop_reaches_the_job_alone_and_its_exit_status_comes_back(work):
-    sandbox = Sandbox.open(SandboxConfig(199_999), [str(work / "work")], str(work))
-    try:
-        argv = sandbox.enter(
-            [sys.executable, "-c", TRAPS_TERM], str(work / "work"), 200_001, 200_001
-        )
-        proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, text=True, start_new_session=True, umask=0o077
-        )
-        sandbox.adopt(proc.pid)
-        assert proc.stdout is not None and proc.stdout.readline() == "up\n"
-        supervisor = Supervisor([proc], spared=sandbox.helpers)
-        supervisor._forward(signal.SIGTERM, None)
-        assert proc.wait(timeout=10) == 3  # the job's own exit, passed on by nsenter
-        assert proc.stdout.readline() == "saving\n"
-        # The sandbox's own processes had no SIGTERM: they outlive the job.
-        assert sandbox.holder.poll() is None and sandbox.net and sandbox.net.poll() is None
-        assert sandbox.anchor in descendants(os.getpid())
-        supervisor.end_leftovers([])
-    finally:
-        sandbox.close()
-    assert sandbox.holder.poll() is not None and sandbox.net.poll() is not None
-    assert sandbox.anchor not in descendants(os.getpid())
+    done = subprocess.run(
+        [sys.executable, "-c", STOP_IN_A_SANDBOX, str(work), TRAPS_TERM],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    seen = json.loads(done.stdout)
+    assert seen["up"] == "up\n" and seen["said"] == "saving\n"
+    assert seen["code"] == 3  # the job's own exit, passed on by nsenter
+    # The sandbox's own processes had no SIGTERM: they outlived the job, until its close.
+    assert seen["helpers_alive"] and seen["anchor_alive"]
+    assert seen["left"] == []
 
 
 @as_root

@@ -449,11 +449,15 @@ def test_an_image_no_longer_allowed_at_launch_is_refused_for_good(apiserver, k8s
 
 
 @pytest.fixture
-def k8s_cluster(db, apiserver, k8s_settings, team):
+def k8s_cluster(db, apiserver, k8s_settings, team, grant):
     for name in ("a100-1", "a100-2"):
         apiserver.add("nodes", node(name, 4, product=A100))
-    return Cluster.objects.create(
-        name="gpu-k8s", kind="kubernetes", settings={**k8s_settings, "allowed_images": [ALLOWED]}
+    return grant(
+        Cluster.objects.create(
+            name="gpu-k8s",
+            kind="kubernetes",
+            settings={**k8s_settings, "allowed_images": [ALLOWED]},
+        )
     )
 
 
