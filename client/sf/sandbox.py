@@ -10,7 +10,8 @@ supervises the job. Inside are the job's processes, in namespaces of their own:
   (and to the networks the operator did not allow) the host's firewall refuses
   (`jobs.executors.sandbox`). The ranks of a multi-node job share the namespace, so their
   rendezvous on 127.0.0.1 works and no other job reaches it;
-- **PID**: the job sees only its own processes in /proc (and the sandbox's init and anchor);
+- **PID**: the job sees only its own processes in /proc, and the sandbox's: its init, its
+  anchor and pasta;
 - **IPC** and **mounts**: the host's tree as it is, but a fresh /proc and a minimal /dev
   (with the GPU device nodes the executor names), and private /tmp, /var/tmp, /dev/shm and
   /run, so no unix socket of the host's services (PostgreSQL's, a Ray session's) and no other
@@ -21,7 +22,9 @@ namespaces around an anchor process (`sleep infinity`), `pasta` joins its networ
 and each rank enters with `nsenter` under the job's uid. `nsenter` stays outside as the rank's
 process the runner waits for; it passes on the rank's exit status and the signal that ended
 it. So that a stop's SIGTERM reaches only the job, the runner never sends it to these helpers
-(`Sandbox.helpers`); a SIGKILL, and the sandbox's close, end everything.
+(`Sandbox.helpers`); a SIGKILL, and the sandbox's close, end everything. When the runner dies,
+bwrap (`--die-with-parent`) takes the sandbox's init with it, and with the init every process
+of its PID namespace, pasta's included.
 
 Standard library only, like the rest of the runner.
 """
@@ -107,12 +110,14 @@ def holder_argv(config: SandboxConfig, writable: list[str], readable: list[str])
 
 def net_argv(config: SandboxConfig, anchor: int, pid_file: str) -> list[str]:
     """pasta in the anchor's network namespace: outbound only, no port forwarded either way,
-    the gateway not mapped to the host's loopback; killed with the runner (pdeathsig)."""
+    the gateway not mapped to the host's loopback. It runs in the sandbox's PID namespace (on
+    the host's network and files), so it ends with the sandbox, the runner's death included:
+    a parent-death signal would not hold, as pasta's change of group clears it."""
     pasta = ["pasta", "--foreground", "--quiet", "--config-net", "--no-map-gw"]
     pasta += ["-t", "none", "-u", "none", "-T", "none", "-U", "none"]
     pasta += ["--runas", f"0:{config.net_gid}", "--pid", pid_file]
     pasta += ["--netns", f"/proc/{anchor}/ns/net"]
-    return ["setpriv", "--pdeathsig=KILL", "--", *pasta]
+    return ["nsenter", f"--target={anchor}", "--pid", "--", *pasta]
 
 
 def job_readable() -> list[str]:
@@ -198,7 +203,7 @@ class Sandbox:
         """The processes that are the sandbox, not the job: never sent a stop's SIGTERM."""
         pids = {self.holder.pid, self.anchor, *self.entered, *_children(self.holder.pid)}
         if self.net is not None:
-            pids.add(self.net.pid)
+            pids.update((self.net.pid, *_children(self.net.pid)))  # nsenter, then pasta
         return pids
 
     def close(self) -> None:

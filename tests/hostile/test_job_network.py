@@ -62,6 +62,7 @@ import socket
 server = socket.socket()
 server.bind(("127.0.0.1", 0))
 server.listen()
+server.settimeout(60)  # a test that fails leaves nothing for long
 print("port", server.getsockname()[1], flush=True)
 while True:
     conn, _ = server.accept()

@@ -2,7 +2,8 @@
 
 Another team's running job was readable in /proc: its command line (entrypoint, parameters,
 any credential passed as an argument). In its sandbox (`sf.sandbox`) a job's /proc lists its
-own processes and the sandbox's two (bwrap as init, its anchor), nothing of the host's.
+own processes and the sandbox's three (bwrap as init, its anchor, pasta), nothing of the
+host's.
 """
 
 import json
@@ -57,8 +58,9 @@ def test_a_job_lists_only_its_own_processes(make_team, make_user, team, alice):
     assert not any(secret in command for command in commands.values())
     assert commands.pop(str(listing["me"])).startswith(f"{sys.executable} -c ")
     sandbox = sorted(commands.values())  # nothing of the host's, of the runner's, of theirs
-    assert len(sandbox) == 2 and sandbox[0].startswith("bwrap "), sandbox
-    assert sandbox[1] == "sleep infinity"
+    assert len(sandbox) == 3, sandbox
+    assert sandbox[0].startswith("bwrap ") and sandbox[1].startswith("pasta ")
+    assert sandbox[2] == "sleep infinity"
 
 
 def open_cmdline_contains(text: str) -> bool:

@@ -84,7 +84,9 @@ def job_dirs(settings):
 
 
 @pytest.fixture(autouse=True)
-def _api_for_runners(live_server, settings):
+def _api_for_runners(live_server, settings, job_dirs):
+    # After job_dirs, so torn down before it: the runners are found by their proc.json files,
+    # which job_dirs' teardown removes.
     settings.SF_API_URL = live_server.url
     settings.SF_RUNNER_PYTHON = sys.executable
     in_flight = InFlight()
