@@ -8,8 +8,6 @@ Deleting a job here goes through `jobs.actions.control.delete_job`, like the API
 queued job is refused (stop it first), and its logs and last-referenced snapshot go with it.
 """
 
-import secrets
-
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected
@@ -18,8 +16,9 @@ from django.db.models import Prefetch
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 
-from jobs import grants, webhooks
+from jobs import grants
 from jobs.actions import control
+from jobs.actions.webhooks import new_secret
 from jobs.auth import revoke_token
 from jobs.errors import BadRequest
 from jobs.models import (
@@ -37,6 +36,7 @@ from jobs.models import (
     Webhook,
 )
 from jobs.states import JobStatus
+from jobs.webhooks.targets import check_target
 
 UNDELETABLE = JobStatus.active() | {JobStatus.QUEUED}
 
@@ -166,11 +166,11 @@ class ScheduleWindowAdmin(admin.ModelAdmin):
 
 class WebhookForm(forms.ModelForm):
     def clean(self) -> dict:
-        """The target rule of `jobs.webhooks.check_target`, `allow_private` as ticked here: a
-        malformed URL or a refused address is a sentence on the form, not a row."""
+        """The target rule (`jobs.webhooks.targets.check_target`), `allow_private` as ticked
+        here: a malformed URL or a refused address is a sentence on the form, not a row."""
         cleaned = super().clean() or {}
         try:
-            webhooks.check_target(cleaned.get("url") or "", bool(cleaned.get("allow_private")))
+            check_target(cleaned.get("url") or "", bool(cleaned.get("allow_private")))
         except BadRequest as exc:
             self.add_error("url", exc.detail)
         return cleaned
@@ -189,7 +189,7 @@ class WebhookAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change) -> None:
         if not obj.secret:
-            obj.secret = secrets.token_hex(32)
+            obj.secret = new_secret()
         super().save_model(request, obj, form, change)
 
 

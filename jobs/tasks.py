@@ -5,8 +5,10 @@ import time
 from celery import shared_task
 from django.utils import timezone
 
-from jobs import kick, webhooks
+from jobs import kick
+from jobs.ledger import outbox
 from jobs.loops import tickstats
+from jobs.loops.deliveries import BATCH, deliver_due
 from jobs.loops.launcher import launch_attempts
 from jobs.loops.reconciler import reconcile_all
 from jobs.loops.scheduler import MAX_ADMIT_PER_TICK, admit_queued_jobs
@@ -57,11 +59,11 @@ def compact_ended_logs() -> None:
 def deliver_webhooks(ids: list[int] | None = None) -> None:
     """Send due webhook deliveries (those of `ids`, after the commit that wrote them; all that
     are due, from beat: retries and deliveries whose task was lost)."""
-    while webhooks.deliver_due(ids) >= webhooks.BATCH and ids is None:
+    while deliver_due(ids) >= BATCH and ids is None:
         pass
 
 
 @shared_task(ignore_result=True)
 def notify_waiting() -> None:
-    webhooks.notify_waiting()
-    webhooks.deliver_due()
+    outbox.notify_waiting()
+    deliver_due()

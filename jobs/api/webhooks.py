@@ -1,5 +1,6 @@
 """The webhooks API (`/api/v1/webhooks`): a user's notifications, and their team's for team
-admins (`jobs.webhooks` owns the rules: scopes, targets allowed, delivery)."""
+admins. The rules are the actions' (`jobs.actions.webhooks`: scopes, events, targets allowed)
+and the reads' (`jobs.reads.webhooks`: which ones a user sees)."""
 
 import datetime as dt
 
@@ -8,10 +9,13 @@ from ninja import Router, Schema, Status
 from ninja.decorators import decorate_view
 from pydantic import Field
 
-from jobs import webhooks
+from jobs.actions import webhooks as webhook_actions
 from jobs.auth import ConsoleSession, UserToken
 from jobs.models import Webhook, WebhookDelivery
+from jobs.reads import webhooks
 from jobs.schemas import ErrorOut, Text
+from jobs.webhooks.send import is_slack
+from jobs.webhooks.targets import URL_MAX
 
 # Same doors as the jobs API: a token for the CLI, the session (CSRF-checked) for the console.
 router = Router(auth=[UserToken(), ConsoleSession()], tags=["webhooks"])
@@ -19,9 +23,9 @@ RECENT_DELIVERIES = 50
 
 
 class WebhookIn(Schema):
-    url: Text = Field(..., max_length=webhooks.URL_MAX, description="http(s) URL or mailto:")
+    url: Text = Field(..., max_length=URL_MAX, description="http(s) URL or mailto:")
     on: list[Text] = Field(
-        ..., max_length=len(webhooks.EVENTS), description=", ".join(webhooks.EVENTS)
+        ..., max_length=len(webhook_actions.EVENTS), description=", ".join(webhook_actions.EVENTS)
     )
     team: Text | None = Field(
         None, max_length=50, description="every job of this team (its admins only); omit: yours"
@@ -87,7 +91,7 @@ def webhook_out(hook: Webhook) -> dict:
 def kind(url: str) -> str:
     if url.lower().startswith("mailto:"):
         return "email"
-    return "slack" if webhooks.is_slack(url) else "json"
+    return "slack" if is_slack(url) else "json"
 
 
 def delivery_out(row: WebhookDelivery) -> dict:
@@ -119,7 +123,7 @@ def detail_out(hook: Webhook) -> dict:
     summary="My webhooks, and those of the teams I admin",
 )
 def list_webhooks(request):
-    return [webhook_out(h) for h in webhooks.visible(request.auth)]
+    return [webhook_out(h) for h in webhooks.visible_webhooks(request.auth)]
 
 
 @router.post(
@@ -129,8 +133,8 @@ def list_webhooks(request):
 )
 @decorate_view(never_cache)  # the answer holds the signing secret
 def add_webhook(request, body: WebhookIn):
-    hook = webhooks.create(request.auth, body.url, body.on, body.team, body.wait_after_s)
-    return Status(201, detail_out(webhooks.get(request.auth, hook.pk)))
+    hook = webhook_actions.create(request.auth, body.url, body.on, body.team, body.wait_after_s)
+    return Status(201, detail_out(webhooks.get_visible_webhook(request.auth, hook.pk)))
 
 
 @router.get(
@@ -140,7 +144,7 @@ def add_webhook(request, body: WebhookIn):
 )
 @decorate_view(never_cache)  # the answer holds the signing secret
 def get_webhook(request, webhook_id: int):
-    return detail_out(webhooks.get(request.auth, webhook_id))
+    return detail_out(webhooks.get_visible_webhook(request.auth, webhook_id))
 
 
 @router.delete(
@@ -149,7 +153,7 @@ def get_webhook(request, webhook_id: int):
     summary="Remove a webhook (and its delivery log)",
 )
 def remove_webhook(request, webhook_id: int):
-    webhooks.remove(request.auth, webhook_id)
+    webhook_actions.remove(request.auth, webhook_id)
     return Status(204, None)
 
 
@@ -159,4 +163,4 @@ def remove_webhook(request, webhook_id: int):
     summary="Send a test delivery now",
 )
 def test_webhook(request, webhook_id: int):
-    return Status(202, delivery_out(webhooks.send_test(request.auth, webhook_id)))
+    return Status(202, delivery_out(webhook_actions.send_test(request.auth, webhook_id)))

@@ -1,8 +1,8 @@
 """The console's Notifications page: a user's webhooks and those of the teams they admin, with
 each one's latest deliveries and every try of them (the delivery log).
 
-Adding, testing and removing are CSRF-protected forms that call the same `jobs.webhooks`
-actions as the API (`/api/v1/webhooks`); a refusal comes back as a message on the page.
+Adding, testing and removing are CSRF-protected forms that call the same actions as the API
+(`jobs.actions.webhooks`); a refusal comes back as a message on the page.
 """
 
 from collections import defaultdict
@@ -17,21 +17,25 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from jobs import webhooks
+from jobs.actions import webhooks as webhook_actions
 from jobs.api.webhooks import kind
 from jobs.console import refusals
 from jobs.errors import BadRequest
-from jobs.models import Membership, Team, WebhookDelivery
+from jobs.models import Membership, Team, Webhook, WebhookDelivery
+from jobs.reads import webhooks
+from jobs.webhooks.send import SIGNATURE_HEADER
+from jobs.webhooks.targets import URL_MAX
 
 RECENT_DELIVERIES = 20
+Event = Webhook.Event
 EVENT_HELP: dict[str, str] = {
-    webhooks.Event.SUCCEEDED: "a job succeeded",
-    webhooks.Event.FAILED: "a job failed",
-    webhooks.Event.STOPPED: "a job was stopped",
-    webhooks.Event.PREEMPTED: "a job was preempted (paused when its borrowed GPUs went back)",
-    webhooks.Event.WAITING: "a job has waited in the queue longer than the time below",
+    Event.SUCCEEDED: "a job succeeded",
+    Event.FAILED: "a job failed",
+    Event.STOPPED: "a job was stopped",
+    Event.PREEMPTED: "a job was preempted (paused when its borrowed GPUs went back)",
+    Event.WAITING: "a job has waited in the queue longer than the time below",
 }
-CHECKED_BY_DEFAULT = (webhooks.Event.SUCCEEDED, webhooks.Event.FAILED)
+CHECKED_BY_DEFAULT = (Event.SUCCEEDED, Event.FAILED)
 
 
 @never_cache  # it shows each webhook's signing secret
@@ -42,7 +46,7 @@ def notification_list(request):
 
 def _page(request, form: QueryDict | None = None, status: int = 200) -> HttpResponse:
     """The page; with `form`, its add form filled in as it was sent (a refused add)."""
-    hooks = list(webhooks.visible(request.user))
+    hooks = list(webhooks.visible_webhooks(request.user))
     recent = latest_deliveries([h.pk for h in hooks])
     rows = [{"hook": h, "kind": kind(h.url), "deliveries": recent.get(h.pk, [])} for h in hooks]
     chosen = form.getlist("on") if form is not None else CHECKED_BY_DEFAULT
@@ -53,16 +57,16 @@ def _page(request, form: QueryDict | None = None, status: int = 200) -> HttpResp
             "rows": rows,
             "events": [
                 {"name": e, "help": EVENT_HELP.get(e, ""), "checked": e in chosen}
-                for e in webhooks.EVENTS
+                for e in webhook_actions.EVENTS
             ],
             "form": form or {},
             "scopes": scopes(request.user),
-            "wait_default_min": webhooks.WAIT_DEFAULT_S // 60,
-            "wait_min_min": webhooks.WAIT_MIN_S // 60,
-            "wait_max_min": webhooks.WAIT_MAX_S // 60,
-            "url_max": webhooks.URL_MAX,
+            "wait_default_min": webhook_actions.WAIT_DEFAULT_S // 60,
+            "wait_min_min": webhook_actions.WAIT_MIN_S // 60,
+            "wait_max_min": webhook_actions.WAIT_MAX_S // 60,
+            "url_max": URL_MAX,
             "recent": RECENT_DELIVERIES,
-            "signature_header": webhooks.SIGNATURE_HEADER,
+            "signature_header": SIGNATURE_HEADER,
         },
         status=status,
     )
@@ -106,7 +110,7 @@ def notification_add(request):
     team_name = request.POST.get("team", "").strip() or None
 
     def add() -> str:
-        hook = webhooks.create(
+        hook = webhook_actions.create(
             request.user,
             url,
             request.POST.getlist("on"),
@@ -126,7 +130,7 @@ def notification_add(request):
 @require_POST
 def notification_test(request, webhook_id: int):
     def test() -> str:
-        delivery = webhooks.send_test(request.user, webhook_id)
+        delivery = webhook_actions.send_test(request.user, webhook_id)
         return (
             f"test delivery {delivery.pk} to webhook {webhook_id} queued; "
             "its tries show in the log below"
@@ -139,14 +143,14 @@ def notification_test(request, webhook_id: int):
 @require_POST
 def notification_remove(request, webhook_id: int):
     def remove() -> str:
-        webhooks.remove(request.user, webhook_id)
+        webhook_actions.remove(request.user, webhook_id)
         return f"webhook {webhook_id} and its delivery log removed"
 
     return _act(request, remove)
 
 
 def _wait_s(text: str) -> int | None:
-    """The form's minutes as seconds; empty: the default. `webhooks.create` checks the range."""
+    """The form's minutes as seconds; empty: the default. The action checks the range."""
     text = text.strip()
     if not text:
         return None

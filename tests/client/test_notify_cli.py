@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
-from jobs import webhooks
+from jobs.actions import webhooks
+from jobs.ledger import outbox
+from jobs.loops import deliveries
 from jobs.models import Membership, Webhook, WebhookDelivery
+from jobs.webhooks import send
 
 pytestmark = pytest.mark.django_db(transaction=True)
 HOOK = "http://127.0.0.1:9/hook"  # resolves; nothing listens, and `add` sends nothing
@@ -23,7 +26,7 @@ Sf = Callable[..., tuple[int, str, str]]
 def queued(monkeypatch) -> list:
     """What the server hands Celery to send (no worker runs here): the test sends it itself."""
     handed: list = []
-    monkeypatch.setattr(webhooks, "_enqueue", handed.append)
+    monkeypatch.setattr(outbox, "enqueue", handed.append)
     return handed
 
 
@@ -236,9 +239,9 @@ def test_test_queues_a_delivery_that_show_reports_pending_then_delivered(
     assert ", next try " in pending[0]
     assert pending[1:] == ["    not tried yet"]
 
-    assert webhooks.deliver_due(queued[0]) == 1  # what the Celery task does
+    assert deliveries.deliver_due(queued[0]) == 1  # what the Celery task does
     [(headers, body)] = got
-    assert webhooks.verify(hook.secret, headers[webhooks.SIGNATURE_HEADER], body)
+    assert send.verify(hook.secret, headers[send.SIGNATURE_HEADER], body)
     code, out, _ = sf("notify", "show", str(hook.pk))
     delivered = out.split("deliveries:\n", 1)[1].splitlines()
     assert delivered[0].startswith(f"  {delivery.pk} delivered test no job, created ")
@@ -258,7 +261,7 @@ def test_test_queues_a_delivery_that_show_reports_pending_then_delivered(
 def test_show_prints_a_failed_try_with_no_status_and_its_detail(sf, loopback_allowed) -> None:
     hook = add(sf, HOOK, "--on", "failed")  # port 9: nothing listens
     assert sf("notify", "test", str(hook.pk))[0] == 0
-    webhooks.deliver_due()
+    deliveries.deliver_due()
     code, out, _ = sf("notify", "show", str(hook.pk))
     lines = out.split("deliveries:\n", 1)[1].splitlines()
     assert lines[0].split()[1:4] == ["pending", "test", "no"]

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from jobs import webhooks
+from jobs.loops import deliveries
+from jobs.webhooks import send
 from tests.e2e.stack import wait_until
 from tests.engines.proof import EngineProof, on_local_stack
 from tests.receiver import Receiver
@@ -36,14 +37,14 @@ def test_a_finished_job_reaches_a_failing_receiver_signed_and_retried_once_more(
         # the next sweep of beat.
         wait_until(
             lambda: len(receiver.requests) >= 2,
-            webhooks.FIRST_RETRY_S + 30,
+            deliveries.FIRST_RETRY_S + 30,
             "the retried delivery",
             proof.stack.diagnostics,
         )
         first, second = receiver.requests[:2]
         assert first["headers"]["Idempotency-Key"] == second["headers"]["Idempotency-Key"]
         assert first["body"] == second["body"]
-        assert webhooks.verify(
+        assert send.verify(
             added["secret"], second["headers"]["Starforge-Signature"], second["body"]
         )
         sent = json.loads(second["body"])

@@ -13,8 +13,9 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from jobs import webhooks
+from jobs.actions import webhooks
 from jobs.ledger.transitions import transition
+from jobs.loops import deliveries
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Job, JobArray, JobEvent, Membership, Webhook, WebhookDelivery
 from jobs.states import JobStatus as S
@@ -203,7 +204,7 @@ def test_a_removed_members_personal_webhook_is_told_nothing_more(team, alice, ad
     assert ApiClient(ada).client.delete("/api/v1/teams/vision/members/alice").status_code == 204
     transition(running.pk, S.FAILED, actor="test", reason="exited 1; last lines:\nsecret-line")
     assert not WebhookDelivery.objects.filter(job=running).exists()  # none written after
-    webhooks.deliver_due()
+    deliveries.deliver_due()
     assert receiver.requests == []  # and the one written before is refused at its try
     refused = WebhookDelivery.objects.get(job=before)
     assert refused.state == WebhookDelivery.State.GAVE_UP and refused.payload is None
@@ -218,7 +219,7 @@ def test_a_deactivated_owners_webhooks_send_nothing(team, alice, ada, receiver):
     transition(job.pk, S.FAILED, actor="test", reason="exited 1")
     assert not WebhookDelivery.objects.filter(webhook=teams).exists()
     User.objects.filter(pk=alice.pk).update(is_active=False)
-    webhooks.deliver_due()
+    deliveries.deliver_due()
     assert receiver.requests == []
     assert "deactivated" in WebhookDelivery.objects.get(webhook=mine).tries[0]["detail"]
     assert Webhook.objects.count() == 2  # kept: a reactivated owner is told again

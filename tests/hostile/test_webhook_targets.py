@@ -13,10 +13,12 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from jobs import webhooks
+from jobs.actions import webhooks
 from jobs.ledger.transitions import transition
+from jobs.loops import deliveries
 from jobs.models import Webhook, WebhookDelivery
 from jobs.states import JobStatus as S
+from jobs.webhooks import targets
 from tests.jobs.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
@@ -72,13 +74,13 @@ def test_a_name_rebound_to_shared_address_space_is_refused_at_delivery(team, ali
     def no_connection(*args, **kwargs):
         raise AssertionError("a refused target must not be connected to")
 
-    monkeypatch.setattr(webhooks.socket, "getaddrinfo", lookup)
-    monkeypatch.setattr(webhooks.socket, "create_connection", no_connection)
+    monkeypatch.setattr(targets.socket, "getaddrinfo", lookup)
+    monkeypatch.setattr(targets.socket, "create_connection", no_connection)
     hook = webhooks.create(alice, "https://hooks.example.test/x", ["failed"])
     answers["hooks.example.test"] = "100.100.100.200"  # then the metadata service's
     job = with_attempt(queued_job(team, alice), S.RUNNING).job
     transition(job.pk, S.FAILED, actor="test", reason="exited 1")
-    webhooks.deliver_due()
+    deliveries.deliver_due()
     refused = WebhookDelivery.objects.get(webhook=hook)
     assert refused.state == WebhookDelivery.State.GAVE_UP
     assert "100.100.100.200, a not globally routable address" in refused.tries[0]["detail"]

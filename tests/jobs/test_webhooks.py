@@ -11,10 +11,14 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
-from jobs import webhooks
+from jobs.actions import webhooks
+from jobs.errors import BadRequest, Forbidden, NotFound
+from jobs.ledger import outbox
 from jobs.ledger.transitions import transition
+from jobs.loops import deliveries
 from jobs.models import Webhook, WebhookDelivery
 from jobs.states import JobStatus as S
+from jobs.webhooks import send
 from tests.jobs.factories import queued_job, with_attempt
 from tests.receiver import Receiver
 
@@ -56,7 +60,7 @@ def test_a_failed_job_is_posted_signed_with_its_gpu_seconds_and_link(
     job = queued_job(team, alice, gpus=2, name="resnet")
     with django_capture_on_commit_callbacks():
         ended(job, S.FAILED, seconds=120)
-    assert webhooks.deliver_due() == 1
+    assert deliveries.deliver_due() == 1
     (request,) = r.requests
     body = request["body"]
     assert request["path"] == "/hook?src=sf"
@@ -68,9 +72,9 @@ def test_a_failed_job_is_posted_signed_with_its_gpu_seconds_and_link(
     ).hexdigest()
     assert hmac.compare_digest(fields["v1"], expected)
     assert abs(int(fields["t"]) - time.time()) < 60
-    assert webhooks.verify(hook.secret, header, body)
-    assert not webhooks.verify(hook.secret, header, body + b" ")
-    assert not webhooks.verify("0" * 64, header, body)
+    assert send.verify(hook.secret, header, body)
+    assert not send.verify(hook.secret, header, body + b" ")
+    assert not send.verify("0" * 64, header, body)
     payload = json.loads(body)
     assert payload["event"] == "failed" and request["headers"]["Starforge-Event"] == "failed"
     assert request["headers"]["Idempotency-Key"] == payload["id"]
@@ -135,10 +139,10 @@ def test_only_a_team_admin_adds_a_team_webhook_and_others_see_none(
     make_team, make_user, team, alice, receiver, api_as
 ):
     r = receiver()
-    with pytest.raises(webhooks.Forbidden, match="only team vision's admins"):
+    with pytest.raises(Forbidden, match="only team vision's admins"):
         webhooks.create(alice, r.url, ["failed"], team_name="vision")
     other = make_team("audio")
-    with pytest.raises(webhooks.NotFound, match="does not exist or you are not in it"):
+    with pytest.raises(NotFound, match="does not exist or you are not in it"):
         webhooks.create(alice, r.url, ["failed"], team_name="audio")
     dave = make_user("dave", other, role="admin")
     theirs = webhooks.create(dave, r.url, ["failed"], team_name="audio")
@@ -195,19 +199,19 @@ def test_an_admin_allows_a_private_target_and_a_rebound_name_is_refused_at_deliv
 ):
     r = receiver()
     settings.SF_WEBHOOK_ALLOWED_NETS = []
-    with pytest.raises(webhooks.BadRequest, match="loopback"):
+    with pytest.raises(BadRequest, match="loopback"):
         webhooks.create(alice, r.url, ["failed"])
     hook = Webhook.objects.create(
         owner=alice, url=r.url, events=["failed"], secret="s" * 64, allow_private=True
     )  # as staff set it in the admin
     ended(queued_job(team, alice), S.FAILED)
-    webhooks.deliver_due()
+    deliveries.deliver_due()
     assert len(r.requests) == 1
     # Allowed no more (or a public name now resolving to this host): refused at delivery, no
     # retry, said in the log.
     Webhook.objects.filter(pk=hook.pk).update(allow_private=False)
     ended(queued_job(team, alice), S.FAILED)
-    webhooks.deliver_due()
+    deliveries.deliver_due()
     assert len(r.requests) == 1
     refused = WebhookDelivery.objects.order_by("pk").last()
     assert refused.state == "gave-up" and "loopback" in refused.tries[0]["detail"]
@@ -220,17 +224,17 @@ def test_a_failing_receiver_is_retried_with_backoff_under_one_key_until_it_answe
     webhooks.create(alice, r.url, ["succeeded"])
     ended(queued_job(team, alice), S.SUCCEEDED)
     now = timezone.now()
-    webhooks.deliver_due(now=now)
+    deliveries.deliver_due(now=now)
     delivery = WebhookDelivery.objects.get()
     assert delivery.state == "pending" and delivery.tries[0]["status"] == 500
     first_wait = (delivery.next_at - now).total_seconds()
-    assert webhooks.deliver_due(now=now + dt.timedelta(seconds=first_wait - 1)) == 0  # not due
+    assert deliveries.deliver_due(now=now + dt.timedelta(seconds=first_wait - 1)) == 0  # not due
     later = now + dt.timedelta(seconds=first_wait)
-    webhooks.deliver_due(now=later)
+    deliveries.deliver_due(now=later)
     delivery.refresh_from_db()
     second_wait = (delivery.next_at - later).total_seconds()
     assert second_wait == 2 * first_wait  # exponential
-    webhooks.deliver_due(now=later + dt.timedelta(seconds=second_wait))
+    deliveries.deliver_due(now=later + dt.timedelta(seconds=second_wait))
     delivery.refresh_from_db()
     assert delivery.state == "delivered"
     assert [t["status"] for t in delivery.tries] == [500, 500, 200]
@@ -248,7 +252,7 @@ def test_an_unreachable_receiver_never_blocks_the_job_and_is_given_up_after_a_da
     job = queued_job(team, alice)
     ended(job, S.FAILED)  # the ledger's write does not wait for any receiver
     now = timezone.now()
-    webhooks.deliver_due(now=now)
+    deliveries.deliver_due(now=now)
     delivery = WebhookDelivery.objects.get()
     assert delivery.state == "pending" and delivery.tries[0]["status"] is None
     assert "ConnectionRefusedError" in delivery.tries[0]["detail"]
@@ -258,7 +262,7 @@ def test_an_unreachable_receiver_never_blocks_the_job_and_is_given_up_after_a_da
         if delivery.state != "pending":
             break
         moment = delivery.next_at
-        webhooks.deliver_due(now=moment)
+        deliveries.deliver_due(now=moment)
     assert delivery.state == "gave-up"
     assert dt.timedelta(hours=20) < moment - now <= dt.timedelta(days=1)
     assert 10 < len(delivery.tries) < 40
@@ -270,9 +274,9 @@ def test_a_lease_keeps_two_senders_from_sending_one_delivery(team, alice, receiv
     ended(queued_job(team, alice), S.FAILED)
     now = timezone.now()
     # A sender claimed it and died before recording anything: the lease holds it back.
-    WebhookDelivery.objects.update(next_at=now + dt.timedelta(seconds=webhooks.LEASE_S))
-    assert webhooks.deliver_due(now=now) == 0 and not r.requests
-    assert webhooks.deliver_due(now=now + dt.timedelta(seconds=webhooks.LEASE_S)) == 1
+    WebhookDelivery.objects.update(next_at=now + dt.timedelta(seconds=deliveries.LEASE_S))
+    assert deliveries.deliver_due(now=now) == 0 and not r.requests
+    assert deliveries.deliver_due(now=now + dt.timedelta(seconds=deliveries.LEASE_S)) == 1
     assert len(r.requests) == 1
 
 
@@ -292,7 +296,7 @@ def test_a_preemptions_pause_fires_preempted_and_a_persons_pause_does_not(team, 
     assert list(WebhookDelivery.objects.values_list("job_id", "event")) == [
         (preempted.pk, "preempted")
     ]
-    webhooks.deliver_due()
+    deliveries.deliver_due()
     assert json.loads(r.requests[0]["body"])["job"]["reason"].startswith("preempted")
 
 
@@ -301,13 +305,13 @@ def test_waiting_too_long_is_told_once_per_stay_in_the_queue(team, alice, receiv
     webhooks.create(alice, r.url, ["waiting-too-long"], wait_after_s=600)
     job = queued_job(team, alice)
     now = timezone.now()
-    assert webhooks.notify_waiting(now + dt.timedelta(seconds=599)) == 0
-    assert webhooks.notify_waiting(now + dt.timedelta(seconds=601)) == 1
-    assert webhooks.notify_waiting(now + dt.timedelta(seconds=900)) == 0  # told already
-    webhooks.deliver_due(now=now + dt.timedelta(seconds=901))
+    assert outbox.notify_waiting(now + dt.timedelta(seconds=599)) == 0
+    assert outbox.notify_waiting(now + dt.timedelta(seconds=601)) == 1
+    assert outbox.notify_waiting(now + dt.timedelta(seconds=900)) == 0  # told already
+    deliveries.deliver_due(now=now + dt.timedelta(seconds=901))
     sent = json.loads(r.requests[0]["body"])
     assert sent["event"] == "waiting-too-long" and sent["job"]["id"] == job.pk
-    assert "has waited in the queue" in webhooks.summary(sent)
+    assert "has waited in the queue" in send.summary(sent)
 
 
 def test_a_slack_url_gets_slacks_body():
@@ -327,12 +331,12 @@ def test_a_slack_url_gets_slacks_body():
             "url": "https://sf.example.com/jobs/7/",
         },
     }
-    assert webhooks.is_slack("https://hooks.slack.com/services/T0/B0/xyz")
-    assert not webhooks.is_slack("https://hooks.slack.com.evil.example/services/x")
-    assert webhooks.slack_text("boom <!channel> & <https://x|y>") == (
+    assert send.is_slack("https://hooks.slack.com/services/T0/B0/xyz")
+    assert not send.is_slack("https://hooks.slack.com.evil.example/services/x")
+    assert send.slack_text("boom <!channel> & <https://x|y>") == (
         "boom &lt;!channel&gt; &amp; &lt;https://x|y&gt;"
     )
-    text = webhooks.summary(body)
+    text = send.summary(body)
     assert text == (
         "Starforge job 7 (run7, team vision) is FAILED: exited with code 1 — 2.00 GPU-hours. "
         "https://sf.example.com/jobs/7/"
@@ -345,7 +349,7 @@ def test_email_goes_through_djangos_backend_when_it_is_set_up(team, alice, setti
     webhooks.create(alice, "mailto:alice@example.com", ["stopped"])
     job = queued_job(team, alice)
     ended(job, S.STOPPED)
-    webhooks.deliver_due()
+    deliveries.deliver_due()
     (message,) = mail.outbox
     assert message.to == ["alice@example.com"] and f"job {job.pk}" in message.subject
     assert WebhookDelivery.objects.get().state == "delivered"
@@ -360,7 +364,7 @@ def test_the_api_adds_shows_tests_and_removes_a_webhook(api, receiver, team, ali
     assert len(hook["secret"]) == 64
     tested = api.post(f"/webhooks/{hook['id']}/test")
     assert tested.status_code == 202 and tested.json()["event"] == "test"
-    webhooks.deliver_due()
+    deliveries.deliver_due()
     assert json.loads(r.requests[0]["body"])["event"] == "test"
     shown = api.get(f"/webhooks/{hook['id']}").json()
     assert shown["deliveries"][0]["state"] == "delivered"
@@ -374,7 +378,7 @@ def test_no_one_has_more_than_the_most_webhooks(alice, receiver):
     r = receiver()
     for _ in range(webhooks.MAX_PER_OWNER):
         webhooks.create(alice, r.url, ["failed"])
-    with pytest.raises(webhooks.BadRequest, match="the most one person may have"):
+    with pytest.raises(BadRequest, match="the most one person may have"):
         webhooks.create(alice, r.url, ["failed"])
     assert Webhook.objects.count() == webhooks.MAX_PER_OWNER
 
@@ -394,14 +398,14 @@ def test_a_change_nobody_asked_about_costs_the_ledger_one_read(team, alice):
 def test_the_task_the_ledger_sends_by_name_exists():
     from jobs import tasks
 
-    assert tasks.deliver_webhooks.name == webhooks.DELIVER_TASK
+    assert tasks.deliver_webhooks.name == outbox.DELIVER_TASK
 
 
 def test_one_sweep_sends_every_due_delivery_a_few_claims_at_a_time(team, alice, receiver):
     r = receiver()
     webhooks.create(alice, r.url, ["failed"])
-    for _ in range(webhooks.CLAIM * 2 + 1):
+    for _ in range(deliveries.CLAIM * 2 + 1):
         ended(queued_job(team, alice), S.FAILED)
-    assert webhooks.deliver_due() == webhooks.CLAIM * 2 + 1
-    assert len(r.requests) == webhooks.CLAIM * 2 + 1
+    assert deliveries.deliver_due() == deliveries.CLAIM * 2 + 1
+    assert len(r.requests) == deliveries.CLAIM * 2 + 1
     assert set(WebhookDelivery.objects.values_list("state", flat=True)) == {"delivered"}

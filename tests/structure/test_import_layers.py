@@ -1,7 +1,7 @@
 """The layers import one way (docs/ARCHITECTURE.md, "Module map"): no module imports itself
 back through others, reads import no write code, loops never import the API or the console,
-executors never import the loops, and the ledger's writers import neither the loops nor the
-user-facing actions."""
+executors never import the loops, the ledger's writers import neither the loops nor the
+user-facing actions, and the webhook senders import no write code."""
 
 import pytest
 
@@ -16,6 +16,8 @@ LAYERS = {
     "jobs.loops": ("jobs.api", "jobs.console", "jobs.actions"),
     "jobs.executors": ("jobs.loops", "jobs.ledger", "jobs.actions", "jobs.api", "jobs.console"),
     "jobs.actions": ("jobs.api", "jobs.console", "jobs.loops", "jobs.tasks"),
+    # where a webhook may point and how one try reaches it: the world outside, like executors
+    "jobs.webhooks": (*WRITES, "jobs.api", "jobs.console"),
 }
 
 
