@@ -7,6 +7,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+# The environment's say over the config file: another file, or the server and token themselves.
+CONFIG_VAR = "SF_CONFIG"
+URL_VAR = "SF_URL"
+TOKEN_VAR = "SF_TOKEN"
+
 
 @dataclass
 class Config:
@@ -16,7 +21,7 @@ class Config:
 
 def config_path() -> Path:
     """Return the config file path: $SF_CONFIG, else $XDG_CONFIG_HOME/starforge/config.json."""
-    override = os.environ.get("SF_CONFIG")
+    override = os.environ.get(CONFIG_VAR)
     if override:
         return Path(override).expanduser()
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
@@ -38,8 +43,8 @@ def load(url: str | None = None, token: str | None = None) -> Config:
     """Resolve config with precedence: explicit args > SF_URL/SF_TOKEN env > config file."""
     data = read_file()
     return Config(
-        url=url or os.environ.get("SF_URL") or data.get("url"),
-        token=token or os.environ.get("SF_TOKEN") or data.get("token"),
+        url=url or os.environ.get(URL_VAR) or data.get("url"),
+        token=token or os.environ.get(TOKEN_VAR) or data.get("token"),
     )
 
 

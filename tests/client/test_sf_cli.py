@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from sf import cli
+from sf.commands import logs
 
 from tests.client.conftest import run_cli
 
@@ -242,10 +242,10 @@ def test_logs_waits_as_long_as_the_server_says_before_following_again(
     ]  # fmt: skip
     fake_api.route("GET /api/v1/jobs/7/logs", lambda r: (200, pages.pop(0)))
     pauses: list[float] = []
-    monkeypatch.setattr(cli, "time", SimpleNamespace(sleep=pauses.append))
+    monkeypatch.setattr(logs, "time", SimpleNamespace(sleep=pauses.append))
     assert run_cli(["job", "logs", "7"]) == 0
     assert capsys.readouterr().out == "a\n"
-    assert pauses == [1.0, cli.LOG_POLL_MAX_S]
+    assert pauses == [1.0, logs.LOG_POLL_MAX_S]
 
 
 def test_logs_n_zero_replays_from_first_line(

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from sf import cli
+from sf.commands import listing
 
 from tests.client.conftest import run_cli
 
@@ -37,7 +38,7 @@ def jobs_api(fake_api: Any, sf_env: Any) -> Any:
 def ctrl_c_on_second_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The user presses Ctrl-C during the second pause between redraws: the pauses asked.
 
-    `cli.time` is the `time` module itself, so every thread's sleep comes here; only the test's
+    `listing.time` is the `time` module itself, so every thread's sleep comes here; only the test's
     own thread (the CLI's) is counted, and any other (a runner's metrics flusher an earlier test
     left behind) sleeps as it would have: it once took the Ctrl-C, and the watch never ended."""
     asked: list[float] = []
@@ -51,7 +52,7 @@ def ctrl_c_on_second_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         if len(asked) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli.time, "sleep", sleep)
+    monkeypatch.setattr(listing.time, "sleep", sleep)
     return asked
 
 

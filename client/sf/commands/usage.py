@@ -1,0 +1,44 @@
+"""Owns `sf usage`: my teams' GPU-hours per team, user, cluster or UTC day, with the total."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sf.commands.common import api_client, display, print_json, rich_console, rich_table
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("usage", parents=[common], help="GPU-hours of my teams (UTC days)")
+    p.add_argument("--team", help="one team (default: every team of mine)")
+    p.add_argument("--since", metavar="YYYY-MM-DD", help="first day (default: 1st of this month)")
+    p.add_argument("--until", metavar="YYYY-MM-DD", help="day after the last (default: tomorrow)")
+    p.add_argument("--by", choices=["team", "user", "cluster", "day"], default="team")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_usage, parser=p)
+
+
+def cmd_usage(args: argparse.Namespace) -> None:
+    """GET /api/v1/usage and print one row per team, user, cluster or day, and the total."""
+    query = {"team": args.team, "since": args.since, "until": args.until, "by": args.by}
+    answer = api_client(args).request("GET", "/api/v1/usage", query=query)
+    if args.json:
+        print_json(answer)
+        return
+
+    table = rich_table(show_footer=True)
+    table.add_column(args.by.upper(), "TOTAL", no_wrap=True)
+    table.add_column("GPU-HOURS", f"{answer['total_gpu_hours']:,.2f}", justify="right")
+    table.add_column("GPU-SECONDS", f"{answer['total_gpu_seconds']:,.0f}", justify="right")
+    borrowed = sum(row.get("borrowed_gpu_hours", 0) for row in answer["rows"])
+    table.add_column("BORROWED GPU-HOURS", f"{borrowed:,.2f}", justify="right")
+    for row in answer["rows"]:
+        table.add_row(
+            display(row.get(args.by)),
+            f"{row['gpu_hours']:,.2f}",
+            f"{row['gpu_seconds']:,.0f}",
+            f"{row.get('borrowed_gpu_hours', 0):,.2f}",
+        )
+    console = rich_console()
+    console.print(f"GPU usage {answer['since']} to {answer['until']} (UTC, until excluded)")
+    console.print(table)
