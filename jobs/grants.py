@@ -2,9 +2,10 @@
 
 A cluster is used only by the teams staff granted it to (`ClusterGrant`). Submit and arrays
 (`jobs.actions`), retry and resume, a follow-on's creation (`jobs.ledger.lifecycle`), a team
-admin's choice of default cluster (`jobs.teams`) and the scheduler's admission all ask here. A
-cluster the team may not use is refused exactly as one that does not exist: 404 and the same
-sentence, which names only the team's own clusters, so a member cannot learn which others exist.
+admin's choice of default cluster (`jobs.actions.teams`) and the scheduler's admission all ask
+here. A cluster the team may not use is refused exactly as one that does not exist: 404 and the
+same sentence, which names only the team's own clusters, so a member cannot learn which others
+exist.
 
 Staff grant and revoke through `grant` and `revoke`: the Django admin, `POST` and `DELETE
 /api/v1/teams/NAME/clusters`, `manage.py cluster grant|revoke`. A team may always use its

@@ -20,7 +20,7 @@ from django.utils import timezone
 from jobs.errors import NotFound
 from jobs.models import Cluster
 from jobs.reads.prepared import Prepared, reader
-from jobs.teams import visible_teams
+from jobs.reads.teams import visible_teams
 from metering.records import usage_totals
 
 US_PER_SECOND = 10**6

@@ -13,8 +13,8 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from jobs.errors import NotFound
+from jobs.reads.teams import visible_teams
 from jobs.schemas import text_fault
-from jobs.teams import visible_teams
 from metering.usage import (
     UsageLine,
     gpu_hours,

@@ -24,12 +24,13 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs import grants, kick, teams
+from jobs import grants, kick
 from jobs.actions import submit
 from jobs.errors import BadRequest, Conflict, Forbidden
 from jobs.ledger import halt
 from jobs.ledger.transitions import Change, apply_transitions
 from jobs.models import Job, JobArray, JobEvent
+from jobs.reads import teams
 from jobs.reads.arrays import counts, get_visible_array
 from jobs.reads.visible import retry_refusal
 from jobs.schemas import ArrayIn, json_fault

@@ -14,11 +14,12 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs import grants, kick, teams
+from jobs import grants, kick
 from jobs.errors import Conflict, Forbidden
 from jobs.ledger import halt
 from jobs.ledger.transitions import transition
 from jobs.models import Job, Snapshot
+from jobs.reads import teams
 from jobs.reads.visible import get_visible_job, retry_unavailable_reason
 from jobs.states import VERBS, JobStatus
 from jobs.stores import logstore

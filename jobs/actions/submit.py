@@ -16,12 +16,12 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import QuerySet
 
-from jobs import grants, kick, teams
+from jobs import grants, kick
 from jobs.errors import BadRequest, Forbidden, NotFound
 from jobs.executors import Capacity, executor_for, gpu_type_matches
 from jobs.executors.base import GPU_VISIBILITY_VARS, check_request
 from jobs.models import Cluster, Job, JobEvent, Membership, ScheduleWindow, Snapshot, Team
-from jobs.reads import prepared
+from jobs.reads import prepared, teams
 from jobs.schemas import JobIn
 from jobs.states import JobStatus
 from jobs.stores.snapshots import SnapshotRefused, owned_snapshot, read_project_file

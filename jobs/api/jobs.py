@@ -12,14 +12,13 @@ from django.utils import timezone
 from ninja import Query, Router, Schema, Status
 from pydantic import Field
 
-from jobs import teams
 from jobs.actions import control
 from jobs.actions.submit import submit_job
 from jobs.api.renderer import RENDERER
 from jobs.auth import ConsoleSession, UserToken
 from jobs.errors import BadRequest, NotFound
 from jobs.models import Job, Membership
-from jobs.reads import diagnostics
+from jobs.reads import diagnostics, teams
 from jobs.reads.job_out import job_out, rank_rows
 from jobs.reads.job_rows import JobFilter, job_page, job_row, job_timeline
 from jobs.reads.queue import queue_places

@@ -7,9 +7,11 @@ from typing import Literal
 from ninja import Router, Schema, Status
 from pydantic import Field
 
-from jobs import grants, teams
+from jobs import grants
+from jobs.actions import teams as team_actions
 from jobs.auth import ConsoleSession, UserToken
 from jobs.models import Team
+from jobs.reads import teams
 from jobs.schemas import ErrorOut, Text
 
 # Same doors as the jobs API: a token for the CLI, the session (CSRF-checked) for the console.
@@ -88,7 +90,7 @@ class RevokedOut(Schema):
 
 class DefaultsIn(Schema):
     # Only the fields sent change; null clears the cluster or the window. Ranges are checked
-    # by `teams.set_defaults`, so the console gets the same sentences.
+    # by `team_actions.set_defaults`, so the console gets the same sentences.
     default_cluster: Text | None = Field(None, max_length=50, description="a cluster's name")
     window: Text | None = Field(None, max_length=50, description="a schedule window's name")
     default_max_retries: int | None = Field(None, strict=True, description="0..100")
@@ -152,7 +154,7 @@ def get_team(request, name: Text):
     summary="Set the team's defaults",
 )
 def set_defaults(request, name: Text, data: DefaultsIn):
-    team = teams.set_defaults(request.auth, name, data.model_dump(exclude_unset=True))
+    team = team_actions.set_defaults(request.auth, name, data.model_dump(exclude_unset=True))
     return team_out(request.auth, team)
 
 
@@ -162,7 +164,7 @@ def set_defaults(request, name: Text, data: DefaultsIn):
     summary="Add a member with a role",
 )
 def add_member(request, name: Text, data: MemberIn):
-    membership = teams.add_member(request.auth, name, data.username, data.role)
+    membership = team_actions.add_member(request.auth, name, data.username, data.role)
     return Status(201, {"username": data.username, "role": membership.role})
 
 
@@ -172,7 +174,7 @@ def add_member(request, name: Text, data: MemberIn):
     summary="Change a member's role",
 )
 def change_role(request, name: Text, username: Text, data: RoleIn):
-    membership = teams.change_role(request.auth, name, username, data.role)
+    membership = team_actions.change_role(request.auth, name, username, data.role)
     return {"username": username, "role": membership.role}
 
 
@@ -182,7 +184,7 @@ def change_role(request, name: Text, username: Text, data: RoleIn):
     summary="Remove a member",
 )
 def remove_member(request, name: Text, username: Text):
-    teams.remove_member(request.auth, name, username)
+    team_actions.remove_member(request.auth, name, username)
     return Status(204, None)
 
 

@@ -8,11 +8,10 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from jobs import teams
 from jobs.actions import arrays as array_actions
 from jobs.console import refusals
 from jobs.errors import NotFound
-from jobs.reads import arrays
+from jobs.reads import arrays, teams
 
 VERBS = ("stop", "pause", "resume", "retry")
 

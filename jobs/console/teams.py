@@ -1,7 +1,8 @@
 """The console's Teams pages: a member's teams, and one team's members, quotas and defaults.
 
 Team admins (and staff) manage members and defaults with CSRF-protected forms that call the
-same `jobs.teams` actions as the API; a refusal comes back as a message on the team page.
+same actions as the API (`jobs.actions.teams`); a refusal comes back as a message on the team
+page.
 """
 
 from collections.abc import Callable
@@ -14,10 +15,10 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from jobs import teams
+from jobs.actions import teams as team_actions
 from jobs.errors import ApiError, Forbidden, NotFound
-from jobs.models import ScheduleWindow
-from jobs.reads import outsiders
+from jobs.models import TIME_LIMIT_MAX_S, ScheduleWindow
+from jobs.reads import outsiders, teams
 
 
 @login_required
@@ -45,12 +46,12 @@ def team_detail(request, name: str):
             "role": teams.role_of(request.user, team),
             "can_manage": can_manage,
             "inherited": outsiders.inherited(team) if can_manage else [],
-            "roles": teams.ROLES,
+            "roles": team_actions.ROLES,
             "clusters": teams.cluster_names(team),  # only those it may use (jobs.grants)
             "windows": ScheduleWindow.objects.order_by("name").values_list("name", flat=True),
-            "max_retries_limit": teams.MAX_RETRIES_LIMIT,
-            "cooldown_limit": teams.RETRY_COOLDOWN_LIMIT_S,
-            "time_limit_max": teams.TIME_LIMIT_MAX_S,
+            "max_retries_limit": team_actions.MAX_RETRIES_LIMIT,
+            "cooldown_limit": team_actions.RETRY_COOLDOWN_LIMIT_S,
+            "time_limit_max": TIME_LIMIT_MAX_S,
         },
     )
 
@@ -62,7 +63,7 @@ def member_add(request, name: str):
     return _act(
         request,
         name,
-        lambda: teams.add_member(request.user, name, username, role),
+        lambda: team_actions.add_member(request.user, name, username, role),
         f"{username} added to team {name} as {role}",
     )
 
@@ -74,7 +75,7 @@ def member_role(request, name: str, username: str):
     return _act(
         request,
         name,
-        lambda: teams.change_role(request.user, name, username, role),
+        lambda: team_actions.change_role(request.user, name, username, role),
         f"{username} is now {role} in team {name}",
     )
 
@@ -85,7 +86,7 @@ def member_remove(request, name: str, username: str):
     return _act(
         request,
         name,
-        lambda: teams.remove_member(request.user, name, username),
+        lambda: team_actions.remove_member(request.user, name, username),
         f"{username} removed from team {name}",
     )
 
@@ -105,13 +106,13 @@ def team_defaults(request, name: str):
                 else None
             ),
         }
-        teams.set_defaults(request.user, name, changes)
+        team_actions.set_defaults(request.user, name, changes)
 
     return _act(request, name, save, f"defaults of team {name} saved")
 
 
 def _whole(field: str, form) -> int | str:
-    """The field as an int, or its text for `teams.set_defaults` to refuse with its sentence."""
+    """The field as an int, or its text for the action to refuse with its sentence."""
     text = form.get(field, "").strip()
     return int(text) if text.isdigit() else text
 

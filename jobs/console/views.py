@@ -18,12 +18,12 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from jobs import auth, teams
+from jobs import auth
 from jobs.actions import control
 from jobs.errors import ApiError, BadRequest, Forbidden, NotFound
 from jobs.ledger.transitions import TransitionRefused
 from jobs.models import Attempt, Cluster, Membership
-from jobs.reads import diagnostics
+from jobs.reads import diagnostics, teams
 from jobs.reads.queue import queue_places, queue_row
 from jobs.reads.visible import (
     current_attempt,

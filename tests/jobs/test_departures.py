@@ -7,9 +7,10 @@ import threading
 import pytest
 from django.db import connection, connections, transaction
 
-from jobs import teams
+from jobs.actions import teams
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job, JobEvent
+from jobs.reads.teams import inherited_jobs
 from jobs.states import JobStatus as S
 from tests.jobs.factories import queued_job
 
@@ -76,7 +77,7 @@ def test_a_job_admitted_before_the_removal_goes_on_as_the_teams_with_a_note(memb
         "cal is no longer a member of team nlp: this job goes on as the team's work; "
         "a team admin may stop it"
     )
-    assert [j.job_id for j in teams.inherited_jobs(ann, "nlp")] == [job.pk]
+    assert [j.job_id for j in inherited_jobs(ann, "nlp")] == [job.pk]
 
 
 def test_a_tick_stops_nothing_while_every_submitter_may_submit(members):

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
-from jobs import teams
+from jobs.actions import teams
 from jobs.errors import ApiError
 from jobs.models import Cluster, Membership, ScheduleWindow, Team
 from tests.jobs.api_helpers import assert_refused
