@@ -29,7 +29,7 @@ TS0 = 1_760_000_000.0
 
 
 def run(var_dir: Path) -> dict:
-    from jobs.auth import issue_token
+    from jobs.actions.tokens import issue_token
     from jobs.job_tokens import job_token
 
     user = common.make_user()

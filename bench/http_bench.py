@@ -340,7 +340,7 @@ def _starforge(work: Path, wrk: str, port: int, seeded: dict, servers: _started)
 def seed() -> dict:
     """JOBS queued jobs of one team on a noop cluster, half admitted and launched (PENDING, with
     their events); the API token, the job ids and a submit body for the load."""
-    from jobs.auth import issue_token
+    from jobs.actions.tokens import issue_token
     from jobs.loops.launcher import launch_attempts
     from jobs.loops.scheduler import admit_queued_jobs
     from jobs.models import Job

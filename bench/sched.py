@@ -265,7 +265,7 @@ def array_10k() -> dict:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    from jobs.auth import issue_token
+    from jobs.actions.tokens import issue_token
     from jobs.loops.launcher import launch_attempts
     from jobs.loops.scheduler import admit_queued_jobs
     from jobs.models import Job

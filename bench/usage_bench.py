@@ -73,7 +73,7 @@ def run() -> dict:
     from django.test import Client
     from django.utils import timezone
 
-    from jobs.auth import issue_token
+    from jobs.actions.tokens import issue_token
     from metering.consistency import check_usage_records
     from metering.models import UsageRecord
     from metering.records import meter_ended

@@ -18,8 +18,8 @@ from django.urls import reverse
 
 from jobs import grants
 from jobs.actions import control
+from jobs.actions.tokens import revoke_token
 from jobs.actions.webhooks import new_secret
-from jobs.auth import revoke_token
 from jobs.errors import BadRequest
 from jobs.models import (
     ApiToken,

@@ -15,7 +15,8 @@ from django.conf import settings
 from django.contrib.auth.models import User
 
 from jobs import grants
-from jobs.auth import hash_token, issue_token
+from jobs.actions.tokens import issue_token
+from jobs.auth import hash_token
 from jobs.models import ApiToken, Cluster, Membership, Team
 
 # What the demo user's password was before installations made their own: still refused.

@@ -7,7 +7,7 @@ import redis
 from django.contrib.auth.models import User
 from django.test import Client
 
-from jobs.auth import issue_token
+from jobs.actions.tokens import issue_token
 from jobs.executors import override
 from jobs.models import Cluster, ClusterGrant, Membership, Team
 from jobs.redis_client import client

@@ -2,7 +2,7 @@
 
 Only a user's credential opens it (an API token or the console session), never a job token. A
 token created with a token is that token's child: it cannot outlive it, and revoking a token
-revokes its children (`jobs.auth`).
+revokes its children (`jobs.actions.tokens`).
 """
 
 import datetime as dt
@@ -13,8 +13,10 @@ from ninja.decorators import decorate_view
 from pydantic import Field
 
 from jobs import auth
+from jobs.actions import tokens
 from jobs.auth import ConsoleSession, UserToken
 from jobs.models import ApiToken
+from jobs.reads.tokens import user_tokens
 from jobs.schemas import ErrorOut, Text
 
 # Same doors as the jobs API: a token for the CLI, the session (CSRF-checked) for the console.
@@ -22,7 +24,8 @@ router = Router(auth=[UserToken(), ConsoleSession()], tags=["tokens"])
 
 
 class TokenIn(Schema):
-    # Lengths and ranges are checked by `auth.create_token`, so the console gets the same sentences.
+    # Lengths and ranges are checked by `tokens.create_token`, so the console gets the same
+    # sentences.
     name: Text = "cli"
     expires_in_days: int | None = Field(
         None,
@@ -63,7 +66,7 @@ def token_out(row: ApiToken) -> dict:
     summary="My API tokens, newest first",
 )
 def list_tokens(request):
-    return [token_out(row) for row in auth.user_tokens(request.auth)]
+    return [token_out(row) for row in user_tokens(request.auth)]
 
 
 @router.post(
@@ -74,7 +77,7 @@ def list_tokens(request):
 @decorate_view(never_cache)  # the answer holds the secret
 def create_token(request, data: TokenIn):
     creator = auth.request_token(request)
-    row, secret = auth.create_token(request.auth, data.name, data.expires_in_days, creator)
+    row, secret = tokens.create_token(request.auth, data.name, data.expires_in_days, creator)
     return Status(201, {**token_out(row), "secret": secret})
 
 
@@ -84,5 +87,5 @@ def create_token(request, data: TokenIn):
     summary="Revoke one of my tokens and every token created with it",
 )
 def revoke_token(request, token_id: int):
-    auth.revoke_token(request.auth, token_id)
+    tokens.revoke_token(request.auth, token_id)
     return Status(204, None)

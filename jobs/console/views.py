@@ -18,13 +18,13 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from jobs import auth
-from jobs.actions import control
+from jobs.actions import control, tokens
 from jobs.errors import ApiError, BadRequest, Forbidden, NotFound
 from jobs.ledger.transitions import TransitionRefused
 from jobs.models import Attempt, Cluster, Membership
 from jobs.reads import diagnostics, teams
 from jobs.reads.queue import queue_places, queue_row
+from jobs.reads.tokens import user_tokens
 from jobs.reads.visible import (
     current_attempt,
     get_visible_job,
@@ -256,7 +256,7 @@ def token_list(request):
         try:
             if days and not days.isdigit():
                 raise BadRequest(f"expiry must be a whole number of days, got {days!r}")
-            created, secret = auth.create_token(
+            created, secret = tokens.create_token(
                 request.user, form["name"], int(days) if days else None
             )
         except ApiError as exc:
@@ -265,12 +265,12 @@ def token_list(request):
         request,
         "jobs/tokens.html",
         {
-            "tokens": auth.user_tokens(request.user),
+            "tokens": user_tokens(request.user),
             "created": created,
             "secret": secret,
             "form": form if created is None else {"name": "", "expires_in_days": ""},
             "now": timezone.now(),
-            "expires_max": auth.EXPIRES_IN_DAYS_MAX,
+            "expires_max": tokens.EXPIRES_IN_DAYS_MAX,
         },
     )
 
@@ -279,7 +279,7 @@ def token_list(request):
 @require_POST
 def token_revoke(request, token_id: int):
     try:
-        row = auth.revoke_token(request.user, token_id)
+        row = tokens.revoke_token(request.user, token_id)
     except NotFound as exc:
         raise Http404(exc.detail) from exc
     messages.success(request, f"token {row.name} ({row.prefix}…) revoked")

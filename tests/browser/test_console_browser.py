@@ -27,7 +27,7 @@ for i in range(2000):
 """
 SETUP_USERS = """
 from django.contrib.auth.models import User
-from jobs.auth import issue_token
+from jobs.actions.tokens import issue_token
 from jobs.models import Cluster, Membership, Team
 team = Team.objects.create(name="vision", gpu_quota=4,
                            default_cluster=Cluster.objects.get(name="local"))

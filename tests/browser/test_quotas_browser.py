@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 SETUP_TEAM = """
 import json
 from django.contrib.auth.models import User
-from jobs.auth import issue_token
+from jobs.actions.tokens import issue_token
 from jobs.models import Cluster, Membership, Team
 team = Team.objects.create(name="nlp", gpu_quota=1,
                            default_cluster=Cluster.objects.get(name="local"))

@@ -110,7 +110,7 @@ def sf(live_server, alice, monkeypatch, tmp_path, capsys) -> Callable[..., tuple
     """`sf ARGS` as alice against the live server (a real Starforge): (exit code, stdout,
     stderr). Tests using it need `django_db(transaction=True)`: the server reads what they
     wrote."""
-    from jobs.auth import issue_token
+    from jobs.actions.tokens import issue_token
 
     monkeypatch.setenv("SF_CONFIG", str(tmp_path / "sf.json"))
     monkeypatch.setenv("SF_URL", live_server.url)

@@ -181,7 +181,8 @@ def test_a_request_carries_nothing_of_the_servers_environment(stack, tmp_path):
     named like a header would read as one the client sent. Here the server's environment holds
     a token of the demo user as HTTP_AUTHORIZATION; a request without that header stays
     anonymous, one with its own token is the demo user."""
-    issue = "from jobs.auth import issue_token; from django.contrib.auth.models import User; "
+    issue = "from jobs.actions.tokens import issue_token; "
+    issue += "from django.contrib.auth.models import User; "
     issue += "print(issue_token(User.objects.get(username='demo'), name='in-the-environment'))"
     shell = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", issue],

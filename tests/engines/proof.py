@@ -33,7 +33,7 @@ print("CUDA_VISIBLE_DEVICES=" + os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"
 # may borrow 2 GPUs. Prints a token of lab's member lea. LENDER_GONE puts demo back as it was.
 LENDER = """\
 from django.contrib.auth.models import User
-from jobs.auth import issue_token
+from jobs.actions.tokens import issue_token
 from jobs.models import Cluster, Membership, Team
 Team.objects.filter(name="demo").update(gpu_quota=0, borrow_cap=2)
 lab = Team.objects.create(

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from jobs.auth import create_token
+from jobs.actions.tokens import create_token
 from jobs.job_tokens import job_token
 from jobs.models import MetricChunk
 from jobs.states import JobStatus

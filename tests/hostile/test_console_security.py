@@ -12,7 +12,7 @@ import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
-from jobs.auth import create_token, revoke_token
+from jobs.actions.tokens import create_token, revoke_token
 from jobs.job_tokens import job_token
 from starforge.api import api as ninja_api
 from tests.jobs.api_helpers import assert_refused, submit

@@ -10,7 +10,7 @@ import os
 import pytest
 from django.test import Client
 
-from jobs.auth import create_token
+from jobs.actions.tokens import create_token
 
 pytestmark = pytest.mark.django_db
 SCRAPE = "a-scrape-token-that-an-admin-configured-0123456789"

@@ -42,7 +42,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 import jobs.api.jobs
-from jobs.auth import create_token
+from jobs.actions.tokens import create_token
 from jobs.job_tokens import job_token
 from jobs.models import JobEvent
 from jobs.states import JobStatus

@@ -18,7 +18,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from jobs.auth import create_token
+from jobs.actions.tokens import create_token
 from jobs.job_tokens import bootstrap_token_for
 from jobs.models import Membership, Webhook
 from starforge.api import api as ninja_api

@@ -8,7 +8,7 @@ host (the runner's snapshot download) and lock its users out of the API.
 import pytest
 from django.test import Client
 
-from jobs.auth import create_token
+from jobs.actions.tokens import create_token
 from jobs.job_tokens import job_token
 from tests.jobs.api_helpers import assert_refused, submit
 from tests.jobs.test_log_ingest import attach_attempt

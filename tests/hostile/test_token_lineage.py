@@ -12,7 +12,8 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
-from jobs.auth import TokenRefused, create_token, revoke_token
+from jobs.actions.tokens import create_token, revoke_token
+from jobs.auth import TokenRefused
 from jobs.job_tokens import job_token
 from jobs.models import ApiToken
 from tests.jobs.api_helpers import assert_refused, submit

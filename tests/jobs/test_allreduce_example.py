@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from jobs import kick
-from jobs.auth import issue_token
+from jobs.actions.tokens import issue_token
 from jobs.models import Job
 from jobs.states import JobStatus
 from jobs.stores import logstore

@@ -21,7 +21,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
-from jobs.auth import create_token
+from jobs.actions.tokens import create_token
 from jobs.ledger.transitions import transition
 from jobs.models import (
     ApiToken,

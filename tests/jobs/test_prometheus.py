@@ -8,8 +8,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from jobs.actions.tokens import issue_token
 from jobs.api.prometheus import gpu_seconds_by_team, render
-from jobs.auth import issue_token
 from jobs.loops import tickstats
 from jobs.models import ApiToken, Attempt, Cluster
 from jobs.states import JobStatus

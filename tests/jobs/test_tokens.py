@@ -7,7 +7,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from jobs.auth import LAST_USED_RESOLUTION, create_token, hash_token
+from jobs.actions.tokens import create_token
+from jobs.auth import LAST_USED_RESOLUTION, hash_token
 from jobs.models import ApiToken
 from tests.jobs.api_helpers import assert_refused
 

@@ -3,7 +3,7 @@
 from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.auth import issue_token
+from jobs.actions.tokens import issue_token
 
 
 class Command(BaseCommand):
