@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from sf import contract, runner
 
-from jobs.executors import base, kubernetes, local, ray, slurm
+from jobs.executors import base, local, ray, slurm
 from jobs.executors.base import LaunchSpec, record_key
+from jobs.executors.kubernetes import observe as kubernetes_observe
 from jobs.loops import scheduler
 from jobs.models import Cluster
 
@@ -35,7 +36,7 @@ def test_the_runner_and_the_server_sign_and_refuse_with_the_contracts_own_functi
 
 
 def test_every_executor_reads_the_runners_exit_codes_from_the_contract():
-    for module in (slurm, ray, kubernetes):
+    for module in (slurm, ray, kubernetes_observe):
         assert module.INGEST_EXIT is contract.INGEST_EXIT
         assert module.entrypoint_code is contract.entrypoint_code
     assert local.INGEST_FAILED is slurm.INGEST_FAILED is contract.INGEST_FAILED
@@ -71,7 +72,7 @@ def literals(path: Path) -> set[object]:
 
 
 PARTIES = sorted(
-    [*(ROOT / "client" / "sf").glob("*.py"), *(ROOT / "jobs" / "executors").glob("*.py")]
+    [*(ROOT / "client" / "sf").glob("*.py"), *(ROOT / "jobs" / "executors").rglob("*.py")]
 )
 
 
@@ -105,11 +106,11 @@ def test_every_executor_reads_ingest_and_signals_from_the_runners_exit_status():
     assert slurm.exit_code_of(contract.INGEST_EXIT << 8) == contract.INGEST_EXIT
     assert slurm.exit_code_of(killed << 8) == -9
     # Kubernetes: the container's exit code
-    ingest = kubernetes._exited({"exitCode": contract.INGEST_EXIT, "message": ""}, {})
+    ingest = kubernetes_observe._exited({"exitCode": contract.INGEST_EXIT, "message": ""}, {})
     assert (ingest.native_state, ingest.failure) == ("Failed/IngestFailed", "ingest")
     assert ingest.message.startswith(contract.INGEST_FAILED)
     assert f"(exit {contract.INGEST_EXIT})" in ingest.message
-    signalled = kubernetes._exited({"exitCode": killed, "reason": "Error"}, {})
+    signalled = kubernetes_observe._exited({"exitCode": killed, "reason": "Error"}, {})
     assert (signalled.native_state, signalled.exit_code) == ("Failed/Killed", -9)
     # Ray: the driver's exit code
     failed = {"status": "FAILED", "message": "boom"}

@@ -4,7 +4,8 @@ import pytest
 
 from jobs.executors import LaunchError
 from jobs.executors.base import TIME_LIMIT_BACKSTOP_S
-from jobs.executors.kubernetes import KubernetesExecutor, job_name, label_value
+from jobs.executors.kubernetes import KubernetesExecutor
+from jobs.executors.kubernetes.manifests import job_name, label_value
 from jobs.models import Cluster
 from jobs.states import JobStatus
 from tests.engines.kubernetes.objects import (
@@ -131,7 +132,7 @@ def test_a_time_limit_gives_the_job_an_active_deadline_past_its_wait_and_its_run
 
 
 def test_an_invalid_job_is_refused_for_good_with_the_apis_message(executor, monkeypatch):
-    monkeypatch.setattr("jobs.executors.kubernetes.label_value", lambda value: "-bad-")
+    monkeypatch.setattr("jobs.executors.kubernetes.manifests.label_value", lambda value: "-bad-")
     with pytest.raises(LaunchError) as refused:
         executor.submit(launch())
     assert refused.value.permanent

@@ -15,6 +15,7 @@ from django.utils import timezone
 from jobs.executors import LaunchError, NodeCapacity
 from jobs.executors.base import check_request
 from jobs.executors.kubernetes import KubernetesExecutor
+from jobs.executors.kubernetes.manifests import job_manifest
 from jobs.job_tokens import bootstrap_token_for
 from jobs.loops.reconciler import reconcile_all
 from jobs.models import Attempt, Cluster, Job
@@ -567,7 +568,7 @@ def test_the_new_settings_are_checked(k8s_settings, change, sentence):
 
 
 def test_the_emulator_refuses_a_pod_failure_policy_the_real_server_would(executor, apiserver):
-    manifest = executor.job_manifest("sf-bad-a1", launch(nodes=2, gpus=2))
+    manifest = job_manifest(executor.settings, "sf-bad-a1", launch(nodes=2, gpus=2))
     manifest["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
     manifest["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["containerName"] = "sidecar"
     with pytest.raises(ApiError) as refused:

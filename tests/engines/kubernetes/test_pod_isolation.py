@@ -4,6 +4,7 @@ import pytest
 
 from jobs.executors.base import GPU_VISIBILITY_VARS
 from jobs.executors.kubernetes import KubernetesExecutor
+from jobs.executors.kubernetes.manifests import pod_spec
 from jobs.models import Cluster
 from tests.engines.kubernetes.objects import launch
 
@@ -84,4 +85,4 @@ def test_mounting_the_token_needs_a_named_service_account(k8s_settings):
     settings = {**k8s_settings, "service_account": "t", "automount_service_account_token": True}
     KubernetesExecutor.validate_settings(settings)
     spec = KubernetesExecutor(Cluster(name="k", kind="kubernetes", settings=settings))
-    assert spec._pod_spec(launch())["automountServiceAccountToken"] is True
+    assert pod_spec(spec.settings, launch())["automountServiceAccountToken"] is True

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from jobs.executors.kubernetes import KubernetesExecutor
+from jobs.executors.kubernetes.manifests import job_manifest
 from jobs.models import Cluster
 from jobs.states import JobStatus
 from tests.engines.kubernetes.objects import launch
@@ -38,15 +39,14 @@ def real_executor(monkeypatch) -> KubernetesExecutor:
         "image": os.environ.get("SF_K8S_TEST_IMAGE", "python:3.11-slim"),
     }
     executor = KubernetesExecutor(Cluster(name="real", kind="kubernetes", settings=settings))
-    manifest = executor.job_manifest
 
-    def sleeping(name, spec):
-        job = manifest(name, spec)
+    def sleeping(settings, name, spec, gpu_products=()):
+        job = job_manifest(settings, name, spec, gpu_products)
         container = job["spec"]["template"]["spec"]["containers"][0]
         container["command"] = ["python", "-c", "import time; time.sleep(300)"]
         return job
 
-    monkeypatch.setattr(executor, "job_manifest", sleeping)
+    monkeypatch.setattr("jobs.executors.kubernetes.executor.job_manifest", sleeping)
     return executor
 
 
