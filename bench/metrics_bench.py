@@ -8,7 +8,7 @@ series and batch, written with COPY), builds their rollups as the migration's ba
 points per series: read from the rollups), the same series read point by point as before the
 rollups (`raw_series_*`), and `latest()`: median of 5 after one warm-up. `ingest` posts 200,000
 points of 4 metrics to `POST /api/v1/ingest/metrics` with the job token, in the runner's batches
-(`sf.runner.BATCH_POINTS`), through Django's test client: authentication, parsing, validation,
+(`sf.shipping.BATCH_POINTS`), through Django's test client: authentication, parsing, validation,
 points and rollups as a runner's request has them, without the HTTP server. Bodies are encoded
 and one empty batch sent before the clock starts. Prints JSON; the database is dropped
 afterwards. Aims: the Charts data under 150 ms, ingest at least 100,000 points/s.
@@ -42,7 +42,7 @@ INGEST_AIM = 100_000  # points/s
 
 def load(job_id: int) -> None:
     """The points as ingest stores them: chunks of one series, BATCH_POINTS points per batch."""
-    from sf.runner import BATCH_POINTS
+    from sf.shipping import BATCH_POINTS
 
     from jobs.stores import metrics
 
@@ -148,7 +148,7 @@ def build_rollups(job_id: int) -> float:
 def ingest(job_id: int) -> dict:
     """The runner's metric ingest over the API for INGEST_POINTS points, rollups included."""
     from django.test import Client
-    from sf.runner import BATCH_POINTS
+    from sf.shipping import BATCH_POINTS
 
     from jobs.job_tokens import job_token
 

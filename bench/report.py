@@ -198,7 +198,7 @@ def _api_rows(results: dict) -> list[Row]:
 
 
 def _api_rows_of(results: dict, bench: str, where: str) -> list[Row]:
-    from sf.runner import BATCH_LINES
+    from sf.shipping import BATCH_LINES
 
     api, out = results.get(bench, {}), []
     for key, r in api.items():

@@ -9,7 +9,9 @@ drift apart:
 - the runner's exit codes that counterparts interpret (INGEST_EXIT, 128+N for a signal), and
   the words that open an ingest failure's reason;
 - the backend-name prefix and `backend_name`, the deterministic name of an attempt's object;
-- the files the runner keeps in its attempt directory, and the SF_* variables through which an
+- every SF_* variable of the runner's and the job's environment: who sets it and who reads it
+  (the launcher, an executor, the runner, the job's SDK), each named once below;
+- the files the runner keeps in its attempt directory, and the variables through which an
   executor says where they go;
 - `record_mac`, how the runner signs its records, and `read_json`, the one way a counterpart
   reads a file of an attempt directory, where job code may have written.
@@ -69,6 +71,40 @@ def backend_name(run_id: str, attempt: int) -> str:
     """The deterministic name of attempt `attempt` of run `run_id` on every engine."""
     return f"{BACKEND_PREFIX}{run_id}-a{attempt}"
 
+
+# -- the job's environment -------------------------------------------------------------------
+# Every name below is SF_*: a job may not set one of its own (submit refuses them), so none can
+# be taken for the contract's. The launcher (`jobs.loops.launcher.launch_spec`) sets these on
+# every engine; the runner reads them, and the job sees those of JOB_VARS.
+RUN_ID_VAR = "SF_RUN_ID"  # the run's stable id: the same on every attempt
+ATTEMPT_VAR = "SF_ATTEMPT"  # the attempt's number, from 1
+JOB_ID_VAR = "SF_JOB_ID"  # the job's id in the ledger
+OUTPUT_DIR_VAR = "SF_OUTPUT_DIR"  # the run's outputs, the same folder on every attempt
+CHECKPOINT_DIR_VAR = "SF_CHECKPOINT_DIR"  # where the job saves checkpoints (below the outputs)
+JOB_VARS = (RUN_ID_VAR, ATTEMPT_VAR, JOB_ID_VAR, OUTPUT_DIR_VAR, CHECKPOINT_DIR_VAR)
+ENTRYPOINT_VAR = "SF_ENTRYPOINT"  # the job's command, a JSON list of strings
+SNAPSHOT_VAR = "SF_SNAPSHOT"  # the working-directory snapshot's sha256 the runner fetches
+API_URL_VAR = "SF_API_URL"  # where the runner reaches the server ("": offline, nothing shipped)
+# The job's own variables apart, as a JSON object: a runner that is not the job's uid (the
+# local executor's run_as) applies them to the job alone, never to itself. Without it the
+# runner's environment holds them (the other engines).
+USER_ENV_VAR = "SF_USER_ENV"
+# A follow-on job reads its parent's outputs: the parent's run id and output folder, and
+# whatever else the launcher names with this prefix.
+PARENT_PREFIX = "SF_PARENT_"
+PARENT_RUN_ID_VAR = "SF_PARENT_RUN_ID"
+PARENT_OUTPUT_DIR_VAR = "SF_PARENT_OUTPUT_DIR"
+# The local executor's run_as: the account a root runner starts the job as (uid, gid, name).
+RUN_AS_UID_VAR = "SF_RUN_AS_UID"
+RUN_AS_GID_VAR = "SF_RUN_AS_GID"
+RUN_AS_USER_VAR = "SF_RUN_AS_USER"
+RUN_AS_VARS = (RUN_AS_UID_VAR, RUN_AS_GID_VAR, RUN_AS_USER_VAR)
+# The runner tells the job where the SDK (`sf.log`) appends its points, which the runner tails
+# and ships (the file: METRICS_FILE, below); the notice file's variable is NOTICE_FILE_VAR.
+METRICS_FILE_VAR = "SF_METRICS_FILE"
+# Seconds between the runner's CPU, memory and GPU samples (`sf.system`; default 5): read from
+# the job's environment as the runner has it (an engine's, or a test's).
+SYSTEM_SAMPLE_VAR = "SF_SYSTEM_SAMPLE_S"
 
 # -- the attempt directory -------------------------------------------------------------------
 EXIT_FILE = "exit.json"  # signed outcome: exit_code (None: ingest failed), reason, started_at...

@@ -38,6 +38,21 @@ def _retry_after(resp: http.client.HTTPResponse) -> float | None:
     return value if 0 <= value < float("inf") else None
 
 
+# The runner retries what may go away by itself; the CLI reports every refusal at once.
+RETRY_AFTER_CAP_S = 30.0  # a server's Retry-After is honoured up to this
+
+
+def retryable(exc: ApiError) -> bool:
+    """Whether a refusal may go away by itself: a server error, a timeout, too many requests."""
+    return exc.status >= 500 or exc.status in (408, 429)
+
+
+def retry_delay(exc: ApiError, default: float) -> float:
+    """The server's Retry-After (capped) where it sent one, else our own backoff."""
+    after = getattr(exc, "retry_after", None)
+    return default if after is None else min(float(after), RETRY_AFTER_CAP_S)
+
+
 class ConnectError(Exception):
     """The server could not be reached at all (DNS, refused, reset, timeout)."""
 

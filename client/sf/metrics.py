@@ -18,7 +18,9 @@ import time
 import warnings
 from collections.abc import Mapping
 
-ENV_FILE = "SF_METRICS_FILE"
+from sf.contract import METRICS_FILE_VAR
+
+ENV_FILE = METRICS_FILE_VAR
 KINDS = ("train", "validation")
 MAX_NAME = 100
 FLUSH_INTERVAL_S = 0.5

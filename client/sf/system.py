@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from sf.contract import SYSTEM_SAMPLE_VAR
+from sf.say import say
 
 DEFAULT_INTERVAL_S = 5.0
 MIN_INTERVAL_S = 0.05
@@ -30,14 +32,9 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 Point = dict[str, Any]
 
 
-def _say(message: str) -> None:
-    sys.stderr.write(f"sf.runner: {message}\n")
-    sys.stderr.flush()
-
-
 def sample_interval(environ: dict[str, str] | os._Environ) -> float:
     """SF_SYSTEM_SAMPLE_S as seconds (default 5); an unusable value falls back to the default."""
-    raw = environ.get("SF_SYSTEM_SAMPLE_S", "")
+    raw = environ.get(SYSTEM_SAMPLE_VAR, "")
     if not raw:
         return DEFAULT_INTERVAL_S
     try:
@@ -45,7 +42,7 @@ def sample_interval(environ: dict[str, str] | os._Environ) -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        _say(f"SF_SYSTEM_SAMPLE_S={raw!r} is not a positive number; sampling every 5s")
+        say(f"{SYSTEM_SAMPLE_VAR}={raw!r} is not a positive number; sampling every 5s")
         return DEFAULT_INTERVAL_S
     return max(value, MIN_INTERVAL_S)
 
@@ -154,7 +151,7 @@ class Gpus:
         try:
             self.handles = visible_handles(pynvml, visible)
         except Exception as exc:  # noqa: BLE001 - any NVML failure
-            _say(f"no GPU telemetry: NVML could not list the job's GPUs: {exc}")
+            say(f"no GPU telemetry: NVML could not list the job's GPUs: {exc}")
             _shutdown(pynvml)
             return
         self.nvml = pynvml
@@ -287,7 +284,7 @@ class SystemSampler:
                 readings += self._gpu_readings(gpus)
                 self._record(step, readings)
         except Exception as exc:  # noqa: BLE001 - the sampler must never take the runner down
-            _say(f"system sampling stopped: {exc!r}")
+            say(f"system sampling stopped: {exc!r}")
         finally:
             if gpus is not None:
                 gpus.close()
@@ -298,6 +295,6 @@ class SystemSampler:
         try:
             return gpus.read()
         except Exception as exc:  # noqa: BLE001 - any NVML failure
-            _say(f"GPU sampling stopped after an NVML error: {exc!r}; CPU and memory go on")
+            say(f"GPU sampling stopped after an NVML error: {exc!r}; CPU and memory go on")
             gpus.close()
             return []

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from sf import contract, runner
+from sf import contract, environment, runner
 
 from jobs.executors import base, local, ray, slurm
 from jobs.executors.base import LaunchSpec, record_key
@@ -32,7 +32,7 @@ def test_the_runner_and_the_server_sign_and_refuse_with_the_contracts_own_functi
     assert runner.INGEST_EXIT is contract.INGEST_EXIT == 86
     assert runner.record_mac is contract.record_mac is base.record_mac
     assert base.read_json is contract.read_json and local.read_json is contract.read_json
-    assert base.RUNNER_SECRETS is contract.RUNNER_SECRETS <= runner.RUNNER_ONLY
+    assert base.RUNNER_SECRETS is contract.RUNNER_SECRETS <= environment.RUNNER_ONLY
 
 
 def test_every_executor_reads_the_runners_exit_codes_from_the_contract():
@@ -119,7 +119,7 @@ def test_every_executor_reads_ingest_and_signals_from_the_runners_exit_status():
 
 
 def test_the_runners_ingest_failure_is_what_the_executors_call_one(tmp_path):
-    env = runner.RunnerEnv(contract.file_env(tmp_path))
+    env = environment.RunnerEnv(contract.file_env(tmp_path))
     assert runner._ingest_failed(env, "no snapshot") == contract.INGEST_EXIT
     record = contract.read_json(tmp_path / contract.EXIT_FILE)
     assert record["reason"] == f"{contract.INGEST_FAILED}: no snapshot"
@@ -130,12 +130,12 @@ def test_the_runners_ingest_failure_is_what_the_executors_call_one(tmp_path):
 
 
 def test_the_runner_keeps_its_files_where_the_executors_say(tmp_path):
-    env = runner.RunnerEnv(contract.file_env(tmp_path, proc_file=True))
+    env = environment.RunnerEnv(contract.file_env(tmp_path, proc_file=True))
     assert env.exit_file == str(tmp_path / contract.EXIT_FILE)
     assert env.started_file == str(tmp_path / contract.STARTED_FILE)
     assert env.run_dir == str(tmp_path / contract.RUN_DIR)
     assert env.metrics_file == str(tmp_path / contract.METRICS_FILE)
-    defaults = runner.RunnerEnv({})  # without the variables: the same names in its cwd
+    defaults = environment.RunnerEnv({})  # without the variables: the same names in its cwd
     assert Path(defaults.exit_file).name == contract.EXIT_FILE
     assert Path(defaults.run_dir).name == contract.RUN_DIR
 

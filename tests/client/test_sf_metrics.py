@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sf import metrics, runner
+from sf import metrics, shipping
 
 from tests.client.test_sf_runner import exit_record, pack, run_runner, runner_env
 
@@ -224,7 +224,7 @@ def test_runner_ships_every_point_once_across_a_503_before_the_exit_file(
     ],
 )
 def test_the_runner_skips_lines_that_are_not_points(line: bytes) -> None:
-    assert runner.parse_point(line) is None
+    assert shipping.parse_point(line) is None
 
 
 def test_metrics_shipping_stops_on_410(capfd: pytest.CaptureFixture) -> None:
@@ -239,7 +239,7 @@ def test_metrics_shipping_stops_on_410(capfd: pytest.CaptureFixture) -> None:
             raise ApiError(410, "attempt 1 of job 7 is over.")
 
     client = Refusing()
-    shipper = runner.MetricsShipper(client, attempt=1)  # type: ignore[arg-type]
+    shipper = shipping.MetricsShipper(client, attempt=1)  # type: ignore[arg-type]
     shipper.add({"seq": 0, "kind": "train", "name": "loss", "step": 0, "value": 1.0, "ts": 0.0})
     shipper.start()
     shipper.close()

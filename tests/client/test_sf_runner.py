@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sf import runner, snapshot, supervise
+from sf import http, ingest, runner, shipping, snapshot, supervise
 
 
 def tar_with(path: Path, name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> Path:
@@ -28,15 +28,15 @@ def tar_with(path: Path, name: str, kind: bytes = tarfile.REGTYPE, link: str = "
 
 @pytest.mark.parametrize("name", ["../evil.py", "a/../../evil.py", "/etc/evil"])
 def test_unpack_refuses_paths_leaving_the_run_dir(tmp_path: Path, name: str) -> None:
-    with pytest.raises(runner.IngestError, match="unsafe path"):
-        runner.safe_unpack(str(tar_with(tmp_path / "s.tgz", name)), str(tmp_path / "run"))
+    with pytest.raises(ingest.IngestError, match="unsafe path"):
+        ingest.safe_unpack(str(tar_with(tmp_path / "s.tgz", name)), str(tmp_path / "run"))
     assert not (tmp_path / "evil.py").exists()
 
 
 def test_unpack_refuses_symlink_pointing_outside(tmp_path: Path) -> None:
     archive = tar_with(tmp_path / "s.tgz", "link", tarfile.SYMTYPE, "../../etc/passwd")
-    with pytest.raises(runner.IngestError, match="outside"):
-        runner.safe_unpack(str(archive), str(tmp_path / "run"))
+    with pytest.raises(ingest.IngestError, match="outside"):
+        ingest.safe_unpack(str(archive), str(tmp_path / "run"))
 
 
 def test_unpack_refuses_two_links_that_leave_the_run_dir_together(tmp_path: Path) -> None:
@@ -46,20 +46,20 @@ def test_unpack_refuses_two_links_that_leave_the_run_dir_together(tmp_path: Path
             info = tarfile.TarInfo(name)
             info.type, info.linkname = tarfile.SYMTYPE, link
             tar.addfile(info)
-    with pytest.raises(runner.IngestError, match="symlink 'a' resolves outside"):
-        runner.safe_unpack(str(archive), str(tmp_path / "run"))
+    with pytest.raises(ingest.IngestError, match="symlink 'a' resolves outside"):
+        ingest.safe_unpack(str(archive), str(tmp_path / "run"))
     assert not (tmp_path / "run" / "a").exists()
 
 
 def test_unpack_creates_folders_the_archive_does_not_list(tmp_path: Path) -> None:
-    runner.safe_unpack(str(tar_with(tmp_path / "s.tgz", "a/b/c.py")), str(tmp_path / "run"))
+    ingest.safe_unpack(str(tar_with(tmp_path / "s.tgz", "a/b/c.py")), str(tmp_path / "run"))
     assert (tmp_path / "run" / "a" / "b" / "c.py").is_file()
 
 
 def test_unpack_refuses_device_files(tmp_path: Path) -> None:
     archive = tar_with(tmp_path / "s.tgz", "dev", tarfile.CHRTYPE)
-    with pytest.raises(runner.IngestError, match="unsupported member"):
-        runner.safe_unpack(str(archive), str(tmp_path / "run"))
+    with pytest.raises(ingest.IngestError, match="unsupported member"):
+        ingest.safe_unpack(str(archive), str(tmp_path / "run"))
 
 
 JOB_SCRIPT = """\
@@ -259,9 +259,9 @@ class ScriptedClient:
 def test_conflict_drops_lines_the_server_already_has(monkeypatch: pytest.MonkeyPatch) -> None:
     from sf.http import ApiError
 
-    monkeypatch.setattr(runner, "BATCH_INTERVAL_S", 0.01)
+    monkeypatch.setattr(shipping, "BATCH_INTERVAL_S", 0.01)
     client = ScriptedClient([ApiError(409, "gap.", {"next_seq": 3})])
-    shipper = runner.LogShipper(client, attempt=1)  # type: ignore[arg-type]
+    shipper = shipping.LogShipper(client, attempt=1)  # type: ignore[arg-type]
     for seq in range(5):
         shipper.add({"seq": seq, "stream": "stdout", "ts": 0.0, "text": str(seq)})
     shipper.start()
@@ -274,7 +274,7 @@ def test_revoked_token_stops_shipping(capfd: pytest.CaptureFixture) -> None:
     from sf.http import ApiError
 
     client = ScriptedClient([ApiError(410, "job finished.")])
-    shipper = runner.LogShipper(client, attempt=1)  # type: ignore[arg-type]
+    shipper = shipping.LogShipper(client, attempt=1)  # type: ignore[arg-type]
     shipper.add({"seq": 0, "stream": "stdout", "ts": 0.0, "text": "x"})
     shipper.start()
     shipper.close()
@@ -288,10 +288,10 @@ def test_a_batch_too_large_is_resent_in_halves_then_grows_back(
 ) -> None:
     from sf.http import ApiError
 
-    monkeypatch.setattr(runner, "BATCH_INTERVAL_S", 0.01)
+    monkeypatch.setattr(shipping, "BATCH_INTERVAL_S", 0.01)
     too_large = ApiError(413, "the batch is larger than 16 MB.")
     client = ScriptedClient([too_large, too_large, {}, {}, {}])
-    shipper = runner.LogShipper(client, attempt=1)  # type: ignore[arg-type]
+    shipper = shipping.LogShipper(client, attempt=1)  # type: ignore[arg-type]
     for seq in range(8):
         shipper.add({"seq": seq, "stream": "stdout", "ts": 0.0, "text": str(seq)})
     shipper.start()
@@ -305,10 +305,10 @@ def test_one_record_too_large_alone_is_dropped_and_the_rest_shipped(
 ) -> None:
     from sf.http import ApiError
 
-    monkeypatch.setattr(runner, "BATCH_INTERVAL_S", 0.01)
+    monkeypatch.setattr(shipping, "BATCH_INTERVAL_S", 0.01)
     too_large = ApiError(413, "the batch is larger than 16 MB.")
     client = ScriptedClient([too_large, too_large, {}])
-    shipper = runner.LogShipper(client, attempt=1)  # type: ignore[arg-type]
+    shipper = shipping.LogShipper(client, attempt=1)  # type: ignore[arg-type]
     for seq in range(2):
         shipper.add({"seq": seq, "stream": "stdout", "ts": 0.0, "text": str(seq)})
     shipper.start()
@@ -524,18 +524,18 @@ def test_retry_after_is_honoured_up_to_its_cap(
     real_sleep, here = time.sleep, threading.get_ident()
 
     def sleep(seconds: float) -> None:
-        # runner.time is the time module: other threads of the suite's process (a fixture's
+        # ingest.time is the time module: other threads of the suite's process (a fixture's
         # poller) must still sleep, and their sleeps are not the download's.
         if threading.get_ident() == here:
             slept.append(seconds)
         else:
             real_sleep(seconds)
 
-    monkeypatch.setattr(runner.time, "sleep", sleep)
+    monkeypatch.setattr(ingest.time, "sleep", sleep)
     errors = [ApiError(429, "wait.", retry_after=7.0), ApiError(503, "wait.", retry_after=3600.0)]
     client = FailingThenOk(errors)
-    runner._download(client, str(tmp_path / "a.tgz"))  # type: ignore[arg-type]
-    assert client.calls == 3 and slept == [7.0, runner.RETRY_AFTER_CAP_S]
+    ingest._download(client, str(tmp_path / "a.tgz"))  # type: ignore[arg-type]
+    assert client.calls == 3 and slept == [7.0, http.RETRY_AFTER_CAP_S]
 
 
 def _niceness_after(start: int, wanted: str) -> tuple[int, str]:

@@ -24,7 +24,7 @@ from tests.jobs.test_snapshots import entry as tar_entry
 from tests.jobs.test_snapshots import tar_gz as pack_entries
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client"))
-from sf.runner import IngestError, safe_unpack  # noqa: E402
+from sf.ingest import IngestError, safe_unpack  # noqa: E402
 from sf.snapshot import SnapshotError, build  # noqa: E402
 
 pytestmark = pytest.mark.django_db
