@@ -42,24 +42,33 @@ from typing import ClassVar
 import psutil
 from django.conf import settings
 from sf.contract import (
+    API_URL_VAR,
     ARRAY_VARS,
     BOOTSTRAP_TOKEN_VAR,
+    ENTRYPOINT_VAR,
     EXIT_FILE,
     GPUS_PER_NODE_VAR,
     INGEST_FAILED,
     JOB_TOKEN_VAR,
+    JOB_VARS,
     LIVENESS_LOCK,
     NICENESS_VAR,
     NUM_NODES_VAR,
+    PARENT_PREFIX,
     PREEMPT_GRACE_VAR,
     PROC_FILE,
     RANK_GPUS_VAR,
     RANK_LAUNCH_VAR,
     RECORD_KEY_VAR,
+    RUN_AS_GID_VAR,
+    RUN_AS_UID_VAR,
+    RUN_AS_USER_VAR,
     RUN_DIR,
     SANDBOX_VAR,
+    SNAPSHOT_VAR,
     STARTED_FILE,
     STOP_GRACE_VAR,
+    USER_ENV_VAR,
     file_env,
     read_json,
 )
@@ -98,14 +107,10 @@ NO_RUN_AS = ("", "none")
 # (when the launcher did not set SF_USER_ENV itself).
 CONTRACT = frozenset(
     {
-        "SF_RUN_ID",
-        "SF_ATTEMPT",
-        "SF_JOB_ID",
-        "SF_OUTPUT_DIR",
-        "SF_CHECKPOINT_DIR",
-        "SF_ENTRYPOINT",
-        "SF_SNAPSHOT",
-        "SF_API_URL",
+        *JOB_VARS,
+        ENTRYPOINT_VAR,
+        SNAPSHOT_VAR,
+        API_URL_VAR,
         PREEMPT_GRACE_VAR,
         STOP_GRACE_VAR,
         JOB_TOKEN_VAR,
@@ -468,16 +473,16 @@ def runner_env(
     path = os.pathsep.join([str(Path(python).parent), DEFAULT_PATH])
     env = base_env(home, str(attempt_dir / "tmp"), path)
     env.update({"USER": user, "LOGNAME": user})
-    env.update({k: v for k, v in spec.env.items() if k in CONTRACT or k.startswith("SF_PARENT_")})
-    env["SF_USER_ENV"] = json.dumps(user_env(spec.env))
+    env.update({k: v for k, v in spec.env.items() if k in CONTRACT or k.startswith(PARENT_PREFIX)})
+    env[USER_ENV_VAR] = json.dumps(user_env(spec.env))
     env[RECORD_KEY_VAR] = record_key(spec.name)
     env.update(file_env(attempt_dir, proc_file=True))
     if identity:
         env.update(
             {
-                "SF_RUN_AS_UID": str(identity.uid),
-                "SF_RUN_AS_GID": str(identity.gid),
-                "SF_RUN_AS_USER": identity.user,
+                RUN_AS_UID_VAR: str(identity.uid),
+                RUN_AS_GID_VAR: str(identity.gid),
+                RUN_AS_USER_VAR: identity.user,
             }
         )
     return env
@@ -485,19 +490,19 @@ def runner_env(
 
 def user_env(env: dict[str, str]) -> dict[str, str]:
     """The job's own variables: SF_USER_ENV as the launcher wrote it, else what is not ours."""
-    raw = env.get("SF_USER_ENV")
+    raw = env.get(USER_ENV_VAR)
     if raw is not None:
         try:
             parsed = json.loads(raw)
         except ValueError:
             parsed = None
         if not isinstance(parsed, dict):
-            raise LaunchError("SF_USER_ENV is not a JSON object", permanent=True)
+            raise LaunchError(f"{USER_ENV_VAR} is not a JSON object", permanent=True)
         return {str(k): str(v) for k, v in parsed.items()}
     return {
         k: v
         for k, v in env.items()
-        if k not in CONTRACT and not k.startswith("SF_PARENT_") and k != RECORD_KEY_VAR
+        if k not in CONTRACT and not k.startswith(PARENT_PREFIX) and k != RECORD_KEY_VAR
     }
 
 

@@ -35,11 +35,22 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from sf.contract import (
+    API_URL_VAR,
     ARRAY_ID_VAR,
     ARRAY_INDEX_VAR,
     ARRAY_PARAMS_VAR,
+    ATTEMPT_VAR,
+    CHECKPOINT_DIR_VAR,
+    ENTRYPOINT_VAR,
+    JOB_ID_VAR,
+    OUTPUT_DIR_VAR,
+    PARENT_OUTPUT_DIR_VAR,
+    PARENT_RUN_ID_VAR,
     PREEMPT_GRACE_VAR,
+    RUN_ID_VAR,
+    SNAPSHOT_VAR,
     STOP_GRACE_VAR,
+    USER_ENV_VAR,
 )
 
 from jobs.executors import LaunchError, LaunchSpec, executor_for
@@ -262,17 +273,17 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
     grace = preempt_grace_s(cluster_settings)
     env = {
         **user_env,
-        "SF_API_URL": cluster_settings.get("api_url") or settings.SF_API_URL,
-        "SF_JOB_ID": str(job.pk),
-        "SF_RUN_ID": job.run_id,
-        "SF_ATTEMPT": str(attempt.number),
-        "SF_OUTPUT_DIR": output_dir,
-        "SF_CHECKPOINT_DIR": posixpath.join(output_dir, "checkpoints"),
-        "SF_ENTRYPOINT": json.dumps(job.entrypoint),
-        "SF_SNAPSHOT": job.snapshot_id or "",
+        API_URL_VAR: cluster_settings.get("api_url") or settings.SF_API_URL,
+        JOB_ID_VAR: str(job.pk),
+        RUN_ID_VAR: job.run_id,
+        ATTEMPT_VAR: str(attempt.number),
+        OUTPUT_DIR_VAR: output_dir,
+        CHECKPOINT_DIR_VAR: posixpath.join(output_dir, "checkpoints"),
+        ENTRYPOINT_VAR: json.dumps(job.entrypoint),
+        SNAPSHOT_VAR: job.snapshot_id or "",
         # The job's own variables apart, so a runner that runs as another user than the job
         # (the local executor's run_as) applies them to the job alone, never to itself.
-        "SF_USER_ENV": json.dumps(user_env),
+        USER_ENV_VAR: json.dumps(user_env),
         PREEMPT_GRACE_VAR: str(grace),
         **runner_credentials(job.cluster.kind, attempt),
     }
@@ -284,8 +295,8 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
         env[ARRAY_PARAMS_VAR] = json.dumps(job.array_params or {})
     if job.parent_id:  # a follow-on job reads its parent's outputs
         parent_run = Job.objects.values_list("run_id", flat=True).get(pk=job.parent_id)
-        env["SF_PARENT_RUN_ID"] = parent_run
-        env["SF_PARENT_OUTPUT_DIR"] = run_output_dir(output_root, parent_run)
+        env[PARENT_RUN_ID_VAR] = parent_run
+        env[PARENT_OUTPUT_DIR_VAR] = run_output_dir(output_root, parent_run)
     return LaunchSpec(
         name=attempt.backend_name,
         job_id=job.pk,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -47,7 +48,7 @@ def contract_values() -> set[object]:
     and variable names. (The prefix "sf-" and 128 or 64 are too common to look for: the tests
     above and below check their use.)"""
     files = ["EXIT_FILE", "STARTED_FILE", "PROC_FILE", "CONSOLE_LOG", "METRICS_FILE"]
-    names = ["INGEST_EXIT", "INGEST_FAILED", "LIVENESS_LOCK", *files]
+    names = ["INGEST_EXIT", "INGEST_FAILED", "LIVENESS_LOCK", "PARENT_PREFIX", *files]
     names += [n for n in dir(contract) if n.endswith("_VAR")]
     return {getattr(contract, n) for n in names}
 
@@ -71,17 +72,47 @@ def literals(path: Path) -> set[object]:
     }  # fmt: skip
 
 
+# The runner's side, the executors, and the server's other readers and writers of SF_* names.
 PARTIES = sorted(
-    [*(ROOT / "client" / "sf").glob("*.py"), *(ROOT / "jobs" / "executors").rglob("*.py")]
+    [
+        *(ROOT / "client" / "sf").rglob("*.py"),
+        *(ROOT / "jobs" / "executors").rglob("*.py"),
+        ROOT / "jobs" / "loops" / "launcher.py",
+        ROOT / "jobs" / "api" / "ingest.py",
+    ]
 )
+# The SF_* names a party may spell itself: settings of its own that no other party reads.
+OWN_NAMES = {
+    "SF_CONFIG",  # sf.config: the CLI's config file, server and token
+    "SF_URL",
+    "SF_TOKEN",
+    "SF_MAX_SNAPSHOT_MB",  # sf submit: the snapshot's size cap
+    "SF_ENV_KEEP",  # the Ray executor's entrypoint wrapper, set and read by jobs.executors.ray
+}
 
 
-@pytest.mark.parametrize("path", PARTIES, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", PARTIES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_party_writes_a_contract_value_down_again(path):
     if path.name == "contract.py":
         return
     copied = literals(path) & contract_values()
     assert copied == set(), f"{path.name} spells out {sorted(map(str, copied))}: use sf.contract"
+
+
+@pytest.mark.parametrize("path", PARTIES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_sf_name_a_party_spells_is_the_contracts_or_its_own(path):
+    if path.name == "contract.py":
+        return
+    spelled = {v for v in literals(path) if isinstance(v, str) and re.fullmatch(r"SF_\w*", v)}
+    assert spelled <= OWN_NAMES, f"{path.name} spells out {sorted(spelled - OWN_NAMES)}"
+
+
+def test_the_contract_names_each_sf_variable_once():
+    names = [n for n in dir(contract) if n.endswith("_VAR") or n == "PARENT_PREFIX"]
+    values = [getattr(contract, n) for n in names]
+    assert all(v.startswith("SF_") for v in values)
+    assert len(set(values)) == len(values), "two names for one variable"
+    assert not set(values) & OWN_NAMES
 
 
 def test_the_scheduler_names_backend_objects_as_the_contract_does():
