@@ -262,7 +262,7 @@ def _replay(job_id: int, env: dict[str, str]) -> dict:
 
 def _server_pages(job_id: int, env: dict[str, str]) -> dict:
     """The same pages fetched over one keep-alive connection: the server's share of a replay."""
-    from sf.cli import LOG_PAGE_LINES
+    from sf.commands.logs import LOG_PAGE_LINES
 
     port = int(env["SF_URL"].rsplit(":", 1)[1])
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)

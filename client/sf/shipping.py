@@ -17,6 +17,7 @@ import time
 from typing import IO, Any
 
 from sf.http import ApiError, Client, ConnectError, retry_delay, retryable
+from sf.metrics import KINDS, MAX_NAME
 from sf.say import say
 
 # Lines per log request at most. A request costs the server far more than a line in it, so a
@@ -253,9 +254,9 @@ def parse_point(raw: bytes) -> dict | None:
         return None
     kind, name, step, value, ts = (line.get(k) for k in ("kind", "name", "step", "value", "ts"))
     if not (
-        kind in ("train", "validation")
+        kind in KINDS
         and isinstance(name, str)
-        and 0 < len(name) <= 100
+        and 0 < len(name) <= MAX_NAME
         and type(step) is int
         and step >= 0
         and type(value) in (int, float)

@@ -24,7 +24,7 @@ RUNNER_ADDS = {
     "SF_METRICS_FILE",
     "SF_NOTICE_FILE",
     "SF_PREEMPT_GRACE_S",
-}  # client/sf/runner.py
+}  # client/sf/environment.py, child_env
 DUMP = "import json, os; json.dump(dict(os.environ), open('env.json', 'w'))"
 
 

@@ -26,7 +26,7 @@ PLANTED = {
 }
 # What slurmd and slurmstepd add to every batch job (SLURM_* aside).
 SLURM_ADDS = {"ENVIRONMENT", "HOSTNAME", "PWD", "TMPDIR", "SLURMD_NODENAME", "OLDPWD", "SHLVL", "_"}
-# What the runner adds for the job's code (client/sf/runner.py).
+# What the runner adds for the job's code (client/sf/environment.py, child_env).
 RUNNER_ADDS = {
     "PYTHONPATH",
     "PYTHONUNBUFFERED",
