@@ -44,7 +44,7 @@ def load(job_id: int) -> None:
     """The points as ingest stores them: chunks of one series, BATCH_POINTS points per batch."""
     from sf.shipping import BATCH_POINTS
 
-    from jobs.stores import metrics
+    from jobs.stores.metrics.chunks import chunk, write_chunks
 
     t0 = 1_700_000_000.0
     train = [[] for _ in TRAIN_NAMES]
@@ -61,17 +61,15 @@ def load(job_id: int) -> None:
             seq += 1
     per_series = BATCH_POINTS // len(TRAIN_NAMES)  # a batch holds every metric's next steps
     chunks = [
-        metrics.chunk("train", name, *zip(*points[start : start + per_series], strict=True))
+        chunk("train", name, *zip(*points[start : start + per_series], strict=True))
         for name, points in zip(TRAIN_NAMES, train, strict=True)
         for start in range(0, STEPS, per_series)
     ]
     chunks += [
-        metrics.chunk(
-            "validation", name, *zip(*[p for n, p in validation if n == name], strict=True)
-        )
+        chunk("validation", name, *zip(*[p for n, p in validation if n == name], strict=True))
         for name in ("accuracy", "f1", "bleu", "perplexity")
     ]
-    metrics.write_chunks(job_id, 1, chunks)
+    write_chunks(job_id, 1, chunks)
 
 
 def timed(fn) -> dict:
@@ -90,7 +88,8 @@ def timed(fn) -> dict:
 def split_series(job_id: int) -> dict:
     """series() for x=step split into its database fetch and its LTTB share."""
     from jobs.models import MetricChunk
-    from jobs.stores.metrics import lttb, unpack
+    from jobs.stores.metrics.charts import lttb
+    from jobs.stores.metrics.chunks import unpack
 
     start = time.perf_counter()
     chunks = list(
@@ -118,14 +117,14 @@ def build_rollups(job_id: int) -> float:
     """Series rows and rollups of the loaded points, as the migration's backfill builds them;
     returns its seconds."""
     from jobs.models import MetricRollup, MetricSeries
-    from jobs.stores import metrics
+    from jobs.stores.metrics.chunks import stored_points
+    from jobs.stores.metrics.rollups import aggregate, write_rollups
 
     start = time.perf_counter()
     points = [
-        (kind, name, step, ts, value)
-        for _, _, kind, name, step, value, ts in metrics.stored_points(job_id)
+        (kind, name, step, ts, value) for _, _, kind, name, step, value, ts in stored_points(job_id)
     ]
-    stats, rollups = metrics.aggregate(points)
+    stats, rollups = aggregate(points)
     MetricSeries.objects.bulk_create(
         [
             MetricSeries(
@@ -141,7 +140,7 @@ def build_rollups(job_id: int) -> float:
             for (kind, name), st in stats.items()
         ]
     )
-    metrics.write_rollups(MetricRollup, job_id, rollups)
+    write_rollups(MetricRollup, job_id, rollups)
     return time.perf_counter() - start
 
 
@@ -194,7 +193,8 @@ def measure() -> dict:
     from django.db import connection
 
     from jobs.models import MetricRollup
-    from jobs.stores import metrics
+    from jobs.stores.metrics import charts
+    from jobs.stores.metrics.chunks import stored_points
 
     user = common.make_user()
     cluster = common.make_cluster(8)
@@ -205,9 +205,9 @@ def measure() -> dict:
     rollup_build_s = build_rollups(job.pk)
     common.analyze()
     setup_s = time.perf_counter() - setup
-    loss = metrics.series(job.pk, "train")["loss"]
+    loss = charts.series(job.pk, "train")["loss"]
     assert (loss["total"], len(loss["x"])) == (STEPS, 2000), loss["total"]
-    assert sum(p[2] == "train" for p in metrics.stored_points(job.pk)) == STEPS * len(TRAIN_NAMES)
+    assert sum(p[2] == "train" for p in stored_points(job.pk)) == STEPS * len(TRAIN_NAMES)
     names = list(TRAIN_NAMES)
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
@@ -217,12 +217,12 @@ def measure() -> dict:
         "setup_s": round(setup_s, 1),
         "rollup_build_s": round(rollup_build_s, 1),
         "rollup_rows": MetricRollup.objects.filter(job=job).count(),
-        "series_step": timed(lambda: metrics.series(job.pk, "train", "step", 2000)),
-        "series_time": timed(lambda: metrics.series(job.pk, "train", "time", 2000)),
-        "raw_series_step": timed(lambda: metrics._raw_series(job.pk, "train", "step", 2000, names)),
-        "raw_series_time": timed(lambda: metrics._raw_series(job.pk, "train", "ts", 2000, names)),
-        "series_validation": timed(lambda: metrics.series(job.pk, "validation")),
-        "latest_train": timed(lambda: metrics.latest(job.pk, "train")),
+        "series_step": timed(lambda: charts.series(job.pk, "train", "step", 2000)),
+        "series_time": timed(lambda: charts.series(job.pk, "train", "time", 2000)),
+        "raw_series_step": timed(lambda: charts._raw_series(job.pk, "train", "step", 2000, names)),
+        "raw_series_time": timed(lambda: charts._raw_series(job.pk, "train", "ts", 2000, names)),
+        "series_validation": timed(lambda: charts.series(job.pk, "validation")),
+        "latest_train": timed(lambda: charts.latest(job.pk, "train")),
         "split": split_series(job.pk),
     }
     other = common.running_job(team, user, cluster, "metrics-bench-ingest")

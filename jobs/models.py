@@ -628,7 +628,7 @@ class MetricChunk(models.Model):
 
     `points` holds four little-endian columns of the chunk's n points, in seq order: seq and
     step (int64), value and ts (float64; ts is the runner's wall clock in epoch seconds), see
-    `jobs.stores.metrics.pack`. One row per series and batch, not per point: a batch of 2,000
+    `jobs.stores.metrics.chunks.pack`. One row per series and batch, not per point: a batch of 2,000
     points of four metrics is four rows, which PostgreSQL writes in a tenth of the time 2,000
     rows took. `seq` numbers the attempt's points as the runner shipped them; a resent batch's
     points already stored are found through `first_seq`..`last_seq` and dropped. `max_step` is

@@ -11,7 +11,7 @@ from jobs.api.ingest import batch_body_doc, batch_items, ingest_body, ingesting_
 from jobs.auth import ConsoleSession, JobToken, UserToken
 from jobs.reads.visible import get_visible_job
 from jobs.schemas import ErrorOut
-from jobs.stores import metrics
+from jobs.stores.metrics import charts, ingest
 
 router = Router(tags=["metrics"])
 
@@ -29,12 +29,12 @@ POINT_DOC = {
         "seq": {
             "type": "integer",
             "minimum": 0,
-            "maximum": metrics.BIGINT_MAX,
+            "maximum": ingest.BIGINT_MAX,
             "description": "the attempt's point number",
         },
-        "kind": {"enum": list(metrics.KINDS)},
-        "name": {"type": "string", "minLength": 1, "maxLength": metrics.MAX_NAME},
-        "step": {"type": "integer", "minimum": 0, "maximum": metrics.BIGINT_MAX},
+        "kind": {"enum": list(ingest.KINDS)},
+        "name": {"type": "string", "minLength": 1, "maxLength": ingest.MAX_NAME},
+        "step": {"type": "integer", "minimum": 0, "maximum": ingest.BIGINT_MAX},
         "value": {"type": "number"},
         "ts": {"type": "number", "description": "epoch seconds, by the runner's clock"},
     },
@@ -52,7 +52,7 @@ POINT_DOC = {
 def ingest_metrics(request):
     attempt = ingesting_attempt(request.auth)
     points = _parse_batch(ingest_body(request), attempt.number)
-    result = metrics.append(attempt.job_id, attempt.number, points)
+    result = ingest.append(attempt.job_id, attempt.number, points)
     broadcast.publish_metrics(attempt.job_id, (p["kind"] for p in points), result.accepted)
     # Points past the attempt's cap are answered 200 too, so the runner does not resend them.
     return {"accepted": result.accepted, "duplicates": result.duplicates, "dropped": result.dropped}
@@ -67,7 +67,7 @@ def _parse_batch(body: bytes, attempt: int) -> list:
 class MetricsQuery(Schema):
     kind: Literal["train", "validation", "system"] = "train"
     x: Literal["step", "time"] = Field("step", description="time: epoch seconds")
-    max_points: int = Field(metrics.DEFAULT_MAX_POINTS, ge=2, le=10_000, description="per series")
+    max_points: int = Field(charts.DEFAULT_MAX_POINTS, ge=2, le=10_000, description="per series")
 
 
 class SeriesOut(Schema):
@@ -97,6 +97,6 @@ class MetricsOut(Schema):
 def job_metrics(request, job_id: int, q: Query[MetricsQuery]):
     job = get_visible_job(request.auth, job_id)
     return {
-        "series": metrics.series(job.pk, q.kind, q.x, q.max_points),
-        "latest": metrics.latest(job.pk, q.kind),
+        "series": charts.series(job.pk, q.kind, q.x, q.max_points),
+        "latest": charts.latest(job.pk, q.kind),
     }

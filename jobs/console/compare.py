@@ -4,8 +4,8 @@ of their final and best values and the parameters in which they differ.
 `/compare/?jobs=12,13,14` (2 to `MAX_JOBS` ids, shareable; `&x=time` for the time axis). Every
 job is checked against the viewer's teams in one query: if any of them is not visible (another
 team's or missing) the whole page is a 404 that does not say which. The series are
-`jobs.stores.metrics.series`, the Charts tab's own read (same LTTB downsampling and the same
-`DEFAULT_MAX_POINTS`), so a job's line here is the line its Charts tab draws.
+`jobs.stores.metrics.charts.series`, the Charts tab's own read (same LTTB downsampling and the
+same `DEFAULT_MAX_POINTS`), so a job's line here is the line its Charts tab draws.
 
 Queries: one for the jobs, one for which jobs logged which kinds (and their first timestamps),
 one `latest_of` per kind for all jobs, and `series`' few per job and kind that has metrics; none
@@ -25,7 +25,8 @@ from django.views.decorators.http import require_GET
 from jobs.errors import BadRequest
 from jobs.models import Job, MetricSeries
 from jobs.reads.visible import visible_jobs
-from jobs.stores import metrics
+from jobs.stores.metrics.charts import DEFAULT_MAX_POINTS, latest_of, series
+from jobs.stores.metrics.ingest import BIGINT_MAX
 
 MAX_JOBS = 20
 KINDS = ("train", "validation")  # the Charts and Validation tabs' kinds (system is per machine)
@@ -145,7 +146,7 @@ def overlay(jobs: list[Job], x: str) -> dict[str, Any]:
     best value. Jobs keep the order they were listed in; metric names sort."""
     ids = [j.pk for j in jobs]
     logged, starts = _logged(ids)
-    latest = {kind: metrics.latest_of(ids, kind) for kind in KINDS}
+    latest = {kind: latest_of(ids, kind) for kind in KINDS}
     charts: dict[str, dict[str, list[dict]]] = {kind: {} for kind in KINDS}
     values: dict[tuple[str, str], dict[int, dict]] = {}
     for kind in KINDS:
@@ -153,7 +154,7 @@ def overlay(jobs: list[Job], x: str) -> dict[str, Any]:
             if (job.pk, kind) not in logged:
                 continue
             start = starts.get(job.pk, 0.0)
-            for name, s in metrics.series(job.pk, kind, x, metrics.DEFAULT_MAX_POINTS).items():
+            for name, s in series(job.pk, kind, x, DEFAULT_MAX_POINTS).items():
                 xs = s["x"] if x == "step" else [round(t - start, 3) for t in s["x"]]
                 charts[kind].setdefault(name, []).append(
                     {
@@ -225,7 +226,7 @@ def compare(request):
     x = request.GET.get("x", "step")
     if x not in X_AXES:
         return _refused(request, "The x axis is step or time (?x=step or ?x=time).")
-    too_large = max(ids) > metrics.BIGINT_MAX  # no job has it (and SQLite cannot bind it)
+    too_large = max(ids) > BIGINT_MAX  # no job has it (and SQLite cannot bind it)
     found = {} if too_large else {j.pk: j for j in visible_jobs(request.user).filter(pk__in=ids)}
     if len(found) != len(ids):
         # Not which one: a missing job and another team's read the same.

@@ -8,7 +8,7 @@ CHUNK = 50_000
 
 def build_rollups(apps, schema_editor):
     """Series rows and rollups of the points stored before rollups existed, job by job."""
-    from jobs.stores.metrics import aggregate, merge_acc, merge_stats, write_rollups
+    from jobs.stores.metrics.rollups import aggregate, merge_acc, merge_stats, write_rollups
 
     MetricPoint = apps.get_model("jobs", "MetricPoint")
     MetricRollup = apps.get_model("jobs", "MetricRollup")

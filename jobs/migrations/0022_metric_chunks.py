@@ -12,7 +12,7 @@ from django.db import migrations, models
 
 CHUNK = 2000  # points per chunk of the points moved here: the runner's batch
 READ = 50_000
-PACKED = ("q", "q", "d", "d")  # seq, step, value, ts: as jobs.stores.metrics.pack writes them
+PACKED = ("q", "q", "d", "d")  # seq, step, value, ts: as jobs.stores.metrics.chunks.pack writes them
 
 
 def _pack(columns):

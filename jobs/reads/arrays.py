@@ -14,7 +14,7 @@ from django.db.models import Count, QuerySet
 from jobs.errors import NotFound
 from jobs.models import Job, JobArray, Membership, MetricKind, MetricSeries
 from jobs.states import JobStatus
-from jobs.stores import metrics
+from jobs.stores.metrics import charts
 
 S = JobStatus
 STATE_ORDER = (
@@ -88,7 +88,7 @@ def latest_values(job_ids: list[int]) -> tuple[list[str], dict[int, dict[str, fl
             )
         )
     )[:METRICS_SHOWN]
-    latest = metrics.latest_of(job_ids, MetricKind.TRAIN) if names else {}
+    latest = charts.latest_of(job_ids, MetricKind.TRAIN) if names else {}
     values = {
         job_id: {name: point["value"] for name, point in by_name.items() if name in names}
         for job_id, by_name in latest.items()

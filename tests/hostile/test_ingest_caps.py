@@ -14,7 +14,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from jobs.models import JobEvent, LogStream
-from jobs.stores import logstore, metrics
+from jobs.stores import logstore
+from jobs.stores.metrics.chunks import stored_points
 from tests.jobs.api_helpers import submit
 from tests.jobs.test_log_ingest import attach_attempt, make_lines, runner, send_lines, stored
 from tests.jobs.test_metrics import make_points, send_points
@@ -140,7 +141,7 @@ def test_points_past_the_metric_cap_are_dropped_with_one_event(job_id, settings)
     later = send_points(client, make_points(10, 20))
     assert later.status_code == 200
     assert later.json() == {"accepted": 0, "duplicates": 0, "dropped": 10}
-    seqs = [seq for _, seq, *_ in metrics.stored_points(job_id)]
+    seqs = [seq for _, seq, *_ in stored_points(job_id)]
     assert seqs == [0, 1, 2, 3, 4]  # the first five, none lost
     [event] = notes(job_id)
     assert event.reason == (
@@ -171,7 +172,7 @@ def test_the_series_read_sees_only_stored_points(job_id, settings, api):
 
 
 def test_the_defaults_are_generous():
-    from jobs.stores import metrics
+    from jobs.stores.metrics.ingest import max_points
 
     assert logstore.max_log_bytes() >= 1024 * 2**20
-    assert metrics.max_points() >= 5_000_000
+    assert max_points() >= 5_000_000

@@ -200,13 +200,13 @@ def test_the_verbs_act_on_every_task_that_allows_them(api_as, big):
 
 
 def test_an_array_reads_with_its_tasks_and_their_latest_metrics(api):
-    from jobs.stores import metrics
+    from jobs.stores.metrics.ingest import append
 
     array = submit(api, array="0-2").json()
     first = Job.objects.get(array_index=0)
     Attempt.objects.create(job=first, number=1, gpus=1, backend_name="sf-a-a1")
     now = timezone.now().timestamp()
-    metrics.append(
+    append(
         first.pk,
         1,
         [

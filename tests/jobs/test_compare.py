@@ -15,7 +15,8 @@ from django.test.utils import CaptureQueriesContext
 from jobs.console.compare import MAX_JOBS
 from jobs.models import Job, JobArray
 from jobs.states import JobStatus
-from jobs.stores import metrics
+from jobs.stores.metrics.charts import DEFAULT_MAX_POINTS, series
+from jobs.stores.metrics.ingest import append
 from tests.jobs.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
@@ -34,7 +35,7 @@ def logged(job: Job, points: list[tuple[str, str, int, float]], dt: float = 1.0)
     if not job.attempt_count:
         with_attempt(job, JobStatus.SUCCEEDED)
         job.refresh_from_db()
-    metrics.append(
+    append(
         job.pk,
         1,
         [
@@ -120,12 +121,12 @@ def test_the_jobs_keep_the_order_they_are_listed_in(alice, two):
 
 def test_a_long_series_is_downsampled_as_the_charts_tab_does(team, alice):
     a, b = queued_job(team, alice, name="long"), queued_job(team, alice, name="short")
-    n = metrics.DEFAULT_MAX_POINTS * 3
+    n = DEFAULT_MAX_POINTS * 3
     logged(a, [("train", "loss", i, 1.0 / (i + 1) + (i % 7) * 0.01) for i in range(n)])
     logged(b, [("train", "loss", 0, 1.0)])
     trace = chart_data(compare(signed_in(alice), a, b))["charts"][0]["traces"][0]
-    tab = metrics.series(a.pk, "train", "step")["loss"]  # what /api/v1/jobs/ID/metrics answers
-    assert len(trace["y"]) == metrics.DEFAULT_MAX_POINTS < n
+    tab = series(a.pk, "train", "step")["loss"]  # what /api/v1/jobs/ID/metrics answers
+    assert len(trace["y"]) == DEFAULT_MAX_POINTS < n
     assert (trace["x"], trace["y"]) == (tab["x"], tab["y"])
     assert trace["total"] == n and trace["downsampled"] is True
 
@@ -186,7 +187,7 @@ def test_final_and_best_values_take_min_for_losses_and_max_otherwise(alice, two)
 
 def test_best_is_the_extreme_of_the_whole_series_even_when_downsampled(team, alice):
     a, b = queued_job(team, alice), queued_job(team, alice)
-    n = metrics.DEFAULT_MAX_POINTS * 3
+    n = DEFAULT_MAX_POINTS * 3
     spike, dip = 1234, 4321
     points = [("train", "loss", i, 5.0 + (i % 5) * 0.1) for i in range(n)]
     points[dip] = ("train", "loss", dip, 0.001)

@@ -7,7 +7,9 @@ import pytest
 from django.db import connection, transaction
 
 from jobs.models import MetricSeries
-from jobs.stores import metrics
+from jobs.stores.metrics.charts import series
+from jobs.stores.metrics.chunks import stored_points
+from jobs.stores.metrics.ingest import append
 from tests.jobs.api_helpers import submit
 from tests.jobs.test_log_ingest import attach_attempt, runner
 from tests.jobs.test_metrics import (
@@ -53,7 +55,7 @@ def test_batches_out_of_order_and_resent_roll_up_each_point_once(job_id):
         response = send_points(client, two_series(start, stop))
         assert response.json()["accepted"] == accepted, (start, stop)
     assert_rolled_up_once(job_id, 2000)
-    loss = metrics.series(job_id, "train", max_points=100)["loss"]
+    loss = series(job_id, "train", max_points=100)["loss"]
     assert (loss["total"], loss["x"][0], loss["x"][-1]) == (2000, 0, 1999)
 
 
@@ -61,7 +63,7 @@ def test_a_batch_in_reverse_with_a_repeated_seq_keeps_the_last_point_sent(job_id
     points = make_points(0, 50)[::-1] + [{**make_points(7, 8)[0], "value": 42.0}]
     response = send_points(runner(job_id), points)
     assert response.json() == {"accepted": 50, "duplicates": 1, "dropped": 0}
-    [seven] = [p for p in metrics.stored_points(job_id) if p[1] == 7]
+    [seven] = [p for p in stored_points(job_id) if p[1] == 7]
     assert seven[5] == 42.0
     assert_rolled_up_once(job_id, 50)
 
@@ -80,7 +82,7 @@ def test_a_resend_past_the_cap_is_counted_as_duplicates_not_drops(job_id, settin
 def test_batches_stored_at_once_roll_up_each_point_once(job_id):
     if connection.vendor != "postgresql":
         pytest.skip("concurrency is proven on PostgreSQL (run by `make test`)")
-    metrics.append(job_id, 1, two_series(0, 100))  # the series and some buckets exist
+    append(job_id, 1, two_series(0, 100))  # the series and some buckets exist
     later = [{**p, "step": p["step"] + 5000, "ts": p["ts"] + 5000} for p in two_series(0, 1500)]
     batches = [
         (1, two_series(0, 1500)),
@@ -92,7 +94,7 @@ def test_batches_stored_at_once_roll_up_each_point_once(job_id):
 
     def store(attempt: int, points: list[dict]) -> None:
         try:
-            accepted.append(metrics.append(job_id, attempt, points).accepted)
+            accepted.append(append(job_id, attempt, points).accepted)
         finally:
             connection.close()
 

@@ -10,8 +10,10 @@ from django.db.migrations.executor import MigrationExecutor
 from django.test.utils import CaptureQueriesContext
 
 from jobs.models import MetricChunk, MetricRollup, MetricSeries
-from jobs.stores import metrics
-from jobs.stores.metrics import lttb
+from jobs.stores.metrics.charts import keep_extremes, latest, lttb, series
+from jobs.stores.metrics.chunks import chunk, stored_points, write_chunks
+from jobs.stores.metrics.ingest import append
+from jobs.stores.metrics.rollups import BUCKET_LIMIT, LEVELS, ROLLUP_FIELDS, aggregate
 from tests.jobs.api_helpers import assert_refused, submit
 from tests.jobs.test_log_ingest import attach_attempt, finish, runner
 
@@ -36,7 +38,7 @@ def send_points(client, points: list[dict], attempt: int = 1):
 
 
 def stored(job_id: int) -> list[tuple]:
-    return metrics.stored_points(job_id)
+    return stored_points(job_id)
 
 
 @pytest.fixture
@@ -195,14 +197,12 @@ def test_the_resend_check_reads_the_seq_index_while_the_job_looks_empty(api, job
     other = submit(api)
     attach_attempt(other, 1)
     # Enough chunks that reading the table whole costs more than an index probe.
-    chunks = [
-        metrics.chunk("train", f"m{seq % 50}", [seq], [seq], [0.5], [T0]) for seq in range(5000)
-    ]
-    metrics.write_chunks(other, 1, chunks)
+    chunks = [chunk("train", f"m{seq % 50}", [seq], [seq], [0.5], [T0]) for seq in range(5000)]
+    write_chunks(other, 1, chunks)
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {MetricChunk._meta.db_table}")
     with CaptureQueriesContext(connection) as queries:
-        metrics.append(job_id, 1, make_points(0, 2000))
+        append(job_id, 1, make_points(0, 2000))
     (check,) = [
         q["sql"]
         for q in queries
@@ -272,8 +272,8 @@ def test_a_job_token_cannot_read_metrics(job_id):
 
 def test_series_of_100k_points_comes_back_as_max_points(job_id):
     for start in range(0, 100_000, 20_000):
-        metrics.append(job_id, 1, make_points(start, start + 20_000))
-    loss = metrics.series(job_id, "train", max_points=2000)["loss"]
+        append(job_id, 1, make_points(start, start + 20_000))
+    loss = series(job_id, "train", max_points=2000)["loss"]
     assert (loss["total"], loss["downsampled"], len(loss["x"]), len(loss["y"])) == (
         100_000,
         True,
@@ -282,22 +282,22 @@ def test_series_of_100k_points_comes_back_as_max_points(job_id):
     )
     assert (loss["x"][0], loss["x"][-1]) == (0, 99_999)
     assert loss["x"] == sorted(loss["x"]) and loss["y"][0] == 1.0
-    by_time = metrics.series(job_id, "train", x="time", max_points=500)["loss"]
+    by_time = series(job_id, "train", x="time", max_points=500)["loss"]
     assert len(by_time["x"]) == 500 and by_time["x"][-1] == T0 + 99_999
 
 
 def test_series_orders_by_step_across_attempts_and_time_by_ts(job_id):
-    metrics.append(job_id, 1, [{**p, "step": 10 - p["seq"]} for p in make_points(0, 3)])
-    assert metrics.series(job_id, "train")["loss"]["x"] == [8, 9, 10]
-    assert metrics.series(job_id, "train", x="time")["loss"]["x"] == [T0, T0 + 1, T0 + 2]
+    append(job_id, 1, [{**p, "step": 10 - p["seq"]} for p in make_points(0, 3)])
+    assert series(job_id, "train")["loss"]["x"] == [8, 9, 10]
+    assert series(job_id, "train", x="time")["loss"]["x"] == [T0, T0 + 1, T0 + 2]
 
 
 def test_latest_takes_the_highest_step_and_the_newest_attempt_at_a_tie(job_id):
-    metrics.append(job_id, 1, make_points(0, 4))
+    append(job_id, 1, make_points(0, 4))
     resumed = [{**make_points(0, 1)[0], "step": 3, "value": 7.0}]
-    metrics.append(job_id, 2, resumed)
-    assert metrics.latest(job_id, "train") == {"loss": {"step": 3, "value": 7.0, "ts": T0}}
-    assert metrics.latest(job_id, "validation") == {}
+    append(job_id, 2, resumed)
+    assert latest(job_id, "train") == {"loss": {"step": 3, "value": 7.0, "ts": T0}}
+    assert latest(job_id, "validation") == {}
 
 
 # -- rollups --------------------------------------------------------------------------------------
@@ -307,7 +307,7 @@ def rollups(job_id: int) -> dict:
     return {
         row[:5]: list(row[5:])
         for row in MetricRollup.objects.filter(job_id=job_id).values_list(
-            "kind", "name", "axis", "level", "bucket", *metrics.ROLLUP_FIELDS
+            "kind", "name", "axis", "level", "bucket", *ROLLUP_FIELDS
         )
     }
 
@@ -323,10 +323,9 @@ def series_rows(job_id: int) -> dict:
 
 def from_scratch(job_id: int) -> tuple[dict, dict]:
     points = [
-        (kind, name, step, ts, value)
-        for _, _, kind, name, step, value, ts in metrics.stored_points(job_id)
+        (kind, name, step, ts, value) for _, _, kind, name, step, value, ts in stored_points(job_id)
     ]
-    return metrics.aggregate(points)
+    return aggregate(points)
 
 
 def test_rollups_count_each_point_once_across_resends(job_id):
@@ -335,15 +334,15 @@ def test_rollups_count_each_point_once_across_resends(job_id):
     send_points(client, both(0, 300))
     assert send_points(client, both(0, 300)).json()["accepted"] == 0
     assert send_points(client, both(200, 700)).json()["accepted"] == 800
-    metrics.append(job_id, 1, both(650, 900) + both(650, 700))  # repeats inside the batch too
+    append(job_id, 1, both(650, 900) + both(650, 700))  # repeats inside the batch too
     attach_attempt(job_id, 2)
-    metrics.append(job_id, 2, [{**p, "step": p["step"] + 5} for p in make_points(0, 400)])
-    raw = sum(1 for p in metrics.stored_points(job_id) if p[2:4] == ("train", "loss"))
+    append(job_id, 2, [{**p, "step": p["step"] + 5} for p in make_points(0, 400)])
+    raw = sum(1 for p in stored_points(job_id) if p[2:4] == ("train", "loss"))
     assert raw == 900 + 400
     assert series_rows(job_id)[("train", "loss")] == [raw, 0, 899, T0, T0 + 899]
     stored = rollups(job_id)
     for axis in ("step", "time"):
-        for level in metrics.LEVELS:
+        for level in LEVELS:
             counts = [acc[0] for key, acc in stored.items() if key[1:4] == ("loss", axis, level)]
             assert sum(counts) == raw, (axis, level)
     stats, expected = from_scratch(job_id)
@@ -355,9 +354,9 @@ def test_rollups_count_each_point_once_across_resends(job_id):
 def test_the_migrations_move_points_into_chunks_and_back_and_rebuild_the_same_rollups(job_id):
     """0022 packs the points stored one row each into chunks (and unpacks them going back);
     0005's backfill of the rollups, run over those rows, gives the rollups ingest kept."""
-    metrics.append(job_id, 1, make_points(0, 3000) + make_points(3000, 3100, name="lr"))
+    append(job_id, 1, make_points(0, 3000) + make_points(3000, 3100, name="lr"))
     attach_attempt(job_id, 2)
-    metrics.append(job_id, 2, make_points(0, 10))
+    append(job_id, 2, make_points(0, 10))
     before = stored(job_id), rollups(job_id), series_rows(job_id)
     per_point = [("jobs", "0021_log_objects_swept")]
     executor = MigrationExecutor(connection)
@@ -389,11 +388,11 @@ def spiky_points(n: int) -> list[dict]:
 def test_a_long_series_is_read_from_the_rollups_only(job_id):
     points = spiky_points(100_000)
     for start in range(0, 100_000, 20_000):
-        metrics.append(job_id, 1, points[start : start + 20_000])
-    metrics.append(job_id, 1, [{**p, "seq": p["seq"] + 10**6} for p in make_points(0, 5, "lr")])
+        append(job_id, 1, points[start : start + 20_000])
+    append(job_id, 1, [{**p, "seq": p["seq"] + 10**6} for p in make_points(0, 5, "lr")])
     for x, first, last in (("step", 0, 99_999), ("time", T0, T0 + 99_999)):
         with CaptureQueriesContext(connection) as queries:
-            got = metrics.series(job_id, "train", x=x, max_points=2000)
+            got = series(job_id, "train", x=x, max_points=2000)
         point_reads = [q["sql"] for q in queries if MetricChunk._meta.db_table in q["sql"]]
         # Only the short series is read point by point.
         assert len(point_reads) == 1 and "'lr'" in point_reads[0], point_reads
@@ -412,7 +411,7 @@ def test_a_long_series_is_read_from_the_rollups_only(job_id):
         assert 1_000.0 in loss["y"] and -1_000.0 in loss["y"]
         assert got["lr"]["total"] == 5 and not got["lr"]["downsampled"]
     assert isinstance(got["loss"]["x"][1], float)
-    by_step = metrics.series(job_id, "train", max_points=500)["loss"]
+    by_step = series(job_id, "train", max_points=500)["loss"]
     assert len(by_step["x"]) == 500 and all(type(v) is int for v in by_step["x"])
 
 
@@ -420,15 +419,15 @@ def test_a_sparse_long_series_still_comes_back_as_max_points(job_id):
     # 2,900 points crowded at the start and one far away: the coarse buckets are too few.
     points = make_points(0, 2901)
     points[-1]["step"] = 10**9
-    metrics.append(job_id, 1, points)
-    loss = metrics.series(job_id, "train", max_points=2000)["loss"]
+    append(job_id, 1, points)
+    loss = series(job_id, "train", max_points=2000)["loss"]
     assert (loss["total"], len(loss["x"]), loss["x"][0], loss["x"][-1]) == (2901, 2000, 0, 10**9)
 
 
 def test_keep_extremes_swaps_in_the_lowest_and_highest_points():
     ys = [0.0, 1.0, 9.0, 1.0, 0.0, -9.0, 0.0, 1.0]
-    assert metrics.keep_extremes([0, 1, 3, 7], ys) == [0, 2, 5, 7]
-    assert metrics.keep_extremes([0, 2, 5, 7], ys) == [0, 2, 5, 7]
+    assert keep_extremes([0, 1, 3, 7], ys) == [0, 2, 5, 7]
+    assert keep_extremes([0, 2, 5, 7], ys) == [0, 2, 5, 7]
 
 
 # -- LTTB ------------------------------------------------------------------------------------------
@@ -485,10 +484,10 @@ def reference_aggregate(points: list[tuple]) -> tuple[dict, dict]:
         st[:] = [st[0] + 1, min(st[1], step), max(st[2], step), min(st[3], ts), max(st[4], ts)]
 
     def bucket(x, level):  # a coarser bucket holds whole finest ones, clamped or not
-        finest = metrics.LEVELS[0]
+        finest = LEVELS[0]
         if isinstance(x, int):
             return x >> level
-        clamped = max(-metrics.BUCKET_LIMIT, min(metrics.BUCKET_LIMIT, math.floor(x / 2**finest)))
+        clamped = max(-BUCKET_LIMIT, min(BUCKET_LIMIT, math.floor(x / 2**finest)))
         return clamped >> (level - finest)
 
     rollups: dict = {}
@@ -497,8 +496,8 @@ def reference_aggregate(points: list[tuple]) -> tuple[dict, dict]:
         for point in points:
             series.setdefault(point[:2], []).append((point[at], point[4]))
         for (kind, name), xy in series.items():
-            finest = sorted(range(len(xy)), key=lambda i: bucket(xy[i][0], metrics.LEVELS[0]))
-            for level in metrics.LEVELS:
+            finest = sorted(range(len(xy)), key=lambda i: bucket(xy[i][0], LEVELS[0]))
+            for level in LEVELS:
                 groups: dict = {}
                 for i in finest:
                     groups.setdefault(bucket(xy[i][0], level), []).append(xy[i])
@@ -523,4 +522,4 @@ def test_the_rollups_follow_their_definitions_under_ties_and_disorder():
         value = rng.choice([0.5, 1.0, -2.0, rng.random()])  # many equal values
         points.append((rng.choice(["train", "system"]), rng.choice(["a", "b"]), step, ts, value))
     points.append(("train", "far", 3, 1e300, 1.0))  # a time bucket clamped to fit a bigint
-    assert metrics.aggregate(points) == reference_aggregate(points)
+    assert aggregate(points) == reference_aggregate(points)
