@@ -1,74 +1,16 @@
-"""Fixtures for the client tests: a stdlib fake API server. No Django, no database, no network."""
+"""Fixtures for the client tests: a stdlib fake API server (`tests.client.helpers.FakeApi`)
+serving in a thread, the CLI's config pointed away from the user's, and `sf` against a live
+Starforge. No Django, no database, no network but for `sf`."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-Route = Callable[["Request"], tuple[int, Any]]
-
-
-class Request:
-    """What a fake route sees: method, path, query (single values), headers and raw body."""
-
-    def __init__(self, method: str, path: str, query: dict, headers: Any, body: bytes) -> None:
-        self.method, self.path, self.query, self.headers, self.body = (
-            method,
-            path,
-            query,
-            headers,
-            body,
-        )
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-class FakeApi:
-    """Routes keyed by "METHOD /path"; a route returns (status, JSON-able object or bytes)."""
-
-    def __init__(self) -> None:
-        self.routes: dict[str, Route] = {}
-        self.requests: list[Request] = []
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def route(self, key: str, fn: Route) -> None:
-        self.routes[key] = fn
-
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _serve(self) -> None:
-                parts = urlsplit(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                query = {k: v[0] for k, v in parse_qs(parts.query).items()}
-                req = Request(
-                    self.command, parts.path, query, self.headers, self.rfile.read(length)
-                )
-                api.requests.append(req)
-                fn = api.routes.get(f"{self.command} {parts.path}")
-                status, body = fn(req) if fn else (404, {"detail": "no such route."})
-                raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(raw)))
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(raw)
-
-            do_GET = do_POST = do_DELETE = _serve
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        return Handler
+from tests.client.helpers import FakeApi, run_cli
 
 
 @pytest.fixture
@@ -93,16 +35,6 @@ def sf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Callable[[str], No
         monkeypatch.setenv("SF_TOKEN", "tok")
 
     return login
-
-
-def run_cli(argv: list[str]) -> int:
-    """`sf ARGV` in this process; an argparse usage error comes back as its exit code."""
-    from sf import cli
-
-    try:
-        return cli.main(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 from sf import checkpoints
 from sf.contract import NOTICE_FILE_VAR
 
-from tests.client.test_sf_runner import exit_record, runner_env
+from tests.client.helpers import exit_record, runner_env
 
 CHECKPOINTING = """\
 import sys, time

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sf.contract import rank_env
 
-from tests.client.test_sf_runner import exit_record, run_runner, runner_env
+from tests.client.helpers import exit_record, run_runner, runner_env
 
 PRINT_RANK = "import os; print('rank', os.environ['NODE_RANK'], os.environ['MASTER_ADDR'])"
 

@@ -12,24 +12,7 @@ from typing import Any
 import pytest
 from sf.commands import logs
 
-from tests.client.conftest import run_cli
-
-JOB = {
-    "id": 7,
-    "name": "demo",
-    "run_id": "r7",
-    "team": "vision",
-    "user": "ada",
-    "cluster": "local",
-    "backend": "local",
-    "status": "RUNNING",
-    "status_reason": "",
-    "attempt": 1,
-    "retry_count": 0,
-    "job_ref": "pid 1",
-    "gpus": 2,
-    "virtual_gpus": True,
-}
+from tests.client.helpers import JOB, run_cli
 
 
 def test_sf_help_imports_no_rich() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from sf import metrics, shipping
 
-from tests.client.test_sf_runner import exit_record, pack, run_runner, runner_env
+from tests.client.helpers import exit_record, pack, run_runner, runner_env
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sf import http, ingest, runner, shipping, snapshot, supervise
+from sf import http, ingest, runner, shipping, supervise
+
+from tests.client.helpers import exit_record, pack, run_runner, runner_env
 
 
 def tar_with(path: Path, name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> Path:
@@ -72,17 +74,6 @@ sys.exit(7)
 """
 
 
-def pack(tmp_path: Path, files: dict[str, str]) -> tuple[str, bytes]:
-    src = tmp_path / "src"
-    src.mkdir()
-    for rel, text in files.items():
-        (src / rel).write_text(text)
-    snap = snapshot.build(str(src))
-    data = Path(snap.path).read_bytes()
-    snap.close()
-    return snap.sha256, data
-
-
 class LogSink:
     """Fake ingest endpoint: fails the first `fail` POSTs with 503, then dedupes by seq."""
 
@@ -104,35 +95,6 @@ class LogSink:
             "duplicates": len(body["lines"]) - len(new),
             "next_seq": next_seq,
         }
-
-
-def runner_env(tmp_path: Path, url: str, sha: str, argv: list[str]) -> dict[str, str]:
-    attempt = tmp_path / "attempt-1"
-    attempt.mkdir()
-    return {
-        **os.environ,
-        "SF_API_URL": url,
-        "SF_JOB_TOKEN": "job-tok",
-        "SF_JOB_ID": "7",
-        "SF_RUN_ID": "r7",
-        "SF_ATTEMPT": "1",
-        "SF_RUN_DIR": str(attempt / "work"),
-        "SF_OUTPUT_DIR": str(tmp_path / "out"),
-        "SF_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
-        "SF_ENTRYPOINT": json.dumps(argv),
-        "SF_SNAPSHOT": sha,
-        "SF_EXIT_FILE": str(attempt / "exit.json"),
-        "SF_STARTED_FILE": str(attempt / "started.json"),
-    }
-
-
-def run_runner(env: dict[str, str]) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "sf.runner"]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, check=False)
-
-
-def exit_record(env: dict[str, str]) -> dict:
-    return json.loads(Path(env["SF_EXIT_FILE"]).read_text())
 
 
 def test_runner_ships_every_line_once_through_503s_and_records_exit(

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.client.conftest import run_cli
-from tests.client.test_sf_cli import JOB
+from tests.client.helpers import JOB, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = """

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sf import system
 
-from tests.client.test_sf_runner import exit_record, run_runner, runner_env
+from tests.client.helpers import exit_record, run_runner, runner_env
 
 BUSY = "import time\nend = time.time() + 2.0\nwhile time.time() < end:\n    pass\n"
 ALLOCATE = "import time\ndata = b'x' * (60 << 20)\ntime.sleep(2.0)\nprint(len(data))\n"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.client.conftest import FakeApi, run_cli
+from tests.client.helpers import FakeApi, run_cli
 
 TOKEN = {
     "id": 3,

@@ -15,7 +15,7 @@ import pytest
 from sf import cli
 from sf.commands import listing
 
-from tests.client.conftest import run_cli
+from tests.client.helpers import run_cli
 
 JOB = {"id": 7, "name": "demo", "team": "vision", "user": "ada", "gpus": 1, "attempt": 1}
 

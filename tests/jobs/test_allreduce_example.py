@@ -13,7 +13,7 @@ from jobs.actions.tokens import issue_token
 from jobs.models import Job
 from jobs.states import JobStatus
 from jobs.stores import logstore
-from tests.client.conftest import run_cli
+from tests.client.helpers import run_cli
 from tests.jobs.test_local_executor import (  # noqa: F401 - autouse fixtures of that module
     _api_for_runners,
     finished,
