@@ -392,25 +392,25 @@ def _one_tick(cluster) -> dict:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from jobs.executors import slurm as slurm_executor
+    from jobs.executors.slurm import executor as slurm_executor
     from jobs.loops.reconciler import reconcile_cluster
     from jobs.models import Job
 
     commands: list[str] = []
-    real = slurm_executor._run_command
+    real = slurm_executor.run_command
 
     def counting(argv, env, fds):
         commands.append(os.path.basename(argv[0]))
         return real(argv, env, fds)
 
-    slurm_executor._run_command = counting
+    slurm_executor.run_command = counting
     try:
         with CaptureQueriesContext(connection) as ctx:
             t = time.perf_counter()
             reconcile_cluster(cluster)
             wall = time.perf_counter() - t
     finally:
-        slurm_executor._run_command = real
+        slurm_executor.run_command = real
     pending = Job.objects.filter(status="PENDING").count()
     return {
         "wall_s": round(wall, 3),
@@ -588,19 +588,19 @@ def _rank_steps() -> set[str]:
 
 def _gang_through_starforge(script: Path, out: Path) -> dict:
     """The same job through `submit_job` and beat's ticks (the submit kicks the first)."""
-    from jobs.executors import slurm as slurm_executor
+    from jobs.executors.slurm import executor as slurm_executor
     from jobs.models import Job
 
     out.mkdir()
     sbatch_at: list[float] = []
-    real = slurm_executor._run_command
+    real = slurm_executor.run_command
 
     def stamped(argv, env, fds):
         if argv[0].endswith("sbatch"):
             sbatch_at.append(time.time())
         return real(argv, env, fds)
 
-    slurm_executor._run_command = stamped
+    slurm_executor.run_command = stamped
     t = time.time()
     job = _submit_gang([sys.executable, str(script), "up", str(out)])
     seen = None
@@ -619,7 +619,7 @@ def _gang_through_starforge(script: Path, out: Path) -> dict:
     try:
         _tick_until(done)
     finally:
-        slurm_executor._run_command = real
+        slurm_executor.run_command = real
     if seen is None:
         raise RuntimeError("the ledger never showed every rank of the gang running")
     attempt = Job.objects.select_related("current_attempt", "cluster").get(pk=job.pk)

@@ -19,6 +19,8 @@ from sf import contract, environment, runner
 from jobs.executors import base, local, ray, slurm
 from jobs.executors.base import LaunchSpec, record_key
 from jobs.executors.kubernetes import observe as kubernetes_observe
+from jobs.executors.slurm import executor as slurm_executor
+from jobs.executors.slurm import parse as slurm_parse
 from jobs.loops import scheduler
 from jobs.models import Cluster
 
@@ -37,10 +39,11 @@ def test_the_runner_and_the_server_sign_and_refuse_with_the_contracts_own_functi
 
 
 def test_every_executor_reads_the_runners_exit_codes_from_the_contract():
-    for module in (slurm, ray, kubernetes_observe):
+    for module in (slurm_executor, ray, kubernetes_observe):
         assert module.INGEST_EXIT is contract.INGEST_EXIT
+    for module in (slurm_parse, ray, kubernetes_observe):
         assert module.entrypoint_code is contract.entrypoint_code
-    assert local.INGEST_FAILED is slurm.INGEST_FAILED is contract.INGEST_FAILED
+    assert local.INGEST_FAILED is slurm_executor.INGEST_FAILED is contract.INGEST_FAILED
 
 
 def contract_values() -> set[object]:
@@ -134,8 +137,8 @@ def test_the_runners_exit_status_maps_back_to_the_entrypoints_code(code):
 def test_every_executor_reads_ingest_and_signals_from_the_runners_exit_status():
     killed = contract.exit_status(-9)
     # Slurm: the batch step's wait status
-    assert slurm.exit_code_of(contract.INGEST_EXIT << 8) == contract.INGEST_EXIT
-    assert slurm.exit_code_of(killed << 8) == -9
+    assert slurm_parse.exit_code_of(contract.INGEST_EXIT << 8) == contract.INGEST_EXIT
+    assert slurm_parse.exit_code_of(killed << 8) == -9
     # Kubernetes: the container's exit code
     ingest = kubernetes_observe._exited({"exitCode": contract.INGEST_EXIT, "message": ""}, {})
     assert (ingest.native_state, ingest.failure) == ("Failed/IngestFailed", "ingest")

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.executors import slurm as slurm_executor
-from jobs.executors.slurm import SlurmExecutor, gpu_count, usable_node_state
+from jobs.executors.slurm import SlurmExecutor
+from jobs.executors.slurm import executor as slurm_executor
+from jobs.executors.slurm.parse import gpu_count, usable_node_state
 from jobs.models import Cluster
 
 ROOT = Path(__file__).resolve().parents[3]

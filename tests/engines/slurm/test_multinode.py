@@ -16,8 +16,8 @@ from sf.contract import RECORD_KEY_VAR
 
 from jobs.executors import LaunchError, LaunchSpec, NodeCapacity
 from jobs.executors.base import record_key
-from jobs.executors.slurm import (
-    SlurmExecutor,
+from jobs.executors.slurm import SlurmExecutor
+from jobs.executors.slurm.parse import (
     expand_hostlist,
     gpu_count,
     gpu_gres_type,

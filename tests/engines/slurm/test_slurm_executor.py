@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from jobs.executors import LaunchError, LaunchSpec, Observation
-from jobs.executors.slurm import SlurmError, SlurmExecutor, _run_command
+from jobs.executors.slurm import SlurmExecutor
+from jobs.executors.slurm.commands import SlurmError, run_command
 from jobs.models import Cluster
 from tests.engines.slurm.conftest import slurm
 
@@ -62,7 +63,7 @@ def counting(executor: SlurmExecutor) -> list[str]:
 
     def run(argv, env, fds):
         commands.append(os.path.basename(argv[0]))
-        return _run_command(argv, env, fds)
+        return run_command(argv, env, fds)
 
     executor._run = run
     return commands

@@ -13,9 +13,11 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from jobs.executors import slurm as slurm_executor
 from jobs.executors.base import record_key, record_mac
-from jobs.executors.slurm import SlurmError, SlurmExecutor, gpu_count, parse_squeue
+from jobs.executors.slurm import SlurmExecutor
+from jobs.executors.slurm import executor as slurm_executor
+from jobs.executors.slurm.commands import SlurmError
+from jobs.executors.slurm.parse import gpu_count, parse_squeue
 from jobs.loops import reconciler
 from jobs.models import Cluster, Job, JobEvent
 from jobs.states import JobStatus

@@ -45,10 +45,7 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -63,13 +60,11 @@ from sf.contract import (
     RANK_LAUNCH_VAR,
     RUN_DIR_VAR,
     STARTED_FILE,
-    entrypoint_code,
     file_env,
 )
 
 from jobs.executors.base import (
     DEFAULT_PATH,
-    TIME_LIMIT_BACKSTOP_S,
     Capacity,
     LaunchError,
     LaunchSpec,
@@ -84,40 +79,36 @@ from jobs.executors.base import (
     rank_details,
     read_record,
 )
+from jobs.executors.slurm.commands import (
+    COMMAND_TIMEOUT_S,
+    Run,
+    SlurmError,
+    run_command,
+    sentence,
+    transient,
+)
+from jobs.executors.slurm.parse import (
+    POLL_FIELDS,
+    JobRow,
+    NodeRow,
+    exit_code_of,
+    expand_hostlist,
+    gpu_count,
+    gpu_gres_type,
+    parse_sacct,
+    parse_squeue,
+    usable_node_state,
+)
+from jobs.executors.slurm.sbatch import export_file, sbatch_args
 from jobs.states import JobStatus
 
 S = JobStatus
-COMMAND_TIMEOUT_S = 30
 CAPACITY_TTL_S = 1.0  # below the scheduler's 2 s tick: each tick asks Slurm afresh
-# squeue -O with a "|" suffix per field: no padding, no truncation; the name goes last.
-POLL_FIELDS = "JobID:|,State:|,Reason:|,StartTime:|,EndTime:|,exit_code:|,Name:|"
-# Node states (sinfo %T) in which a node takes new jobs; down, drained, draining, reserved and
-# the like do not count. A flag after the state counts only when it is "-" (planned by backfill
-# for a waiting job, still schedulable); `idle*` (not responding), `idle~` (powered down) and the
-# other flags take the node out.
-USABLE_NODE_STATES = frozenset({"idle", "mixed", "allocated", "completing", "planned"})
-USABLE_NODE_FLAGS = frozenset("-")
-NODE_FLAGS = "*~#%!$@^-"
 # States that hold an allocation, for counting Starforge's own GPUs on the nodes.
 ALLOCATED_STATES = "CONFIGURING,RUNNING,COMPLETING,SUSPENDED,STOPPED,SIGNALING,RESIZING,STAGE_OUT"
 # FAILED reasons that mean the runner ran and exited (or was killed): its status is the answer.
 RUNNER_ENDS = frozenset({"NonZeroExitCode", "None", ""})
-# One GPU GRES of a Gres/GresUsed/TRES string: (its type, "" or "(null)" when untyped; count).
-GPU_GRES = re.compile(r"\bgpu(?::(\(null\)|[^:,()]+))?:(\d+)")
 TIME_LIMIT = re.compile(r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
-# "sbatch: error: ", "slurm_load_jobs error: ", "slurm_load_partitions: " before Slurm's words
-SLURM_PREFIX = re.compile(r"^(?:[\w-]+:? (?:error|fatal): |slurm_\w+: )")
-# Words in sbatch's refusals that mean "the controller could not be asked", not "no".
-TRANSIENT = (
-    "Unable to contact slurm controller",
-    "Socket timed out",
-    "temporarily unable",
-    "Resource temporarily unavailable",
-    "Zero Bytes were transmitted",
-    "Communication connection failure",
-    "job submit limit",
-    "slurm_persist_conn",
-)
 SETTINGS = {
     "partition": "partition to submit to (default: the cluster's default partition)",
     "account": "account to charge (default: the submitting user's default account)",
@@ -132,12 +123,6 @@ SETTINGS = {
 }
 
 _capacities: dict[tuple[str, ...], tuple[float, Capacity]] = {}  # capacity() answers, by cluster
-
-Run = Callable[[list[str], dict[str, str], tuple[int, ...]], subprocess.CompletedProcess]
-
-
-class SlurmError(Exception):
-    """A Slurm command failed; the message is Slurm's own sentence."""
 
 
 class SlurmExecutor:
@@ -249,7 +234,7 @@ class SlurmExecutor:
         self.time_limit = str(conf.get("time_limit", ""))
         self.home: str = conf.get("home", "")
         self.path: str = conf.get("path") or DEFAULT_PATH
-        self._run = run or _run_command
+        self._run = run or run_command
 
     # -- interface ---------------------------------------------------------------------------
     def submit(self, spec: LaunchSpec) -> str:
@@ -264,7 +249,7 @@ class SlurmExecutor:
                 submitted.write_text(job_id)
                 return job_id
         except SlurmError as exc:
-            raise LaunchError(str(exc), permanent=not _transient(str(exc))) from exc
+            raise LaunchError(str(exc), permanent=not transient(str(exc))) from exc
 
     def find(self, name: str) -> str | None:
         """The first Slurm job of this name: squeue while slurmctld keeps it (MinJobAge), then
@@ -364,38 +349,15 @@ class SlurmExecutor:
 
     # -- submit ------------------------------------------------------------------------------
     def _sbatch(self, spec: LaunchSpec, attempt_dir: Path) -> str:
-        args = [
-            "sbatch",
-            "--parsable",
-            f"--job-name={spec.name}",
-            f"--chdir={attempt_dir}",
-            f"--output={attempt_dir / 'slurm.out'}",
-            f"--error={attempt_dir / 'slurm.err'}",
-            "--no-requeue",  # one attempt, one run: retries are Starforge's (see STATE_TABLE)
-        ]
-        if spec.nodes > 1:  # one task per node: the batch step runs the runner on the first
-            args += [f"--nodes={spec.nodes}", "--ntasks-per-node=1"]
-        if spec.gpus > 0:  # GRES are per node
-            kind = self._gres_type(spec.gpu_type)
-            args.append(f"--gres=gpu:{kind + ':' if kind else ''}{spec.gpus_per_node}")
-        if spec.cpus:
-            args.append(f"--cpus-per-task={spec.cpus}")
-        if spec.memory_mb:
-            args.append(f"--mem={spec.memory_mb}")  # MiB, per node
-        for flag, value in (
-            ("partition", self.partition),
-            ("account", self.account),
-            ("time", _minutes(spec.time_limit_s) if spec.time_limit_s else self.time_limit),
-        ):
-            if value:
-                args.append(f"--{flag}={value}")
-        # An anonymous file (no name on disk, so the job token is never written anywhere):
-        # sbatch reads NUL-separated NAME=value pairs from it as the job's whole environment.
-        with tempfile.TemporaryFile() as env_file:
-            env_file.write(_env_block(self._job_env(spec, attempt_dir)))
-            env_file.flush()
-            env_file.seek(0)
-            fd = env_file.fileno()
+        args = sbatch_args(
+            spec,
+            attempt_dir,
+            gres_type=self._gres_type(spec.gpu_type) if spec.gpus > 0 else "",
+            partition=self.partition,
+            account=self.account,
+            time_limit=self.time_limit,
+        )
+        with export_file(self._job_env(spec, attempt_dir)) as fd:
             args += [f"--export-file={fd}", f"--wrap=exec {shlex.quote(self.python)} -m sf.runner"]
             out = self._slurm(args, fds=(fd,))
         job_id = out.strip().split(";")[0]
@@ -433,7 +395,7 @@ class SlurmExecutor:
         return env
 
     # -- poll --------------------------------------------------------------------------------
-    def _observe(self, row: "JobRow") -> Observation:
+    def _observe(self, row: JobRow) -> Observation:
         target = self.STATE_TABLE.get(row.state)
         details: dict[str, object] = {"slurm_job_id": row.job_id, "reason": row.reason}
         if target == S.PENDING:
@@ -472,7 +434,7 @@ class SlurmExecutor:
             )
         return _ended(row, details, exit_code=code, failure="ingest", message=reason)
 
-    def _stale_runner_exit(self, row: "JobRow") -> dict | None:
+    def _stale_runner_exit(self, row: JobRow) -> dict | None:
         """Details for a job Slurm still reports RUNNING long after its runner's signed exit.
 
         A slurmctld that crashes while a job ends can come back with the job RUNNING, the
@@ -527,7 +489,7 @@ class SlurmExecutor:
             reaped.append(ref)
         return reaped
 
-    def _cancelled_after_runner_exit(self, row: "JobRow", details: dict) -> Observation | None:
+    def _cancelled_after_runner_exit(self, row: JobRow, details: dict) -> Observation | None:
         """A CANCELLED job whose runner had already exited ends as the runner said.
 
         That is how a stale RUNNING job ends once `reap_stale` cancelled it: its runner's
@@ -564,7 +526,7 @@ class SlurmExecutor:
             name=row.name,
         )
 
-    def _sacct(self, ids: list[str]) -> list["JobRow"]:
+    def _sacct(self, ids: list[str]) -> list[JobRow]:
         """Jobs squeue no longer lists (older than MinJobAge), from accounting when there is.
 
         Without slurmdbd sacct exits non-zero: the jobs stay absent, and the reconciler's
@@ -578,7 +540,7 @@ class SlurmExecutor:
             return []
 
     # -- capacity ----------------------------------------------------------------------------
-    def _partition_nodes(self) -> tuple[dict[str, "NodeRow"], list[str]]:
+    def _partition_nodes(self) -> tuple[dict[str, NodeRow], list[str]]:
         """The partition's nodes that take jobs, by node name, and "node state" of each one
         that does not (for the capacity message)."""
         # NodeList: with -N, the node's name, as squeue -w, srun and the ranks name it (its
@@ -638,67 +600,8 @@ class SlurmExecutor:
             raise SlurmError(f"cannot run {command[0]}: {exc.strerror or exc}") from exc
         if done.returncode != 0:
             words = (done.stderr or done.stdout or "").strip()
-            raise SlurmError(f"{args[0]}: {_sentence(words) or f'exited {done.returncode}'}")
+            raise SlurmError(f"{args[0]}: {sentence(words) or f'exited {done.returncode}'}")
         return done.stdout
-
-
-@dataclass(frozen=True)
-class NodeRow:
-    """One usable node of the partition as sinfo reports it."""
-
-    gpus: int  # configured GRES
-    used: int  # allocated now, by any job
-    gpu_type: str  # "" when untyped
-
-
-@dataclass(frozen=True)
-class JobRow:
-    job_id: str
-    state: str
-    reason: str
-    start: dt.datetime | None
-    end: dt.datetime | None
-    exit_status: int | None  # the raw wait status: exit 3 is 768, SIGKILL is 9
-    name: str
-
-
-def parse_squeue(out: str, now: dt.datetime) -> list[JobRow]:
-    """squeue -O POLL_FIELDS lines; `now` is when squeue answered (see `_epoch`)."""
-    rows = []
-    for line in out.splitlines():
-        fields = line.split("|", 6)
-        if len(fields) < 7:
-            continue
-        job_id, state, reason, start, end, status, name = fields
-        rows.append(
-            JobRow(
-                job_id.strip(),
-                state.strip(),
-                reason.strip(),
-                _epoch(start, now),
-                _epoch(end, now),
-                _int(status),
-                name.removesuffix("|"),
-            )
-        )
-    return rows
-
-
-def parse_sacct(out: str, now: dt.datetime) -> list[JobRow]:
-    """sacct -P lines: JobID|State|Reason|Start|End|ExitCode (code:signal)|JobName."""
-    rows = []
-    for line in out.splitlines():
-        fields = line.split("|", 6)
-        if len(fields) < 7 or not fields[0].isdigit():
-            continue
-        job_id, state, reason, start, end, exit_code, name = fields
-        code, _, signal = exit_code.partition(":")
-        status = (_int(code) or 0) << 8 | (_int(signal) or 0)
-        state = state.split()[0] if state.strip() else ""  # "CANCELLED by 1000"
-        rows.append(
-            JobRow(job_id, state, reason, _epoch(start, now), _epoch(end, now), status, name)
-        )
-    return rows
 
 
 def _ended(row: JobRow, details: dict, **fields) -> Observation:
@@ -712,121 +615,7 @@ def _ended(row: JobRow, details: dict, **fields) -> Observation:
     )
 
 
-def exit_code_of(status: int) -> int:
-    """The exit code of a wait status; -N for a signal N that killed the batch step, or the
-    entrypoint (the runner then exits 128+N), as the local executor reports it."""
-    code, signal = status >> 8, status & 0x7F
-    if signal:
-        return -signal
-    return entrypoint_code(code)
-
-
-def usable_node_state(state: str) -> bool:
-    """Whether a node in this sinfo state (`idle`, `mixed-`, `idle*`, `drained`...) takes jobs."""
-    base = state.rstrip(NODE_FLAGS)
-    return base in USABLE_NODE_STATES and set(state[len(base) :]) <= USABLE_NODE_FLAGS
-
-
-def gpu_count(gres: str) -> int:
-    """GPUs in a GRES string: gpu:4, gpu:a100:2(S:0-1), gres:gpu:2, gres/gpu:2, gpu:0(IDX:N/A)."""
-    return sum(int(n) for _, n in GPU_GRES.findall(gres))
-
-
-def gpu_gres_type(gres: str) -> str:
-    """The GPU type of a node's GRES (`gpu:a100:2(S:0)`: "a100"; untyped `gpu:4`: "").
-
-    A node with GPUs of several types (rare: sites group one kind per node) is reported as
-    the type it has most of (ties: the first in name order), with all its GPUs counted, so a
-    job asking for any type gets the whole node, as Slurm would give it. The cost is on typed
-    jobs there: one asking for the node's other type is not placed on it, and one asking for
-    more of its main type than it has may be admitted and then wait in Slurm's queue.
-    """
-    counts: dict[str, int] = {}
-    for kind, n in GPU_GRES.findall(gres):
-        kind = "" if kind == "(null)" else kind
-        counts[kind] = counts.get(kind, 0) + int(n)
-    typed = sorted((-n, kind) for kind, n in counts.items() if kind and n)
-    return typed[0][1] if typed else ""
-
-
-def expand_hostlist(hostlist: str) -> list[str]:
-    """Slurm's compact node list (`multi[1-2],gpu[01-03,07],login`) as node names, as
-    `scontrol show hostnames` gives them, without a command per job."""
-    names: list[str] = []
-    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", hostlist.strip()):
-        names += _expand_host(item)
-    return names
-
-
-def _expand_host(item: str) -> list[str]:
-    bracket = re.search(r"\[([^\]]*)\]", item)
-    if bracket is None:
-        return [item]
-    head, tails = item[: bracket.start()], _expand_host(item[bracket.end() :])
-    names = []
-    for part in bracket.group(1).split(","):
-        low, _, high = part.partition("-")
-        if not low.isdigit() or not (high or low).isdigit():
-            return [item]  # not a range Slurm writes: the name as it stands
-        for number in range(int(low), int(high or low) + 1):
-            names += [f"{head}{number:0{len(low)}d}{tail}" for tail in tails]
-    return names
-
-
-def _epoch(value: str, now: dt.datetime) -> dt.datetime | None:
-    """Slurm's time, whole seconds cut short, as the end of that second (but not after `now`).
-
-    The instant lies in [S, S+1): the upper bound never puts a start before the ledger's own
-    submit time, and start and end move alike, so the metered duration is not biased.
-    """
-    number = _int(value)
-    if not number:
-        return None
-    return min(dt.datetime.fromtimestamp(number + 1, dt.UTC), now)
-
-
 def _runner_code(record: dict) -> int | None:
     """The exit code in a runner's exit record; None when ingest failed (no code)."""
     code = record.get("exit_code")
     return code if isinstance(code, int) and not isinstance(code, bool) else None
-
-
-def _int(value: str) -> int | None:
-    value = value.strip()
-    return int(value) if value.isdigit() else None
-
-
-def _env_block(env: dict[str, str]) -> bytes:
-    return b"".join(f"{name}={value}".encode() + b"\0" for name, value in env.items())
-
-
-def _sentence(words: str) -> str:
-    """Slurm's last error line without its `sbatch: error:` prefixes."""
-    lines = [line for line in words.splitlines() if line.strip()]
-    if not lines:
-        return ""
-    last = SLURM_PREFIX.sub("", lines[-1].strip())
-    return last.removeprefix("Batch job submission failed: ")
-
-
-def _transient(message: str) -> bool:
-    return any(word.lower() in message.lower() for word in TRANSIENT)
-
-
-def _run_command(
-    command: list[str], env: dict[str, str], fds: tuple[int, ...]
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        command,
-        env=env,
-        pass_fds=fds,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_TIMEOUT_S,
-    )
-
-
-def _minutes(limit_s: int) -> str:
-    """sbatch --time for a job's time limit: its backstop, rounded up to whole minutes."""
-    return str(-(-(limit_s + TIME_LIMIT_BACKSTOP_S) // 60))
