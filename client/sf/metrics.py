@@ -22,7 +22,7 @@ from sf.contract import METRICS_FILE_VAR
 
 ENV_FILE = METRICS_FILE_VAR
 KINDS = ("train", "validation")
-MAX_NAME = 100
+MAX_NAME = 100  # mirrors jobs.stores.metrics.ingest.MAX_NAME: tests/client/test_mirrors.py
 FLUSH_INTERVAL_S = 0.5
 FLUSH_AT_POINTS = 200
 

@@ -26,7 +26,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10, the client's floor: tomli is the same parser
     import tomli as tomllib
 
-PROJECT_FILE = "starforge.toml"
+PROJECT_FILE = "starforge.toml"  # mirrors jobs.stores.snapshots.PROJECT_FILE: test_mirrors.py
 WINDOW_POLICIES = ("wait", "pause")
 
 

@@ -384,6 +384,8 @@ def _too_big(size: int, limit: int) -> str:
     )
 
 
+# The client reads it before it packs a snapshot (`sf.project`, a mirror: the client cannot
+# import the server; tests/client/test_mirrors.py holds the two equal).
 PROJECT_FILE = "starforge.toml"
 PROJECT_FILE_MAX_BYTES = 64 * 1024
 
