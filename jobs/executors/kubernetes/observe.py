@@ -155,6 +155,12 @@ def observe_ranks(job: dict, pods: list[dict], nodes: int) -> Observation:
         return dataclasses.replace(silent, details=details)
     if all(row["state"] in ("running", "succeeded") for row in rows):
         return Observation("Running", start_time=start, details=details)
+    return _gang_pending(job, seen, details)
+
+
+def _gang_pending(job: dict, seen: dict[int, Observation], details: dict[str, Any]) -> Observation:
+    """A gang some of whose ranks wait: PENDING, in the words of the first rank waiting."""
+    rows = details["ranks"]
     up = sum(1 for row in rows if row["state"] == "running")
     waiting = next(i for i, row in enumerate(rows) if row["state"] == "pending")
     if waiting in seen:
@@ -165,7 +171,7 @@ def observe_ranks(job: dict, pods: list[dict], nodes: int) -> Observation:
         state, why = "Pending", "waiting for its pod to be created"
     return Observation(
         state,
-        message=f"not all nodes started: {up} of {nodes} running; rank {waiting}: {why}",
+        message=f"not all nodes started: {up} of {len(rows)} running; rank {waiting}: {why}",
         details=details,
     )
 
