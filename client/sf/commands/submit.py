@@ -89,6 +89,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="after success, run the follow-on job [then.NAME] of starforge.toml (repeatable)",
     )
+    _add_submission_options(p)
+    p.set_defaults(handler=cmd_submit, parser=p)
+
+
+def _add_submission_options(p: argparse.ArgumentParser) -> None:
+    """How the job is submitted rather than what it is: the snapshot, an array's tasks, the
+    answer's form."""
     p.add_argument(
         "--max-snapshot-mb",
         type=float,
@@ -116,7 +123,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=".", help="directory to snapshot (default .)")
     p.add_argument("--json", action="store_true", help="print the created job as JSON")
     p.add_argument("stray", nargs="*", help=argparse.SUPPRESS)
-    p.set_defaults(handler=cmd_submit, parser=p)
 
 
 def cmd_submit(args: argparse.Namespace) -> None:
