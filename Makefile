@@ -72,7 +72,7 @@ bench: venv engines ## Every benchmark, the median of 3 runs each (BENCH_REPEAT=
 
 # Each round has its own PostgreSQL database, Redis and (Slurm) slurmctld + slurmd, and stops them.
 .PHONY: chaos
-chaos: venv engines ## Fault injection: 300 jobs on local and on Slurm while processes are killed
+chaos: venv engines ## Fault injection: 300 jobs on local and on Slurm while processes are killed and a lender takes its lent GPUs back
 	@.ci/services.sh start
 	@trap '.ci/services.sh stop' EXIT; \
 	$(PY) -m tests.chaos.driver --executor local --jobs 300 --duration 180 && \
