@@ -2,9 +2,10 @@
 
 `apply_transitions` locks the job rows, checks the allowed-transition table, updates the rows
 and writes one `JobEvent` per change, all in one transaction. `transition` is its single-job
-form that raises when the change is refused. Each change is also pushed, after commit, to the
-job's page group and the jobs list group (`jobs.broadcast`), and, in the same transaction,
-written as the deliveries webhooks ask for (`jobs.ledger.outbox`).
+form that raises when the change is refused; `advance` and `walk` take a job, or a group of
+them, along a path of states, skipping those already passed. Each change is also pushed, after
+commit, to the job's page group and the jobs list group (`jobs.broadcast`), and, in the same
+transaction, written as the deliveries webhooks ask for (`jobs.ledger.outbox`).
 """
 
 from collections import defaultdict
@@ -16,7 +17,7 @@ from django.utils import timezone
 
 from jobs import broadcast
 from jobs.ledger import outbox
-from jobs.models import Job, JobEvent
+from jobs.models import Attempt, Job, JobEvent
 from jobs.states import JobStatus, is_allowed
 
 
@@ -82,6 +83,47 @@ def transition(
     if not changed:
         raise Job.DoesNotExist(f"job {job_id} does not exist")
     return changed[0]
+
+
+class Moved(Exception):
+    """A job of a group is not where the caller read it (`walk`): the caller rolls back."""
+
+
+def advance(
+    job: Job, path: Sequence[JobStatus], reason: str, *, actor: str, attempt: int | None
+) -> None:
+    """Walk the job along `path`, skipping the states it has already passed; `job.status` is
+    where the caller read it, and is read again after a step."""
+    steps = _ahead(JobStatus(job.status), path)
+    for target in steps:
+        transition(job.pk, target, reason=reason, actor=actor, attempt=attempt)
+    if steps:  # a steady tick over a waiting job costs no query here
+        job.refresh_from_db(fields=["status"])
+
+
+def walk(
+    attempts: Sequence[Attempt], path: Sequence[JobStatus], reason: str, *, actor: str
+) -> None:
+    """`advance` for each attempt's job: along `path` from where the caller read it, one
+    `apply_transitions` per step and source state for the whole group; `Moved` when a job is
+    not where it was read."""
+    at = {attempt.job_id: JobStatus(attempt.job.status) for attempt in attempts}
+    for target in path:
+        movers = [a for a in attempts if target in _ahead(at[a.job_id], path)]
+        for source in {at[a.job_id] for a in movers}:
+            changes = [
+                Change(a.job_id, reason, attempt=a.number) for a in movers if at[a.job_id] == source
+            ]
+            changed, refused = apply_transitions(target, changes, actor=actor, expected={source})
+            if refused or len(changed) != len(changes):
+                raise Moved(str(refused[0]) if refused else "a job is gone")
+        for attempt in movers:
+            at[attempt.job_id] = target
+
+
+def _ahead(status: JobStatus, path: Sequence[JobStatus]) -> Sequence[JobStatus]:
+    """The steps of `path` a job at `status` has still to take."""
+    return path[path.index(status) + 1 if status in path else 0 :]
 
 
 def _write(target: JobStatus, jobs: list[Job], by_id: dict[int, Change], actor: str, now) -> None:
