@@ -1,11 +1,12 @@
 """Halting jobs: the one way a job is stopped or paused, whoever asks (a person's stop or
-pause, the budget's hard stop, a closing schedule window).
+pause, the budget's hard stop, a closing schedule window, a time limit, a departure).
 
-Under the jobs' row locks, in one transaction: the status changes through the transition
-function (docs/ARCHITECTURE.md, invariant 1), the current attempt closes at the server's clock
-so billing ends now (invariant 5), a pending automatic retry is cancelled, and a stop notes the
-follow-ons that will not be created. After commit the backend is told to cancel, so `stop`
-always kills (invariant 7); a failed cancel is retried by the reconciler's orphan sweep.
+Under the jobs' row locks, in one transaction: each job ends through `jobs.ledger.ends` (the
+status through the transition function, docs/ARCHITECTURE.md, invariant 1; the current attempt
+closed at the server's clock so billing ends now, invariant 5; a stop's note on the follow-ons
+that will not be created), and a pending automatic retry is cancelled. After commit the backend
+is told to cancel, so `stop` always kills (invariant 7); a failed cancel is retried by the
+reconciler's orphan sweep.
 """
 
 import datetime as dt
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from jobs.executors import executor_for
-from jobs.ledger import clocks, lifecycle
-from jobs.ledger.transitions import Change, TransitionRefused, apply_transitions
+from jobs.ledger.ends import READ_FIELDS, end_decided
+from jobs.ledger.transitions import TransitionRefused
 from jobs.models import Attempt, Job
 from jobs.states import JobStatus
 
@@ -57,25 +58,14 @@ def halt(
             for job in Job.objects.select_for_update()
             .filter(pk__in=job_ids)
             .order_by("pk")
-            .only("id", "status", "next_attempt_at", "attempt_count", "current_attempt_id", "then")
+            .only(*READ_FIELDS)
         }
-        changes = [
-            Change(pk, reason, attempt=job.attempt_count or None) for pk, job in before.items()
-        ]
-        changed, refused = apply_transitions(target, changes, actor=actor, expected=expected)
-        halted = [job.pk for job in changed]
-        current = [a for pk in halted if (a := before[pk].current_attempt_id) is not None]
-        clocks.close_open(current, now, reason)
+        halted, refused = end_decided(
+            list(before.values()), target, reason, actor=actor, now=now, expected=expected
+        )
         Job.objects.filter(pk__in=halted).update(
             next_attempt_at=None, paused_by_window=by_window, paused_by_preemption=False
         )
-        if target == S.STOPPED:
-            for pk in halted:
-                job = before[pk]
-                # A FAILED job already said its follow-ons were not created, unless it was
-                # waiting for an automatic retry (which could still have succeeded).
-                if job.status != S.FAILED or job.next_attempt_at is not None:
-                    lifecycle.not_succeeded(job, S.STOPPED)
         # Only an active job has something on its backend (its attempt is open from admission
         # to its end); the orphan sweep catches anything else.
         to_cancel = [pk for pk in halted if before[pk].status in S.active()]

@@ -1,7 +1,8 @@
 """What happens after an attempt ends: automatic retries, follow-on jobs, and their notes.
 
-Called by the reconciler inside the transaction that closes the attempt and moves the job, so
-each decision is taken exactly once however many times the end is observed.
+Called by `jobs.ledger.ends` inside the transaction that closes the attempt and moves the job,
+so each decision is taken exactly once however many times the end is observed; and, for the
+cooled-down retries, by the scheduler's tick (`requeue_due_retries`).
 """
 
 import datetime as dt

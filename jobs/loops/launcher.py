@@ -56,11 +56,10 @@ from sf.contract import (
 from jobs.executors import LaunchError, LaunchSpec, executor_for
 from jobs.executors.base import executor_class, preempt_grace_s
 from jobs.job_tokens import runner_credentials
-from jobs.ledger import clocks
 from jobs.ledger.batches import write_batches
+from jobs.ledger.ends import READ_FIELDS, end_decided
 from jobs.ledger.halt import cancel_attempt
-from jobs.ledger.lifecycle import after_failure
-from jobs.ledger.transitions import Change, TransitionRefused, apply_transitions, transition
+from jobs.ledger.transitions import Change, TransitionRefused, apply_transitions
 from jobs.models import Attempt, Job, run_output_dir
 from jobs.states import JobStatus
 
@@ -228,23 +227,26 @@ def _set_job_refs(launched: list[LaunchOutcome], now: dt.datetime) -> None:
 
 
 def _launch_failed(job_id: int, outcome: LaunchOutcome) -> None:
+    """The attempt ends with its launch: FAILED and not retried for a permanent error, back to
+    QUEUED for a transient one (`jobs.ledger.ends`)."""
     target = JobStatus.FAILED if outcome.permanent else JobStatus.QUEUED
     word = "launch failed" if outcome.permanent else "launch failed, will retry"
     with transaction.atomic():
-        clocks.close_open([outcome.attempt_id], timezone.now(), f"{word}: {outcome.error}")
-        try:
-            transition(
-                job_id,
-                target,
-                reason=f"{word}: {outcome.error}",
-                actor="launcher",
-                expected={JobStatus.SUBMITTED},
-            )
-        except TransitionRefused as exc:  # stopped or paused meanwhile: nothing to record
-            log.info("launch failure of job %s not recorded: %s", job_id, exc)
+        job = Job.objects.select_for_update().only(*READ_FIELDS).get(pk=job_id)
+        if job.current_attempt_id != outcome.attempt_id:  # readmitted since: a new attempt
+            log.info("launch failure of job %s not recorded: it moved on", job_id)
             return
-        if outcome.permanent:
-            after_failure(job_id, "rejected", timezone.now())
+        _, refused = end_decided(
+            [job],
+            target,
+            f"{word}: {outcome.error}",
+            actor="launcher",
+            now=timezone.now(),
+            expected={JobStatus.SUBMITTED},
+            failure="rejected",
+        )
+    if refused:  # stopped or paused meanwhile: nothing to record
+        log.info("launch failure of job %s not recorded: %s", job_id, refused[0])
 
 
 def _unwanted(launched: list[LaunchOutcome], refused_jobs: set[int]) -> list[int]:

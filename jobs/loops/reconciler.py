@@ -28,10 +28,11 @@ from jobs import kick
 from jobs.durations import time_limit_reason
 from jobs.executors import Executor, Observation, executor_for
 from jobs.executors.base import preempt_grace_s
-from jobs.ledger import clocks, lifecycle
+from jobs.ledger import clocks, ends
 from jobs.ledger.batches import write_batches
+from jobs.ledger.ends import End
 from jobs.ledger.halt import halt
-from jobs.ledger.transitions import Change, TransitionRefused, apply_transitions, transition
+from jobs.ledger.transitions import TransitionRefused, advance, transition, walk
 from jobs.loops.launcher import launch_attempts
 from jobs.models import Attempt, Cluster, Job, JobEvent
 from jobs.states import JobStatus
@@ -50,6 +51,9 @@ FAILURE_WORDS = {
     "lost": "lost on backend",
     "preempted": "preempted by the backend",
 }
+_SUCCEEDED_REASON = "exited with code 0"
+_PENDING_REASON = "on the cluster, not running yet"
+_RUNNING_REASON = "the entrypoint is running"
 
 
 def reconcile_all(now: dt.datetime | None = None) -> None:
@@ -220,10 +224,6 @@ def _grace_over(preempted_at: dt.datetime | None, grace_s: int, now: dt.datetime
     return preempted_at is not None and (now - preempted_at).total_seconds() > grace_s
 
 
-class _Moved(Exception):
-    """A job of a group moved on since the tick read it: the group is rolled back."""
-
-
 # What a group's clocks calls change on its attempts in memory, read again after a rollback.
 _CLOCK_FIELDS = [
     "start_time",
@@ -244,7 +244,7 @@ def _in_groups(
     The common news: a SUBMITTED job is PENDING on its engine, a SUBMITTED or PENDING one is
     RUNNING, or any of them SUCCEEDED (its start known; not preempted; no note on how the end
     was learnt). Each group is one transaction: its clocks in a few statements
-    (`clocks.mark_started_many`, `clocks.close_many`) and one transition per step of the path,
+    (`clocks.mark_started_many`, `ends.end_group`) and one transition per step of the path,
     where `_reconcile_attempt` takes a transaction, its clocks and a transition per job and
     step, some 14 statements a job. When 200 short Slurm jobs ended together, a tick took up to
     6 s on a loaded 2-core host (each statement waited ~5-10 ms for PostgreSQL's share of the
@@ -302,33 +302,19 @@ def _common_case(executor: Executor, attempt: Attempt, obs: Observation | None) 
 
 
 def _group_pending(group: list[Attempt], mine: dict[int, Observation], now: dt.datetime) -> None:
-    _walk(group, [S.PENDING], "on the cluster, not running yet")
+    walk(group, [S.PENDING], _PENDING_REASON, actor="reconciler")
 
 
 def _group_running(group: list[Attempt], mine: dict[int, Observation], now: dt.datetime) -> None:
     """`_mark_running` for each."""
     clocks.mark_started_many(group, {a.pk: mine[a.pk].start_time or now for a in group}, now)
-    _walk(group, [S.PENDING, S.RUNNING], "the entrypoint is running")
+    walk(group, [S.PENDING, S.RUNNING], _RUNNING_REASON, actor="reconciler")
 
 
 def _group_succeeded(group: list[Attempt], mine: dict[int, Observation], now: dt.datetime) -> None:
-    """`_finish` for each, the start known: started, closed once, walked to SUCCEEDED, its
-    follow-ons made."""
-    reason = "exited with code 0"
-    observed = {attempt.pk: mine[attempt.pk] for attempt in group}
-    starts = {pk: obs.start_time for pk, obs in observed.items() if obs.start_time}
-    clocks.mark_started_many(group, starts, now)
-    if any(attempt.start_time is None for attempt in group):
-        raise _Moved("an attempt has no start")
-    ends = {pk: obs.end_time for pk, obs in observed.items()}
-    codes = {pk: obs.exit_code for pk, obs in observed.items()}
-    closed = clocks.close_many(group, ends, now, codes, end_reason=reason, failure="")
-    if closed != len(group):
-        raise _Moved(f"{len(group) - closed} attempt(s) closed meanwhile")
-    _walk(group, [S.PENDING, S.RUNNING, S.SUCCEEDED], reason)
-    for attempt in group:
-        if attempt.job.then:  # set at submit, never changed: none, nothing to make
-            lifecycle.after_success(attempt.job_id)
+    """`_finish` for each, the start known: the same end, in a few statements for them all."""
+    observed = {a.pk: _observed_end(a, S.SUCCEEDED, mine[a.pk], now) for a in group}
+    ends.end_group(group, observed, now)
 
 
 _GROUP_WRITERS = {
@@ -336,35 +322,6 @@ _GROUP_WRITERS = {
     S.RUNNING: _group_running,
     S.SUCCEEDED: _group_succeeded,
 }
-
-
-def _walk(group: list[Attempt], path: list[JobStatus], reason: str) -> None:
-    """`_advance` for each attempt's job: along `path` from where the tick found it, one
-    `apply_transitions` per step for the whole group; `_Moved` when a job is not where the
-    tick found it."""
-    at = {attempt.job_id: JobStatus(attempt.job.status) for attempt in group}
-    for target in path:
-        movers = [
-            a for a in group if at[a.job_id] != target and target in _ahead(at[a.job_id], path)
-        ]
-        if not movers:
-            continue
-        for source in {at[a.job_id] for a in movers}:
-            changes = [
-                Change(a.job_id, reason, attempt=a.number) for a in movers if at[a.job_id] == source
-            ]
-            changed, refused = apply_transitions(
-                target, changes, actor="reconciler", expected={source}
-            )
-            if refused or len(changed) != len(changes):
-                raise _Moved(str(refused[0]) if refused else "a job is gone")
-        for attempt in movers:
-            at[attempt.job_id] = target
-
-
-def _ahead(status: JobStatus, path: list[JobStatus]) -> list[JobStatus]:
-    """The steps of `path` a job at `status` has still to take (`_advance`'s rule)."""
-    return path[path.index(status) + 1 if status in path else 0 :]
 
 
 def _reconcile_attempt(
@@ -401,7 +358,7 @@ def _reconcile_attempt(
     if target == S.PENDING:
         if attempt.job.status == S.RUNNING:
             return  # started already (a requeue shows as a failure): no step back, no deadline
-        _advance(attempt, [S.PENDING], "on the cluster, not running yet")
+        advance(job, [S.PENDING], _PENDING_REASON, actor="reconciler", attempt=attempt.number)
         _check_pending_deadline(executor, attempt, now)
     elif target == S.RUNNING:
         _mark_running(attempt, obs, now)
@@ -439,13 +396,15 @@ def _preempted(attempt: Attempt, obs: Observation | None, now: dt.datetime) -> N
     as run, the job PAUSED, marked for the scheduler to queue it again; no retry is spent."""
     # The borrower's reason (and its webhooks') does not name the lender: another team's.
     reason = "preempted: borrowed GPUs returned to the lending team"
-    end = obs.end_time if obs is not None else None
-    if obs is not None and obs.start_time:
-        clocks.mark_started(attempt, obs.start_time, now)
+    end = End(
+        S.PAUSED,
+        reason,
+        at=obs.end_time if obs is not None else None,
+        started=obs.start_time if obs is not None else None,
+        exit_code=obs.exit_code if obs is not None else None,
+    )
     with transaction.atomic():
-        _close_and_transition(
-            attempt, S.PAUSED, reason, end, now, exit_code=obs.exit_code if obs else None
-        )
+        ends.end_attempt(attempt, end, now)
         Job.objects.filter(pk=attempt.job_id, status=S.PAUSED).update(paused_by_preemption=True)
     transaction.on_commit(kick.scheduler)
 
@@ -466,19 +425,7 @@ def _maybe_lost(attempt: Attempt, now: dt.datetime) -> None:
         f"lost on backend: {attempt.job_ref} is no longer known to cluster "
         f"{attempt.job.cluster.name}"
     )
-    _close_and_transition(attempt, S.FAILED, reason, now, now, exit_code=None, failure="lost")
-
-
-def _advance(attempt: Attempt, path: list[JobStatus], reason: str) -> None:
-    """Walk the job along `path`, skipping the states it has already passed."""
-    status = JobStatus(attempt.job.status)
-    steps = path[path.index(status) + 1 if status in path else 0 :]
-    for target in steps:
-        transition(
-            attempt.job_id, target, reason=reason, actor="reconciler", attempt=attempt.number
-        )
-    if steps:  # a steady tick over a waiting job costs no query here
-        attempt.job.refresh_from_db(fields=["status"])
+    ends.end_attempt(attempt, End(S.FAILED, reason, at=now, failure="lost"), now)
 
 
 def _mark_running(attempt: Attempt, obs: Observation, now: dt.datetime) -> None:
@@ -488,7 +435,13 @@ def _mark_running(attempt: Attempt, obs: Observation, now: dt.datetime) -> None:
         # Engines report whole seconds (Kubernetes) or round them: clocks bounds the start
         # by the admission, so queued time is never billed (invariant 5).
         clocks.mark_started(attempt, obs.start_time or now, now)
-        _advance(attempt, [S.PENDING, S.RUNNING], "the entrypoint is running")
+        advance(
+            attempt.job,
+            [S.PENDING, S.RUNNING],
+            _RUNNING_REASON,
+            actor="reconciler",
+            attempt=attempt.number,
+        )
 
 
 def past_time_limit(limit_s: int | None, start: dt.datetime | None, now: dt.datetime) -> bool:
@@ -508,94 +461,39 @@ def _time_limit_reached(attempt: Attempt, end: dt.datetime) -> str:
 
 
 def _finish(attempt: Attempt, target: JobStatus, obs: Observation, now: dt.datetime) -> None:
+    end = _observed_end(attempt, target, obs, now)
+    if obs.start_time is None:  # the runner may have reported it since this tick read the attempt
+        attempt.refresh_from_db(fields=["start_time", "alive_at"])
+    ends.end_attempt(attempt, end, now)
+
+
+def _observed_end(attempt: Attempt, target: JobStatus, obs: Observation, now: dt.datetime) -> End:
+    """The end the engine reported, in the ledger's words: the reason, its cause, the note on
+    how it was learnt."""
     # The engine's own limit (Slurm's --time, a Kubernetes Job's activeDeadlineSeconds) ended
     # it before a tick of the reconciler did. A cluster's own, shorter limit is not the job's:
     # only a run past the job's limit is a time-limit stop.
     if target == S.FAILED and obs.failure in ENGINE_TIME_LIMITS:
         if reason := _time_limit_reached(attempt, obs.end_time or now):
-            _close_and_transition(
-                attempt, S.STOPPED, reason, obs.end_time, now, exit_code=obs.exit_code
-            )
-            return
+            return End(S.STOPPED, reason, at=obs.end_time, exit_code=obs.exit_code)
     if target == S.SUCCEEDED:
-        reason = "exited with code 0"
+        reason = _SUCCEEDED_REASON
     elif target == S.STOPPED:  # stopped on the engine by someone, not through Starforge
         reason = obs.message or f"backend reported {obs.native_state}"
     else:
         reason = _failure_reason(attempt, obs)
-    if obs.start_time:
-        clocks.mark_started(attempt, obs.start_time, now)
-    else:  # the runner may have reported its start since this tick read the attempt
-        attempt.refresh_from_db(fields=["start_time", "alive_at"])
-    if attempt.start_time is None and target == S.SUCCEEDED:
-        _unknown_start(attempt, obs.end_time or now, now)
     failure = obs.failure or "exit" if target == S.FAILED else ""
     if failure == "timeout":  # an engine's own limit (a Slurm partition's), not the job's
         failure = "exit"
-    _close_and_transition(
-        attempt,
+    return End(
         target,
         reason,
-        obs.end_time,
-        now,
+        at=obs.end_time,
+        started=obs.start_time,
         exit_code=obs.exit_code,
         failure=failure,
         note=str(obs.details.get("note", "")),
     )
-
-
-def _unknown_start(attempt: Attempt, end: dt.datetime, now: dt.datetime) -> None:
-    """It ran (it succeeded) but nobody said when it started: bill nothing rather than guess.
-
-    Billing from launch would count queued and pending time (invariant 5).
-    """
-    clocks.mark_started(attempt, clocks.bounded_end(attempt, end, now), now)
-    JobEvent.objects.create(
-        job_id=attempt.job_id,
-        kind=JobEvent.Kind.NOTE,
-        actor="reconciler",
-        attempt=attempt.number,
-        reason=(
-            "the backend reported the end but not the start, and the runner's start report "
-            "did not arrive: this attempt is billed 0 GPU-seconds"
-        ),
-    )
-
-
-def _close_and_transition(
-    attempt: Attempt,
-    target: JobStatus,
-    reason: str,
-    end: dt.datetime | None,
-    now: dt.datetime,
-    exit_code: int | None,
-    failure: str = "",
-    note: str = "",
-) -> None:
-    """Close the attempt and move the job, once; `note` (how the end was learnt, when that
-    was unusual) becomes a NOTE event before the transition. `end` is the engine's (None:
-    unknown); clocks bounds it by the last sighting alive and now."""
-    path = [S.PENDING, S.RUNNING, target] if attempt.start_time else [S.PENDING, target]
-    if attempt.job.status == S.RUNNING:
-        path = [S.RUNNING, target]
-    with transaction.atomic():
-        closed = clocks.close(
-            attempt, end, now, exit_code=exit_code, end_reason=reason, failure=failure
-        )
-        if closed:  # counted once, however many times the end is observed
-            if note:
-                JobEvent.objects.create(
-                    job_id=attempt.job_id,
-                    kind=JobEvent.Kind.NOTE,
-                    actor="reconciler",
-                    attempt=attempt.number,
-                    reason=note,
-                )
-            _advance(attempt, path, reason)
-            if target == S.FAILED:
-                lifecycle.after_failure(attempt.job_id, failure, timezone.now())
-            elif target == S.SUCCEEDED:
-                lifecycle.after_success(attempt.job_id)
 
 
 def _failure_reason(attempt: Attempt, obs: Observation) -> str:
@@ -644,7 +542,7 @@ def _check_pending_deadline(executor: Executor, attempt: Attempt, now: dt.dateti
             f"not all nodes started: {up} of {attempt.nodes} ranks running after the pending "
             f"deadline of {deadline} s; every started rank was cancelled"
         )
-    _close_and_transition(attempt, S.FAILED, reason, now, now, exit_code=None, failure="deadline")
+    ends.end_attempt(attempt, End(S.FAILED, reason, at=now, failure="deadline"), now)
     executor.cancel(attempt.job_ref)
 
 

@@ -41,14 +41,13 @@ def test_each_layer_imports_only_downwards(layer):
     assert crossings == []
 
 
-def test_the_attempt_clocks_are_called_only_by_the_loops_the_ingest_and_the_halt():
+def test_the_attempt_clocks_are_called_only_by_the_loops_the_ingest_and_the_ends():
     callers = sorted(name for name, targets in graph().items() if "jobs.ledger.clocks" in targets)
     assert callers == [
-        "jobs.api.ingest",
-        "jobs.ledger.halt",
-        "jobs.loops.launcher",
-        "jobs.loops.reconciler",
-        "jobs.loops.scheduler",
+        "jobs.api.ingest",  # the runner's start report, a sighting alive
+        "jobs.ledger.ends",  # every close (tests/structure/test_attempt_ends_have_one_owner.py)
+        "jobs.loops.reconciler",  # starts and sightings the engines report
+        "jobs.loops.scheduler",  # opening the attempts it admits
     ]
 
 
