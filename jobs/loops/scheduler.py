@@ -51,7 +51,7 @@ from functools import partial
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, OuterRef, Subquery, Sum
+from django.db.models import Count, F, OuterRef, Subquery
 from django.utils import timezone
 from sf.contract import backend_name
 
@@ -66,6 +66,7 @@ from jobs.ledger.lifecycle import requeue_due_retries
 from jobs.ledger.transitions import Change, apply_transitions
 from jobs.ledger.ungranted import stop_ungranted
 from jobs.loops import queueplan
+from jobs.loops.holdings import Holdings, read_holdings
 from jobs.models import (
     Attempt,
     Cluster,
@@ -129,46 +130,6 @@ class TickResult:
     requeued: list[int] = field(default_factory=list)  # queued again after a preemption
     outsiders: list[int] = field(default_factory=list)  # stopped: submitter may not submit now
     ungranted: list[int] = field(default_factory=list)  # stopped: team's cluster grant revoked
-
-
-@dataclass
-class _Held:
-    gpus: int = 0
-    jobs: int = 0
-
-    def add(self, gpus: int) -> None:
-        self.gpus += gpus
-        self.jobs += 1
-
-
-@dataclass
-class _Holdings:
-    """What SUBMITTED+PENDING+RUNNING jobs hold: per team, member, cluster, team on cluster."""
-
-    team: dict[int, _Held] = field(default_factory=lambda: defaultdict(_Held))
-    member: dict[tuple[int, int], _Held] = field(default_factory=lambda: defaultdict(_Held))
-    cluster: dict[int, _Held] = field(default_factory=lambda: defaultdict(_Held))
-    team_cluster: dict[tuple[int, int], _Held] = field(default_factory=lambda: defaultdict(_Held))
-    borrowed: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # by borrower
-    lent: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # by lender
-
-    def add(self, team: int, user: int, cluster: int, gpus: int, jobs: int = 1) -> None:
-        for held in (
-            self.team[team],
-            self.member[(team, user)],
-            self.cluster[cluster],
-            self.team_cluster[(team, cluster)],
-        ):
-            held.gpus += gpus
-            held.jobs += jobs
-
-    def lend(self, team: int, lender: int, gpus: int) -> None:
-        """GPUs `team` holds on `lender`'s idle quota: they count against the lender's quota
-        (its own jobs' room), and against `team`'s borrow cap instead of its quota."""
-        self.team[team].gpus -= gpus
-        self.team[lender].gpus += gpus
-        self.borrowed[team] += gpus
-        self.lent[lender] += gpus
 
 
 @dataclass(frozen=True)
@@ -285,7 +246,7 @@ class _Context:
     capacities: dict[int, tuple[Cluster, Capacity]]
     shares: dict[tuple[int, int], int]  # (team, cluster) -> percent
     month_us: dict[int, int]  # GPU-µs used this month per team (only teams with a budget)
-    held: _Holdings
+    held: Holdings
     nodes: dict[int, _Nodes] = field(default_factory=dict)  # per cluster reporting its nodes
     # Teams' caps per GPU type (TeamGpuTypeQuota), and what they hold of each (filled on first
     # use: it places the active jobs of the clusters that report nodes).
@@ -446,7 +407,7 @@ def _decide(
         capacities=capacities,
         shares={(s.team_id, s.cluster_id): s.percent for s in ClusterShare.objects.all()},
         month_us=month_us,
-        held=_held(),
+        held=read_holdings(),
         type_caps=_type_caps(),
     )
     queue: dict[int, deque[_Queued]] = defaultdict(deque)
@@ -1264,22 +1225,6 @@ def _submit(admit: list[_Admission], now: dt.datetime) -> list[int]:
         attempt_count=F("attempt_count") + 1, current_attempt=Subquery(newest)
     )
     return [a.pk for a in attempts]
-
-
-def _held() -> _Holdings:
-    """What SUBMITTED+PENDING+RUNNING jobs hold now, in one grouped query."""
-    holdings = _Holdings()
-    rows = (
-        Job.objects.filter(status__in=S.active())
-        .values("team_id", "user_id", "cluster_id", "current_attempt__borrowed_from")
-        .annotate(gpus=Sum("gpus"), jobs=Count("id"))
-    )
-    for row in rows:
-        team, gpus = row["team_id"], row["gpus"] or 0
-        holdings.add(team, row["user_id"], row["cluster_id"], gpus, row["jobs"])
-        if row["current_attempt__borrowed_from"] is not None:
-            holdings.lend(team, row["current_attempt__borrowed_from"], gpus)
-    return holdings
 
 
 def _windows() -> dict[int, Window]:
