@@ -359,9 +359,6 @@ class Job(models.Model):
     # Set when the scheduler paused the job because its window closed; a person's pause,
     # resume or stop clears it, so only window pauses are resumed by the window.
     paused_by_window = models.BooleanField(default=False)
-    # Set when a preemption paused the job (its borrowed GPUs went back to their team): the
-    # scheduler queues it again on its next tick. A person's pause, resume or stop clears it.
-    paused_by_preemption = models.BooleanField(default=False)
     pending_deadline_s = models.PositiveIntegerField(null=True, blank=True)
     # Seconds each attempt may run, counted from when it is really up (as billing is): past it
     # the job is STOPPED, never retried automatically. None: no limit.
@@ -479,8 +476,9 @@ class Attempt(models.Model):
         "Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     # When the scheduler told this attempt to give its borrowed GPUs back (the notice: SIGTERM,
-    # then SIGKILL after its cluster's grace), and the lender's job that needed them. However
-    # it then ends, the job goes PAUSED and is queued again (jobs.ledger.preemption).
+    # then SIGKILL after its cluster's grace), and the lender's job that needed them: the one
+    # flag of a preemption, written by jobs.ledger.preemption alone. However the attempt then
+    # ends, the job goes PAUSED and is queued again (jobs.reads.preemption says which).
     preempted_at = models.DateTimeField(null=True, blank=True)
     preempted_for = models.ForeignKey(
         "Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

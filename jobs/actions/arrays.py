@@ -234,9 +234,7 @@ def _apply(user: User, verb: str, ids: list[int], allowed: Iterable[str]) -> int
         )
         moved = [j.pk for j in changed]
         if verb == "resume":
-            Job.objects.filter(pk__in=moved).update(
-                paused_by_window=False, paused_by_preemption=False
-            )
+            Job.objects.filter(pk__in=moved).update(paused_by_window=False)
         else:
             Job.objects.filter(pk__in=moved).update(
                 retry_count=F("retry_count") + 1, next_attempt_at=None

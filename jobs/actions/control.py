@@ -48,7 +48,7 @@ def _halt(user: User, job_id: int, target: JobStatus, reason: str) -> Job:
 
 def resume_job(user: User, job_id: int) -> Job:
     job = _controllable(user, job_id)
-    _requeue(user, job, "resume", "resumed", paused_by_window=False, paused_by_preemption=False)
+    _requeue(user, job, "resume", "resumed", paused_by_window=False)
     return get_visible_job(user, job_id)
 
 

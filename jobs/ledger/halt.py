@@ -45,8 +45,9 @@ def halt(
     """Stop or pause these jobs where the table (and `expected`) allow it.
 
     `by_window` marks a pause the scheduler made for a closed window, which it resumes when the
-    window opens; a person's pause or stop is theirs, so it clears the mark (and a
-    preemption's, which the scheduler would otherwise queue again).
+    window opens; a person's pause or stop is theirs, so it clears the mark. (A preemption's
+    pause needs no clearing: the job's new reason takes it off the preemption's hands,
+    `jobs.reads.preemption`.)
     """
     if not job_ids:
         return Halted([], [])
@@ -63,9 +64,7 @@ def halt(
         halted, refused = end_decided(
             list(before.values()), target, reason, actor=actor, now=now, expected=expected
         )
-        Job.objects.filter(pk__in=halted).update(
-            next_attempt_at=None, paused_by_window=by_window, paused_by_preemption=False
-        )
+        Job.objects.filter(pk__in=halted).update(next_attempt_at=None, paused_by_window=by_window)
         # Only an active job has something on its backend (its attempt is open from admission
         # to its end); the orphan sweep catches anything else.
         to_cancel = [pk for pk in halted if before[pk].status in S.active()]

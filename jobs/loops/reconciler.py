@@ -24,17 +24,17 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from sf.contract import INGEST_FAILED, RANK_STATES
 
-from jobs import kick
 from jobs.durations import time_limit_reason
 from jobs.executors import Executor, Observation, executor_for
 from jobs.executors.base import preempt_grace_s
-from jobs.ledger import clocks, ends
+from jobs.ledger import clocks, ends, preemption
 from jobs.ledger.batches import write_batches
 from jobs.ledger.ends import End
 from jobs.ledger.halt import halt
 from jobs.ledger.transitions import TransitionRefused, advance, transition, walk
+from jobs.loops import lending
 from jobs.loops.launcher import launch_attempts
-from jobs.models import Attempt, Cluster, Job, JobEvent
+from jobs.models import Attempt, Cluster, JobEvent
 from jobs.states import JobStatus
 from jobs.stores import logstore
 
@@ -153,7 +153,8 @@ def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
     changed = [
         a.pk
         for a in rows
-        if _grace_over(a.preempted_at, grace, now) or not _steady(executor, a, mine.get(a.pk), now)
+        if lending.past_grace(a.preempted_at, grace, now)
+        or not _steady(executor, a, mine.get(a.pk), now)
     ]
     attempts = list(_open(Attempt.objects.filter(pk__in=changed)).select_related("job"))
     _record_native(executor, attempts, mine)
@@ -218,10 +219,6 @@ def _observed(attempts: list, observations: dict[str, Observation]) -> dict:
         if obs is not None and obs.name in ("", attempt.backend_name):
             found[attempt.pk] = obs
     return found
-
-
-def _grace_over(preempted_at: dt.datetime | None, grace_s: int, now: dt.datetime) -> bool:
-    return preempted_at is not None and (now - preempted_at).total_seconds() > grace_s
 
 
 # What a group's clocks calls change on its attempts in memory, read again after a rollback.
@@ -341,11 +338,10 @@ def _reconcile_attempt(
     if target is None:  # recorded by _record_native; the job keeps its status
         return
     job = attempt.job
-    if attempt.preempted_at is not None and target not in (S.PENDING, S.RUNNING):
-        if not (target == S.SUCCEEDED and _ended_before_notice(attempt, obs)):
-            _preempted(attempt, obs, now)
-            return
-    if attempt.preempted_at is not None and _grace_over(attempt.preempted_at, grace_s, now):
+    if lending.ends_preempted(attempt.preempted_at, target, obs.end_time):
+        preemption.pause(attempt, now, end=obs.end_time, started=obs.start_time, code=obs.exit_code)
+        return
+    if lending.past_grace(attempt.preempted_at, grace_s, now):
         log.info("preempted %s is past its grace of %s s: cancelling", attempt.job_ref, grace_s)
         executor.cancel(attempt.job_ref)
     if target in (S.PENDING, S.RUNNING) and job.status == S.RUNNING:
@@ -385,39 +381,13 @@ def _repair_launch(executor: Executor, attempt: Attempt, now: dt.datetime) -> No
         )
 
 
-def _ended_before_notice(attempt: Attempt, obs: Observation) -> bool:
-    """It exited 0 before its preemption notice was sent: a success like any other."""
-    notice = attempt.preempted_at
-    return obs.end_time is not None and notice is not None and obs.end_time <= notice
-
-
-def _preempted(attempt: Attempt, obs: Observation | None, now: dt.datetime) -> None:
-    """A preempted attempt ended (whatever its exit: it was told to stop): billed to its end
-    as run, the job PAUSED, marked for the scheduler to queue it again; no retry is spent."""
-    # The borrower's reason (and its webhooks') does not name the lender: another team's.
-    reason = "preempted: borrowed GPUs returned to the lending team"
-    end = End(
-        S.PAUSED,
-        reason,
-        at=obs.end_time if obs is not None else None,
-        started=obs.start_time if obs is not None else None,
-        exit_code=obs.exit_code if obs is not None else None,
-    )
-    with transaction.atomic():
-        ends.end_attempt(attempt, end, now)
-        Job.objects.filter(pk=attempt.job_id, status=S.PAUSED).update(paused_by_preemption=True)
-    transaction.on_commit(kick.scheduler)
-
-
 def _maybe_lost(attempt: Attempt, now: dt.datetime) -> None:
     if attempt.last_seen_at:  # the last sighting was up to SEEN_RESOLUTION after it
         last = attempt.last_seen_at + SEEN_RESOLUTION
     else:
         last = attempt.pending_at or attempt.submitted_at
-    if attempt.preempted_at is not None and now >= last:
-        # Gone after its notice (a Kubernetes Job deleted for it is gone once its pods are):
-        # told to go, it went; no grace for an engine that may have lost it.
-        _preempted(attempt, None, now)
+    if lending.gone_preempted(attempt.preempted_at, last, now):
+        preemption.pause(attempt, now)
         return
     if (now - last).total_seconds() < settings.SF_LOST_GRACE_S:
         return

@@ -23,13 +23,10 @@ where every waiting job stands and when it can start; at most once per QUEUE_PLA
 working the plan out costs as much as the rest of a tick over a long backlog, and under a
 stream of submits kicked ticks come every second or so.
 
-Taking lent GPUs back: a lendable team's job that its own quota has room for, but that waits
-because GPUs of that quota are lent out, preempts borrowers (`_take_back`): only jobs on GPUs
-borrowed from that team, the lowest priority first, then those that saved a checkpoint most
-recently, then the most recently started, and never one whose attempt has run less than
-SF_PREEMPT_MIN_RUNTIME_S. Each victim gets its notice after commit (SIGTERM, SIGKILL after its
-cluster's grace) and keeps its GPUs until it ends; it then goes PAUSED (the reconciler) and the
-next tick queues it again, to resume from its checkpoint.
+Lending: a job past its team's quota may borrow a lendable team's idle GPUs, and a lendable
+team's job that lent GPUs keep out preempts their borrowers; `jobs.loops.lending` decides both,
+and the tick writes its notices through `jobs.ledger.preemption`, which also queues the jobs a
+preemption paused again at the start of the next tick.
 
 The same tick applies the two time-driven rules: jobs submitted with `--window-policy pause`
 are paused when their window closes and queued again when it reopens, and a team whose monthly
@@ -47,7 +44,6 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
-from functools import partial
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -55,24 +51,23 @@ from django.db.models import Count, F, OuterRef, Subquery
 from django.utils import timezone
 from sf.contract import backend_name
 
-from jobs.durations import say
 from jobs.executors import Capacity, executor_for, gpu_type_matches
-from jobs.executors.base import deliver_notice, preempt_grace_s
-from jobs.ledger import clocks
+from jobs.executors.base import preempt_grace_s
+from jobs.ledger import clocks, preemption
 from jobs.ledger.batches import write_batches
 from jobs.ledger.departures import stop_outsiders
 from jobs.ledger.halt import halt
 from jobs.ledger.lifecycle import requeue_due_retries
 from jobs.ledger.transitions import Change, apply_transitions
 from jobs.ledger.ungranted import stop_ungranted
-from jobs.loops import queueplan
+from jobs.loops import lending, queueplan
 from jobs.loops.holdings import Holdings, read_holdings
+from jobs.loops.lending import Lending
 from jobs.models import (
     Attempt,
     Cluster,
     ClusterShare,
     Job,
-    JobEvent,
     ScheduleWindow,
     Team,
     TeamGpuTypeQuota,
@@ -130,38 +125,6 @@ class TickResult:
     requeued: list[int] = field(default_factory=list)  # queued again after a preemption
     outsiders: list[int] = field(default_factory=list)  # stopped: submitter may not submit now
     ungranted: list[int] = field(default_factory=list)  # stopped: team's cluster grant revoked
-
-
-@dataclass(frozen=True)
-class _Borrower:
-    """An active attempt on borrowed GPUs: a possible victim when its lender wants them back."""
-
-    attempt: int
-    job: int
-    lender: int
-    cluster: int
-    gpus: int
-    priority: int
-    job_ref: str
-    started: dt.datetime | None
-    checkpoint_at: dt.datetime | None
-    preempted_at: dt.datetime | None
-
-    def order(self) -> tuple:
-        """Victims first: the lowest priority, then the most recent checkpoint (none: last),
-        then the most recent start."""
-        saved = -self.checkpoint_at.timestamp() if self.checkpoint_at else float("inf")
-        started = -self.started.timestamp() if self.started else float("inf")
-        return (self.priority, saved, started, self.job)
-
-
-@dataclass
-class _Notice:
-    """Borrowers this tick tells to give their GPUs back, for one lender's job."""
-
-    job: "_Queued"
-    lender: int
-    victims: list[_Borrower]
 
 
 @dataclass(frozen=True)
@@ -253,23 +216,16 @@ class _Context:
     type_caps: dict[int, dict[str, int]] = field(default_factory=dict)
     type_used: dict[tuple[int, str], int] | None = None
     reservations: dict[int, _Reservation] = field(default_factory=dict)  # per cluster
-    # Teams with a GPU job of their own in this tick's queue (they lend nothing), and the
-    # lender each job past its quota would borrow from, as the quota gate found.
-    wanting: set[int] = field(default_factory=set)
-    borrowing: dict[int, int] = field(default_factory=dict)
     # What active jobs hold and until when (read once, when the first reservation or the plan
     # needs it), and what this tick admitted.
     holdings: list[queueplan.Holding] | None = None
     admitted: list[queueplan.Holding] = field(default_factory=list)
-    # Jobs on borrowed GPUs by lender (read when a lender's job first wants its GPUs back),
-    # GPUs per lender whose notice went out and that no waiting job has counted on yet, and
-    # this tick's notices.
-    borrowers: dict[int, list[_Borrower]] | None = None
-    coming_back: dict[int, int] = field(default_factory=dict)
-    notices: list[_Notice] = field(default_factory=list)
-    notified: set[int] = field(default_factory=set)  # attempts this tick's notices name
     # Active tasks per array with a --max-parallel (read when the first such task is met).
     array_active: dict[int, int] | None = None
+    lending: Lending = field(init=False)  # who borrows, whom this tick preempts
+
+    def __post_init__(self) -> None:
+        self.lending = Lending(self.now, self.teams, self.grace_s, set(self.capacities))
 
     def active_tasks(self, array: int) -> int:
         if self.array_active is None:
@@ -280,17 +236,6 @@ class _Context:
         active = self.active_tasks(array)
         assert self.array_active is not None  # read by active_tasks
         self.array_active[array] = active + 1
-
-    def borrowers_of(self, lender: int) -> list[_Borrower]:
-        if self.borrowers is None:
-            self.borrowers = _borrowers()
-            for rows in self.borrowers.values():
-                for row in rows:
-                    if row.preempted_at is not None:
-                        self.coming_back[row.lender] = (
-                            self.coming_back.get(row.lender, 0) + row.gpus
-                        )
-        return self.borrowers.get(lender, [])
 
     def grace_s(self, cluster: int) -> int:
         cap = self.capacities.get(cluster)
@@ -343,7 +288,7 @@ def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
         with writing():
             stopped = _hard_stops(teams, month_us, now)
             paused, resumed = _apply_window_policy(now, teams, windows)
-            requeued = _requeue_preempted()
+            requeued = preemption.requeue()
             outsiders = stop_outsiders(now)  # last: the steps above may have queued theirs
             ungranted = stop_ungranted(now)  # after them too, for the same reason
         decided = _decide(now, teams, windows, capacities, month_us)
@@ -422,7 +367,7 @@ def _decide(
     )  # fmt: skip
     for row in rows:
         queue[row[1]].append(_Queued(*row))
-    ctx.wanting = {team for team, jobs in queue.items() if any(j.gpus for j in jobs)}
+    ctx.lending.wanting = {team for team, jobs in queue.items() if any(j.gpus for j in jobs)}
     admit: list[_Admission] = []
     reasons: dict[str, list[int]] = defaultdict(list)
     waiting: list[queueplan.Waiting] = []  # in the order considered: the queue plan's order
@@ -445,7 +390,7 @@ def _decide(
             if job.array_cap is not None and job.array is not None:
                 ctx.took_task(job.array)
             ctx.held.add(job.team, job.user, job.cluster, job.gpus)
-            lender = ctx.borrowing.get(job.id)
+            lender = ctx.lending.borrowing.get(job.id)
             if lender is not None:
                 ctx.held.lend(job.team, lender, job.gpus)
             admit.append((job.id, job.gpus, lender, _admission_record(ctx, job, lender)))
@@ -481,9 +426,10 @@ def _record(
         with writing():
             attempt_ids += _submit(batch, ctx.now)
     preempted: list[int] = []
-    if ctx.notices:
+    if ctx.lending.notices:
+        clusters = {pk: cluster for pk, (cluster, _) in ctx.capacities.items()}
         with writing():
-            preempted = _send_notices(ctx)
+            preempted = preemption.send_notices(ctx.lending.notices, clusters, ctx.now)
     if decided.considered_all and _plan_due(ctx.now.timestamp()):
         # Worked out and kept once the tick's writes have committed (at once on the embedded
         # ledger, where they have): there their transactions hold the database's write lock,
@@ -743,15 +689,17 @@ def _quota_gate(ctx: _Context, job: _Queued) -> str | None:
             f"{team.max_jobs} jobs it may run at once"
         )
     if held.gpus + job.gpus > team.gpu_quota:
-        lender = _lender(ctx, team, job)
-        if lender is None and (taking := _take_back(ctx, team, job)) is not None:
-            return taking
+        lender = lending.lender(ctx.lending, ctx.held, team, job.gpus)
         if lender is None:
+            taking = lending.take_back(ctx.lending, ctx.held, team, job.id, job.user, job.gpus)
+            if taking is not None:
+                return Planned(taking)
             return Planned(
                 f"waiting for quota: team {team.name} uses {held.gpus} of "
-                f"{team.gpu_quota} GPUs; this job needs {job.gpus}" + _borrow_words(ctx, team, job)
+                f"{team.gpu_quota} GPUs; this job needs {job.gpus}"
+                + lending.borrow_words(ctx.held, team, job.gpus)
             )
-        ctx.borrowing[job.id] = lender.pk
+        ctx.lending.borrowing[job.id] = lender.pk
     member = ctx.held.member[(team.pk, job.user)]
     if team.user_gpu_cap is not None and member.gpus + job.gpus > team.user_gpu_cap:
         return (
@@ -769,203 +717,17 @@ def _quota_gate(ctx: _Context, job: _Queued) -> str | None:
     return None
 
 
-def _lender(ctx: _Context, team: Team, job: _Queued) -> Team | None:
-    """The lendable team whose idle quota this job, past its own team's, may borrow all its
-    GPUs from: one with room for them and no GPU job of its own waiting, within the borrow
-    cap; the one with the most room (then the first made). None: it may not borrow."""
-    if team.borrow_cap is None or not job.gpus:
-        return None
-    if ctx.held.borrowed[team.pk] + job.gpus > team.borrow_cap:
-        return None
-    room = {
-        t.pk: t.gpu_quota - ctx.held.team[t.pk].gpus
-        for t in ctx.teams.values()
-        if t.lendable and t.pk != team.pk and t.pk not in ctx.wanting
-    }
-    fits = [pk for pk, free in room.items() if free >= job.gpus]
-    if not fits:
-        return None
-    return ctx.teams[max(fits, key=lambda pk: (room[pk], -pk))]
-
-
-def _take_back(ctx: _Context, team: Team, job: _Queued) -> str | None:
-    """For a lendable team's job that its own quota has room for but that lent GPUs keep out:
-    borrowers of those GPUs get a notice (this tick's `ctx.notices`), enough of them for the
-    job, or none while too few may be preempted yet. The job's waiting reason, or None when
-    lending is not what holds it back."""
-    held, lent = ctx.held.team[team.pk].gpus, ctx.held.lent[team.pk]
-    if not team.lendable or not lent or not job.gpus or held - lent + job.gpus > team.gpu_quota:
-        return None
-    member = ctx.held.member[(team.pk, job.user)]
-    if team.user_gpu_cap is not None and member.gpus + job.gpus > team.user_gpu_cap:
-        return None  # the member's cap holds it back whatever comes back
-    short = held + job.gpus - team.gpu_quota
-    borrowers = ctx.borrowers_of(team.pk)
-    coming = ctx.coming_back.get(team.pk, 0)
-    counted = min(coming, short)
-    ctx.coming_back[team.pk] = coming - counted
-    short -= counted
-    lent_words = f"{lent} of team {team.name}'s {team.gpu_quota} GPUs are lent to other teams"
-    if short <= 0:
-        back = max(
-            (
-                (b.preempted_at or ctx.now) + dt.timedelta(seconds=ctx.grace_s(b.cluster))
-                for b in borrowers
-                if b.preempted_at or b.attempt in ctx.notified
-            ),
-            default=ctx.now,
-        )
-        return Planned(
-            f"waiting for lent GPUs: {lent_words}; the jobs on them have been preempted and "
-            f"give them back by {back:%H:%M:%S} UTC at the latest"
-        )
-    floor = settings.SF_PREEMPT_MIN_RUNTIME_S
-    # Those that may be told: up (their launch recorded), not told yet, on a cluster the tick
-    # reaches.
-    started = {
-        b.attempt: b.started
-        for b in borrowers
-        if b.started is not None
-        and b.job_ref
-        and b.preempted_at is None
-        and b.attempt not in ctx.notified
-        and b.cluster in ctx.capacities
-    }
-    free = sorted((b for b in borrowers if b.attempt in started), key=_Borrower.order)
-    ripe = [b for b in free if (ctx.now - started[b.attempt]).total_seconds() >= floor]
-    victims, freed = [], 0
-    for borrower in ripe:
-        if freed >= short:
-            break
-        victims.append(borrower)
-        freed += borrower.gpus
-    if freed < short:
-        young = [started[b.attempt] + dt.timedelta(seconds=floor) for b in free if b not in ripe]
-        when = f"; the next may be preempted at {min(young):%H:%M:%S} UTC" if young else ""
-        return Planned(
-            f"waiting for lent GPUs: {lent_words}, and too few of the jobs on them have run "
-            f"the minimum {say(floor)} before they may be preempted{when}"
-        )
-    ctx.notified.update(v.attempt for v in victims)
-    ctx.coming_back[team.pk] = freed - short
-    ctx.notices.append(_Notice(job, team.pk, victims))
-    return Planned(
-        f"waiting for lent GPUs: {lent_words}; preempting {len(victims)} job(s) on them "
-        f"({freed} GPUs), which have {say(ctx.grace_s(victims[0].cluster))} to checkpoint"
-    )
-
-
-def _borrowers() -> dict[int, list[_Borrower]]:
-    """Active attempts on borrowed GPUs, by lender, in one query."""
-    rows = Attempt.objects.filter(
-        borrowed_from__isnull=False,
-        end_time__isnull=True,
-        job__status__in=S.active(),
-        job__current_attempt=F("pk"),
-    ).values_list(
-        "pk", "job_id", "borrowed_from_id", "job__cluster_id", "gpus", "job__priority",
-        "job_ref", "start_time", "checkpoint_at", "preempted_at",
-    )  # fmt: skip
-    found: dict[int, list[_Borrower]] = defaultdict(list)
-    for row in rows:
-        borrower = _Borrower(*row)
-        found[borrower.lender].append(borrower)
-    return found
-
-
-def _send_notices(ctx: _Context) -> list[int]:
-    """Record this tick's preemptions (each victim's attempt once, with a note on both sides)
-    and give the notices after commit. Returns the victims' job ids."""
-    sent, events, deliver = [], [], []
-    for notice in ctx.notices:
-        for victim in notice.victims:
-            # An attempt that ended since the tick read it is told nothing.
-            marked = Attempt.objects.filter(
-                pk=victim.attempt, preempted_at__isnull=True, end_time__isnull=True
-            ).update(preempted_at=ctx.now, preempted_for_id=notice.job.id)
-            if not marked:
-                continue
-            grace = ctx.grace_s(victim.cluster)
-            sent.append(victim.job)
-            deliver.append((victim.cluster, victim.job_ref, grace))
-            events.append(
-                JobEvent(
-                    job_id=victim.job,
-                    kind=JobEvent.Kind.NOTE,
-                    actor="scheduler",
-                    # Short enough for the Events tab's column (160 characters); the lender
-                    # unnamed, as everywhere the borrower reads.
-                    reason=(
-                        f"preemption notice: the lending team needs back the {victim.gpus} GPUs "
-                        f"this job borrowed; SIGTERM now, SIGKILL in {say(grace)}; then PAUSED "
-                        "and queued again"
-                    ),
-                    data={"gpus": victim.gpus, "grace_s": grace},
-                )
-            )
-        if notice.victims:
-            gpus = sum(v.gpus for v in notice.victims)
-            events.append(
-                JobEvent(
-                    job_id=notice.job.id,
-                    kind=JobEvent.Kind.NOTE,
-                    actor="scheduler",
-                    reason=(
-                        f"preempting {len(notice.victims)} job(s) on {gpus} GPUs that other "
-                        f"teams borrowed from team {ctx.teams[notice.lender].name}: this job "
-                        "needs them back"
-                    ),
-                    data={"victims": len(notice.victims), "gpus": gpus},
-                )
-            )
-    JobEvent.objects.bulk_create(events)
-    if deliver:
-        transaction.on_commit(partial(_deliver, deliver, ctx.capacities))
-    return sent
-
-
-def _deliver(
-    deliver: list[tuple[int, str, int]], capacities: dict[int, tuple[Cluster, Capacity]]
-) -> None:
-    for cluster_id, job_ref, grace in deliver:
-        try:
-            deliver_notice(executor_for(capacities[cluster_id][0]), job_ref, grace)
-        except Exception:  # the reconciler cancels it when the grace is over, notice or not
-            log.exception("preemption notice to %s failed", job_ref)
-
-
-def _requeue_preempted() -> list[int]:
-    """Jobs a preemption paused go back on the queue, to resume from their checkpoint; a
-    resume from a preemption is no retry, so no retry budget is spent."""
-    ids = list(
-        Job.objects.filter(status=S.PAUSED, paused_by_preemption=True).values_list("pk", flat=True)
-    )
-    reason = "resuming after preemption; waiting for the scheduler"
-    return _queue_again(ids, reason, "paused_by_preemption")
-
-
-def _queue_again(ids: list[int], reason: str, mark: str) -> list[int]:
-    """Jobs the scheduler paused itself (a closed window, a preemption) back to QUEUED, with
-    their mark (`paused_by_window`, `paused_by_preemption`) cleared; those that moved on
-    meanwhile (a person's stop) are left as they are."""
+def _queue_again(ids: list[int], reason: str) -> list[int]:
+    """Jobs the scheduler paused for a closed window back to QUEUED, their mark cleared; those
+    that moved on meanwhile (a person's stop) are left as they are."""
     if not ids:
         return []
     changed, _ = apply_transitions(
         S.QUEUED, [Change(pk, reason) for pk in ids], actor="scheduler", expected={S.PAUSED}
     )
     queued = [job.pk for job in changed]
-    Job.objects.filter(pk__in=queued).update(**{mark: False})
+    Job.objects.filter(pk__in=queued).update(paused_by_window=False)
     return queued
-
-
-def _borrow_words(ctx: _Context, team: Team, job: _Queued) -> str:
-    """Why a team that may borrow does not, for the waiting reason."""
-    if team.borrow_cap is None or not job.gpus:
-        return ""
-    borrowed = ctx.held.borrowed[team.pk]
-    if borrowed + job.gpus > team.borrow_cap:
-        return f" (it borrows {borrowed} of the {team.borrow_cap} GPUs it may borrow)"
-    return " (no lendable team has that many idle GPUs)"
 
 
 def _cluster_gate(ctx: _Context, team: Team, job: _Queued) -> str | None:
@@ -1187,7 +949,7 @@ def _apply_window_policy(
         ).halted
     ]
     reason = "window opened: resumed; waiting for the scheduler"
-    return paused, _queue_again(to_resume, reason, "paused_by_window")
+    return paused, _queue_again(to_resume, reason)
 
 
 def _submit(admit: list[_Admission], now: dt.datetime) -> list[int]:

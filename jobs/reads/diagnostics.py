@@ -8,6 +8,7 @@ from django.utils import timezone
 from jobs.durations import say
 from jobs.executors.base import preempt_grace_s
 from jobs.models import Attempt, Job, JobEvent
+from jobs.reads.preemption import paused_by_preemption
 from jobs.reads.queue import queue_places, queue_row
 from jobs.reads.visible import current_attempt, retry_unavailable_reason
 from jobs.states import JobStatus
@@ -79,7 +80,7 @@ def _preemption(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str
     if last is not None and job.status in (S.PAUSED, S.QUEUED, *S.active()):
         end = last.end_time or now
         ran = say((end - last.start_time).total_seconds()) if last.start_time else "0 s"
-        if job.status == S.PAUSED and job.paused_by_preemption:
+        if paused_by_preemption(job, attempt):
             then = "the scheduler queues it again on its next tick"
         elif job.status == S.PAUSED:
             then = "it stays PAUSED until it is resumed (someone paused it since)"

@@ -17,6 +17,7 @@ from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Cluster, Job, JobEvent
 from jobs.reads.diagnostics import explain
 from jobs.reads.ledgercheck import admissions, quotas_now
+from jobs.reads.preemption import paused_jobs
 from jobs.states import JobStatus
 from metering.records import meter_ended
 from tests.jobs.factories import queued_job
@@ -317,7 +318,7 @@ def test_a_preempted_job_pauses_resumes_without_a_retry_and_its_lender_starts(
     assert mine.status == S.SUBMITTED
     assert victim.status == S.QUEUED and victim.retry_count == 0
     assert victim.status_reason.startswith("waiting for quota: team vision uses 0 of 0 GPUs")
-    assert not victim.paused_by_preemption
+    assert paused_jobs([victim.pk]) == []  # no longer the preemption's to queue again
     timeline = list(
         JobEvent.objects.filter(job=victim, kind=JobEvent.Kind.STATUS)
         .order_by("id")
@@ -353,7 +354,7 @@ def test_a_victim_past_its_grace_is_cancelled_every_tick_until_it_ends(
     Engine.ends[ref] = Observation("FAILED", exit_code=-9, end_time=T0 + dt.timedelta(seconds=101))
     reconcile_all(now=T0 + dt.timedelta(seconds=105))
     victim.refresh_from_db()
-    assert victim.status == S.PAUSED and victim.paused_by_preemption
+    assert victim.status == S.PAUSED and paused_jobs([victim.pk]) == [victim.pk]
 
 
 @pytest.mark.django_db
@@ -407,7 +408,7 @@ def test_a_persons_stop_of_a_preempted_job_is_kept_not_queued_again(
     assert api_as(vic).post(f"/jobs/{victim.pk}/stop").status_code == 200
     tick(T0 + dt.timedelta(seconds=40), django_capture_on_commit_callbacks)
     victim.refresh_from_db()
-    assert victim.status == S.STOPPED and not victim.paused_by_preemption
+    assert victim.status == S.STOPPED and paused_jobs([victim.pk]) == []
 
 
 @pytest.mark.django_db
