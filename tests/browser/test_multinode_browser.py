@@ -37,7 +37,8 @@ import json
 from django.contrib.auth.models import User
 from django.utils import timezone
 from jobs.models import Attempt, Cluster, Job, Membership, Team
-from jobs.stores import logstore, metrics
+from jobs.stores import logstore
+from jobs.stores.metrics import ingest
 spec = json.loads(SPEC)
 team = Team.objects.create(name="hpc", gpu_quota=16,
                            default_cluster=Cluster.objects.get(name="local"))
@@ -59,7 +60,7 @@ attempt = Attempt.objects.create(
 )
 Job.objects.filter(pk=job.pk).update(current_attempt=attempt)
 logstore.append(job.pk, 1, spec["lines"])
-metrics.append(job.pk, 1, spec["points"])
+ingest.append(job.pk, 1, spec["points"])
 print(json.dumps({"job": job.pk}))
 """
 APPEND = """

@@ -20,7 +20,8 @@ from django.utils import timezone
 from jobs.api.ingest import INGEST_GRACE_S
 from jobs.job_tokens import BOOTSTRAP_SALT, JOB_TOKEN_SALT, job_token
 from jobs.models import Attempt, Job, JobEvent, LogStream
-from jobs.stores import logstore, metrics
+from jobs.stores import logstore
+from jobs.stores.metrics import chunks
 from tests.jobs.api_helpers import assert_refused, submit
 from tests.jobs.test_log_ingest import attach_attempt
 
@@ -74,7 +75,7 @@ def ledger(job_id: int) -> tuple:
     )
     streams = list(LogStream.objects.filter(job_id=job_id).values_list("attempt", "next_seq"))
     lines = logstore.read(job_id, None, 10_000).raw_lines
-    points = len(metrics.stored_points(job_id))
+    points = len(chunks.stored_points(job_id))
     return job, attempts, JobEvent.objects.filter(job_id=job_id).count(), streams, lines, points
 
 

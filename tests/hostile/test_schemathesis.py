@@ -46,7 +46,8 @@ from jobs.actions.tokens import create_token
 from jobs.job_tokens import job_token
 from jobs.models import JobEvent
 from jobs.states import JobStatus
-from jobs.stores import logstore, metrics
+from jobs.stores import logstore
+from jobs.stores.metrics import ingest
 from jobs.stores.snapshots import store_snapshot
 from starforge.api import api
 from tests.jobs.factories import place, queued_job, with_attempt
@@ -120,7 +121,7 @@ def world(make_team, make_user, monkeypatch, settings):
     with_attempt(running, JobStatus.RUNNING, start_time=timezone.now() - dt.timedelta(hours=1))
     logstore.append(running.pk, 1, [{"seq": 0, "stream": "stdout", "ts": 1.0, "text": "step 1"}])
     point = {"seq": 0, "kind": "train", "name": "loss", "step": 1, "value": 0.5, "ts": 1.0}
-    metrics.append(running.pk, 1, [point])
+    ingest.append(running.pk, 1, [point])
     JobEvent.objects.create(job=running, kind=JobEvent.Kind.NOTE, reason="a note", actor="test")
     failed = queued_job(vision, alice, name="failed")
     with_attempt(failed, JobStatus.FAILED, start_time=timezone.now(), end_time=timezone.now())

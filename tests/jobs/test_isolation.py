@@ -34,7 +34,8 @@ from jobs.models import (
     WebhookDelivery,
 )
 from jobs.states import JobStatus
-from jobs.stores import logstore, metrics
+from jobs.stores import logstore
+from jobs.stores.metrics import ingest
 from starforge.api import api as ninja_api
 from starforge.asgi import websocket_urlpatterns
 from tests.jobs.factories import queued_job, with_attempt
@@ -97,7 +98,7 @@ def world(make_team, make_user) -> World:
     lines = [{"seq": 0, "stream": "stdout", "ts": 1.0, "text": SECRET_LINE}]
     logstore.append(job.pk, 1, lines)
     point = {"seq": 0, "kind": "train", "name": SECRET_METRIC, "step": 1, "value": 0.5, "ts": 1.0}
-    metrics.append(job.pk, 1, [point])
+    ingest.append(job.pk, 1, [point])
     token, _ = create_token(alice, SECRET_TOKEN)
     job.refresh_from_db()
     return World(team=vision, job=job, token=token, bob=bob, vic=vic)
