@@ -76,6 +76,7 @@ from jobs.states import JobStatus
 from jobs.stores import queueplan as store_plan
 from jobs.windows import Window, WindowSpecError, parse_window
 from metering.records import meter_ended, team_gpu_us
+from metering.usage import US_PER_HOUR
 from starforge.db.sqlite3.base import turn as sqlite_turn
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,6 @@ MAX_ADMIT_PER_TICK = 5000
 # queued since the plan reads as not placed yet (`jobs.reads.queue`).
 QUEUE_PLAN_EVERY_S = 1.5
 FAIR_SHARE_DAYS = 7
-US_PER_HOUR = 3600 * 1_000_000
 
 
 class Planned(str):
