@@ -515,8 +515,8 @@ class Attempt(models.Model):
     # The backend's own words for a waiting attempt (Slurm's pending reason, a pod's
     # waiting reason), shown in Diagnostics.
     native_message = models.TextField(blank=True)
-    # Why a failed attempt failed: exit, oom, lost, preempted (retryable); ingest, deadline,
-    # rejected (not retried automatically).
+    # Why a failed attempt failed: a `sf.contract.Failure` value, whose `retryable()` are
+    # retried automatically; "" for an attempt that did not fail.
     failure = models.CharField(max_length=20, blank=True)
     # Set, once, in the transaction that adds the ended attempt to the usage records.
     metered = models.BooleanField(default=False)

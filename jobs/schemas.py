@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from ninja import Schema
 from pydantic import AfterValidator, Field, StringConstraints, model_validator
+from sf.contract import Failure
 
 from jobs.models import TIME_LIMIT_MAX_S
 
@@ -270,6 +271,10 @@ class EventOut(Schema):
     data: dict
 
 
+# An attempt's failure as the API answers it: one of the causes the ledger keeps.
+FAILURES = ", ".join(Failure.recorded()[:-1]) + f" or {Failure.recorded()[-1]}"
+
+
 class AttemptOut(Schema):
     number: int
     backend_name: str
@@ -283,7 +288,7 @@ class AttemptOut(Schema):
     end_time: dt.datetime | None
     exit_code: int | None
     end_reason: str
-    failure: str = Field(description="exit, oom, lost, preempted, ingest, deadline or rejected")
+    failure: str = Field(description=FAILURES)
     native_state: str = Field(description="the backend's own state, as last observed")
     native_message: str = Field(description="the backend's words for why it waits")
     gpu_seconds: float

@@ -8,6 +8,8 @@ drift apart:
 
 - the runner's exit codes that counterparts interpret (INGEST_EXIT, 128+N for a signal), and
   the words that open an ingest failure's reason;
+- `Failure`, why an attempt failed: what an executor observes, what the ledger keeps, which
+  causes an automatic retry follows, and what the API answers;
 - the backend-name prefix and `backend_name`, the deterministic name of an attempt's object;
 - every SF_* variable of the runner's and the job's environment: who sets it and who reads it
   (the launcher, an executor, the runner, the job's SDK), each named once below;
@@ -22,6 +24,7 @@ Standard library only and no Django: the runner imports it inside arbitrary job 
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import json
@@ -59,6 +62,67 @@ def entrypoint_code(status: int) -> int:
     """The entrypoint's return code from the runner's exit status: -N for 128+N, else itself."""
     signal = killed_by(status)
     return status if signal is None else -signal
+
+
+# -- failure causes --------------------------------------------------------------------------
+class Failure(str, enum.Enum):
+    """Why an attempt failed: the cause an executor observes (`Observation.failure`), the
+    ledger keeps (`Attempt.failure`: these values are stored, so none is ever changed or
+    removed) and the API answers; it decides whether an automatic retry follows
+    (docs/ARCHITECTURE.md, "Executor interface")."""
+
+    # The entrypoint exited non-zero or was killed by a signal: the user's code ended it.
+    EXIT = "exit"
+    # Killed for its memory (the kernel's or the engine's limit: OOMKilled, OUT_OF_MEMORY).
+    OOM = "oom"
+    # The engine lost it: its node failed, was evicted or drained, or the backend object
+    # vanished past the grace; the code did nothing wrong.
+    LOST = "lost"
+    # The engine preempted or requeued it for other work (Slurm PREEMPTED, a preempted pod).
+    # Starforge's own preemption of borrowed GPUs is no failure: it pauses the job.
+    PREEMPTED = "preempted"
+    # The runner could not prepare the job (INGEST_EXIT: the snapshot, the identity, the
+    # entrypoint): the user's code never ran, and running it again would fail the same way.
+    INGEST = "ingest"
+    # It waited past a deadline to start (the job's pending deadline, Ray's start timeout) or
+    # the engine ended it at a deadline of its own (a Kubernetes Job's activeDeadlineSeconds).
+    DEADLINE = "deadline"
+    # The engine refused the launch for good (the request can never be met as asked).
+    REJECTED = "rejected"
+    # Observed only, never kept: the engine's own time limit (Slurm's TIMEOUT). A run past the
+    # job's time limit is a stop; any other is kept as EXIT, retryable (`recorded_as`).
+    TIMEOUT = "timeout"
+
+    def __str__(self) -> str:  # the value, in f-strings and messages, on every Python
+        return self.value
+
+    @classmethod
+    def retryable(cls) -> frozenset[Failure]:
+        """Causes an automatic retry may follow: the run could go another way next time."""
+        return _RETRYABLE
+
+    @classmethod
+    def time_limits(cls) -> frozenset[Failure]:
+        """Ends an engine reports at a time limit of its own: a stop, when the job's own time
+        limit had passed by then."""
+        return _TIME_LIMITS
+
+    @classmethod
+    def recorded(cls) -> tuple[Failure, ...]:
+        """The causes the ledger keeps, in this order: every one but TIMEOUT."""
+        return _RECORDED
+
+    @classmethod
+    def recorded_as(cls, observed: str) -> Failure:
+        """The cause the ledger keeps for a failed end the engine observed as `observed`
+        ("": the engine named none, so the entrypoint's exit)."""
+        cause = cls(observed) if observed else cls.EXIT
+        return cls.EXIT if cause is cls.TIMEOUT else cause
+
+
+_RETRYABLE = frozenset({Failure.EXIT, Failure.OOM, Failure.LOST, Failure.PREEMPTED})
+_TIME_LIMITS = frozenset({Failure.TIMEOUT, Failure.DEADLINE})
+_RECORDED = tuple(cause for cause in Failure if cause is not Failure.TIMEOUT)
 
 
 # -- backend names ---------------------------------------------------------------------------

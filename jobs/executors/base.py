@@ -70,7 +70,7 @@ class Observation:
     end_time: dt.datetime | None = None
     # The backend's own words: why it waits (shown in Diagnostics while PENDING), or how it ended.
     message: str = ""
-    # For failed ends: exit, oom, lost, preempted (retryable) or ingest, rejected (not).
+    # A failed end's cause (`sf.contract.Failure`); "" for every other end.
     failure: str = ""
     details: dict = field(default_factory=dict)
     # The object's deterministic name as the backend reports it, where the handle alone is not

@@ -69,6 +69,7 @@ from sf.contract import (
     STARTED_FILE,
     STOP_GRACE_VAR,
     USER_ENV_VAR,
+    Failure,
     file_env,
     read_json,
 )
@@ -389,7 +390,7 @@ class LocalExecutor:
             return Observation("RUNNING", start_time=start_time, details=details)
         return Observation(
             "DIED",
-            failure="lost",
+            failure=Failure.LOST,
             start_time=start_time,
             end_time=dt.datetime.now(dt.UTC),
             message="the runner is gone and left no exit status it signed",
@@ -542,14 +543,15 @@ def _exited(done: dict, start_time: dt.datetime | None) -> Observation:
     code, reason = done.get("exit_code"), str(done.get("reason") or "")
     if isinstance(code, bool) or not isinstance(code, int):
         code = None  # only an int is an exit code
+    failure: str  # a Failure; "" for a success
     if reason.startswith(INGEST_FAILED):
-        state, failure = "INGEST_FAILED", "ingest"
+        state, failure = "INGEST_FAILED", Failure.INGEST
     elif code == 0:
         state, failure = "SUCCEEDED", ""
     elif code is not None and code < 0:
-        state, failure = "KILLED", "exit"
+        state, failure = "KILLED", Failure.EXIT
     else:
-        state, failure = "FAILED", "exit"
+        state, failure = "FAILED", Failure.EXIT
     return Observation(
         state,
         failure=failure,

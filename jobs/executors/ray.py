@@ -34,7 +34,14 @@ from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
 
 from django.conf import settings
-from sf.contract import INGEST_EXIT, INGEST_FAILED, RUN_DIR, RUN_DIR_VAR, entrypoint_code
+from sf.contract import (
+    INGEST_EXIT,
+    INGEST_FAILED,
+    RUN_DIR,
+    RUN_DIR_VAR,
+    Failure,
+    entrypoint_code,
+)
 
 from jobs.executors.base import (
     DEFAULT_PATH,
@@ -53,6 +60,8 @@ from jobs.states import JobStatus
 
 DEFAULT_TIMEOUT_S = 10.0
 METADATA_CLUSTER = "sf_cluster"  # metadata key marking the Ray jobs this cluster launched
+# Ray's words for a worker killed for its memory, in a failed job's message.
+OUT_OF_MEMORY = re.compile(r"out.of.memory|low on memory", re.IGNORECASE)
 # The resource Ray puts on a node of each GPU type it knows, and how much of it a job of that
 # type asks for: any share places it on such a node, and many jobs fit on one.
 ACCELERATOR = "accelerator_type:"
@@ -107,23 +116,23 @@ class RayExecutor:
     }
 
     # Why a FAILED job without an exit code failed, by Ray's JobErrorType (common.py).
-    FAILURE_BY_ERROR_TYPE: ClassVar[dict[str, str]] = {
+    FAILURE_BY_ERROR_TYPE: ClassVar[dict[str, Failure]] = {
         # The runtime env holds only env vars: setting it up fails on a sick node, not on them.
-        "RUNTIME_ENV_SETUP_FAILURE": "lost",
+        "RUNTIME_ENV_SETUP_FAILURE": Failure.LOST,
         # Still PENDING after RAY_JOB_START_TIMEOUT_SECONDS: the same end as Starforge's own
         # pending deadline.
-        "JOB_SUPERVISOR_ACTOR_START_TIMEOUT": "deadline",
+        "JOB_SUPERVISOR_ACTOR_START_TIMEOUT": Failure.DEADLINE,
         # Ray refused the job's options when it created the supervisor actor.
-        "JOB_SUPERVISOR_ACTOR_START_FAILURE": "rejected",
+        "JOB_SUPERVISOR_ACTOR_START_FAILURE": Failure.REJECTED,
         # No node can ever host the job as asked.
-        "JOB_SUPERVISOR_ACTOR_UNSCHEDULABLE": "rejected",
-        "JOB_SUPERVISOR_ACTOR_UNKNOWN_FAILURE": "lost",
+        "JOB_SUPERVISOR_ACTOR_UNSCHEDULABLE": Failure.REJECTED,
+        "JOB_SUPERVISOR_ACTOR_UNKNOWN_FAILURE": Failure.LOST,
         # Its node or worker died (an out-of-memory kill is told apart by Ray's message).
-        "JOB_SUPERVISOR_ACTOR_DIED": "lost",
+        "JOB_SUPERVISOR_ACTOR_DIED": Failure.LOST,
         # The node could not start the entrypoint's shell.
-        "JOB_ENTRYPOINT_COMMAND_START_ERROR": "lost",
+        "JOB_ENTRYPOINT_COMMAND_START_ERROR": Failure.LOST,
         # Non-zero exit; the exit code says more (runner contract).
-        "JOB_ENTRYPOINT_COMMAND_ERROR": "exit",
+        "JOB_ENTRYPOINT_COMMAND_ERROR": Failure.EXIT,
     }
 
     @staticmethod
@@ -423,20 +432,21 @@ def observe(job: dict) -> Observation:
     return Observation(state, message=message, details=details)
 
 
-def _failure(job: dict, message: str) -> tuple[int | None, str, str]:
+def _failure(job: dict, message: str) -> tuple[int | None, Failure, str]:
     """(exit code, failure, message) of a FAILED job, by the runner's exit-code contract."""
     code = job.get("driver_exit_code")
     if code == INGEST_EXIT:
         # The runner's own words are in the log tail that Ray puts in its message.
         said = re.findall(rf"{re.escape(INGEST_FAILED)}: .*", message)
-        return None, "ingest", said[-1] if said else f"{INGEST_FAILED} (exit {code}): {message}"
+        why = said[-1] if said else f"{INGEST_FAILED} (exit {code}): {message}"
+        return None, Failure.INGEST, why
     if isinstance(code, int):
         # -N: the runner itself was killed by signal N; 128+N: its entrypoint was (contract).
-        return entrypoint_code(code), "exit", message
+        return entrypoint_code(code), Failure.EXIT, message
     error_type = str(job.get("error_type"))
-    failure = RayExecutor.FAILURE_BY_ERROR_TYPE.get(error_type, "lost")
-    if failure == "lost" and re.search(r"out.of.memory|low on memory", message, re.IGNORECASE):
-        failure = "oom"
+    failure = RayExecutor.FAILURE_BY_ERROR_TYPE.get(error_type, Failure.LOST)
+    if failure == Failure.LOST and OUT_OF_MEMORY.search(message):
+        failure = Failure.OOM
     return None, failure, message
 
 

@@ -57,7 +57,7 @@ class End:
     at: dt.datetime | None = None  # the engine's end; None: unknown (the server's now)
     started: dt.datetime | None = None  # the engine's start, where it reported one
     exit_code: int | None = None
-    failure: str = ""  # a FAILED end's cause: it decides the automatic retry
+    failure: str = ""  # a FAILED end's cause (`sf.contract.Failure`): it decides the retry
     note: str = ""  # how the end was learnt, when that was unusual
 
 

@@ -12,13 +12,12 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from sf.contract import Failure
 
 from jobs import grants, kick
 from jobs.ledger.transitions import Change, apply_transitions
 from jobs.models import Job, JobEvent
 from jobs.states import JobStatus
-
-RETRYABLE = frozenset({"exit", "oom", "lost", "preempted"})
 
 
 def cooldown_s(job: Job) -> int:
@@ -28,7 +27,7 @@ def cooldown_s(job: Job) -> int:
 
 def after_failure(job_id: int, failure: str, now: dt.datetime) -> None:
     job = Job.objects.select_for_update().get(pk=job_id)
-    if failure in RETRYABLE and job.retry_count < job.max_retries:
+    if failure in Failure.retryable() and job.retry_count < job.max_retries:
         delay = cooldown_s(job)
         at = now + dt.timedelta(seconds=delay)
         number = job.retry_count + 1
@@ -41,7 +40,7 @@ def after_failure(job_id: int, failure: str, now: dt.datetime) -> None:
     if job.max_retries:
         why = (
             f"{failure or 'this'} failures are not retried automatically"
-            if failure not in RETRYABLE
+            if failure not in Failure.retryable()
             else f"the retry budget of {job.max_retries} is used"
         )
         _note(job_id, f"no automatic retry: {why}")

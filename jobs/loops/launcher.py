@@ -51,6 +51,7 @@ from sf.contract import (
     SNAPSHOT_VAR,
     STOP_GRACE_VAR,
     USER_ENV_VAR,
+    Failure,
 )
 
 from jobs.executors import LaunchError, LaunchSpec, executor_for
@@ -243,7 +244,7 @@ def _launch_failed(job_id: int, outcome: LaunchOutcome) -> None:
             actor="launcher",
             now=timezone.now(),
             expected={JobStatus.SUBMITTED},
-            failure="rejected",
+            failure=Failure.REJECTED,
         )
     if refused:  # stopped or paused meanwhile: nothing to record
         log.info("launch failure of job %s not recorded: %s", job_id, refused[0])

@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models import Case, F, Q, QuerySet, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
-from sf.contract import INGEST_FAILED, RANK_STATES
+from sf.contract import INGEST_FAILED, RANK_STATES, Failure
 
 from jobs.durations import time_limit_reason
 from jobs.executors import Executor, Observation, executor_for
@@ -44,12 +44,11 @@ ORPHAN_SWEEP = dt.timedelta(minutes=10)
 # How stale an attempt's last_seen_at may be; a vanished object is declared lost a grace after
 # it (so between SF_LOST_GRACE_S and that plus this after its real last sighting).
 SEEN_RESOLUTION = dt.timedelta(seconds=10)
-# Observation.failure of an attempt its engine ended at its time limit.
-ENGINE_TIME_LIMITS = frozenset({"timeout", "deadline"})
-FAILURE_WORDS = {
-    "oom": "out of memory",
-    "lost": "lost on backend",
-    "preempted": "preempted by the backend",
+# The backend's diagnosis, put before how the process ended in a failed job's reason.
+FAILURE_WORDS: dict[str, str] = {
+    Failure.OOM: "out of memory",
+    Failure.LOST: "lost on backend",
+    Failure.PREEMPTED: "preempted by the backend",
 }
 _SUCCEEDED_REASON = "exited with code 0"
 _PENDING_REASON = "on the cluster, not running yet"
@@ -395,7 +394,7 @@ def _maybe_lost(attempt: Attempt, now: dt.datetime) -> None:
         f"lost on backend: {attempt.job_ref} is no longer known to cluster "
         f"{attempt.job.cluster.name}"
     )
-    ends.end_attempt(attempt, End(S.FAILED, reason, at=now, failure="lost"), now)
+    ends.end_attempt(attempt, End(S.FAILED, reason, at=now, failure=Failure.LOST), now)
 
 
 def _mark_running(attempt: Attempt, obs: Observation, now: dt.datetime) -> None:
@@ -443,7 +442,7 @@ def _observed_end(attempt: Attempt, target: JobStatus, obs: Observation, now: dt
     # The engine's own limit (Slurm's --time, a Kubernetes Job's activeDeadlineSeconds) ended
     # it before a tick of the reconciler did. A cluster's own, shorter limit is not the job's:
     # only a run past the job's limit is a time-limit stop.
-    if target == S.FAILED and obs.failure in ENGINE_TIME_LIMITS:
+    if target == S.FAILED and obs.failure in Failure.time_limits():
         if reason := _time_limit_reached(attempt, obs.end_time or now):
             return End(S.STOPPED, reason, at=obs.end_time, exit_code=obs.exit_code)
     if target == S.SUCCEEDED:
@@ -452,9 +451,8 @@ def _observed_end(attempt: Attempt, target: JobStatus, obs: Observation, now: dt
         reason = obs.message or f"backend reported {obs.native_state}"
     else:
         reason = _failure_reason(attempt, obs)
-    failure = obs.failure or "exit" if target == S.FAILED else ""
-    if failure == "timeout":  # an engine's own limit (a Slurm partition's), not the job's
-        failure = "exit"
+    # An engine's own limit that was not the job's (a Slurm partition's) is kept as an exit.
+    failure = Failure.recorded_as(obs.failure) if target == S.FAILED else ""
     return End(
         target,
         reason,
@@ -512,7 +510,7 @@ def _check_pending_deadline(executor: Executor, attempt: Attempt, now: dt.dateti
             f"not all nodes started: {up} of {attempt.nodes} ranks running after the pending "
             f"deadline of {deadline} s; every started rank was cancelled"
         )
-    ends.end_attempt(attempt, End(S.FAILED, reason, at=now, failure="deadline"), now)
+    ends.end_attempt(attempt, End(S.FAILED, reason, at=now, failure=Failure.DEADLINE), now)
     executor.cancel(attempt.job_ref)
 
 

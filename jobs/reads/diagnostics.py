@@ -4,6 +4,7 @@ import datetime as dt
 
 from django.conf import settings
 from django.utils import timezone
+from sf.contract import Failure
 
 from jobs.durations import say
 from jobs.executors.base import preempt_grace_s
@@ -253,15 +254,16 @@ def _cluster_health(job: Job, now: dt.datetime) -> list[str]:
 
 
 def _failed(job: Job, attempt: Attempt) -> list[str]:
-    cause = {
-        "exit": f"the entrypoint exited with code {attempt.exit_code}",
-        "oom": "the process ran out of memory",
-        "lost": "the backend lost the job",
-        "preempted": "the backend preempted the job",
-        "ingest": "the snapshot could not be fetched or unpacked (the code never ran)",
-        "deadline": "it stayed PENDING past its deadline",
-        "rejected": "the backend rejected the launch",
-    }.get(attempt.failure, attempt.end_reason.split(";")[0] or "unknown")
+    causes: dict[str, str] = {
+        Failure.EXIT: f"the entrypoint exited with code {attempt.exit_code}",
+        Failure.OOM: "the process ran out of memory",
+        Failure.LOST: "the backend lost the job",
+        Failure.PREEMPTED: "the backend preempted the job",
+        Failure.INGEST: "the snapshot could not be fetched or unpacked (the code never ran)",
+        Failure.DEADLINE: "it stayed PENDING past its deadline",
+        Failure.REJECTED: "the backend rejected the launch",
+    }
+    cause = causes.get(attempt.failure, attempt.end_reason.split(";")[0] or "unknown")
     sentences = [f"Attempt {attempt.number} failed: {cause}."]
     tail = logstore.tail_text(job.pk, attempt.number, 5)
     if tail:

@@ -16,7 +16,10 @@ from sf.commands.common import (
     print_json,
     usage_error,
 )
+from sf.contract import Failure
 
+# The causes --max-retries retries, as the server decides (sf.contract.Failure), in its order.
+RETRYABLE = ", ".join(cause for cause in Failure if cause in Failure.retryable())
 # The snapshot's size cap where --max-snapshot-mb does not say (the server has its own).
 MAX_SNAPSHOT_VAR = "SF_MAX_SNAPSHOT_MB"
 
@@ -75,7 +78,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--max-retries",
         type=int,
         metavar="N",
-        help="retry automatically up to N times after a retryable failure (default: team's)",
+        help=f"retry automatically up to N times after a retryable failure ({RETRYABLE}; "
+        "default: team's)",
     )
     p.add_argument(
         "--retry-cooldown",

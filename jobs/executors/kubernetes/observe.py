@@ -22,7 +22,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
-from sf.contract import INGEST_EXIT, INGEST_FAILED, entrypoint_code, killed_by
+from sf.contract import INGEST_EXIT, INGEST_FAILED, Failure, entrypoint_code, killed_by
 
 from jobs.executors.base import Observation
 from jobs.executors.kubernetes.manifests import COMPLETION_INDEX, CONTAINER
@@ -95,7 +95,7 @@ def _job_failed(failed: dict, details: dict | None = None) -> Observation:
     reason = failed.get("reason") or "Failed"
     return Observation(
         f"JobFailed/{reason}",
-        failure="exit",
+        failure=Failure.EXIT,
         message=_say(reason, failed.get("message")),
         end_time=_ts(failed.get("lastTransitionTime")),
         details=details or {},
@@ -255,7 +255,8 @@ def _ended(pod: dict, terminated: dict, details: dict) -> Observation:
         return _exited(terminated, details)
     # The node, not the code, ended the pod; or it failed before its container ever ran
     # (a kubelet admission error such as the device plugin failing to allocate a GPU).
-    state, failure, reason = lost or ("Failed/NotStarted", "lost", status.get("reason") or "Failed")
+    not_started = ("Failed/NotStarted", Failure.LOST, status.get("reason") or "Failed")
+    state, failure, reason = lost or not_started
     return _end(
         state,
         terminated,
@@ -268,16 +269,16 @@ def _ended(pod: dict, terminated: dict, details: dict) -> Observation:
 
 def _lost(
     pod_reason: str, container_reason: str, disruption: dict | None
-) -> tuple[str, str, str] | None:
+) -> tuple[str, Failure, str] | None:
     """(state, failure, reason) when the pod's node, not its code, ended it."""
     if pod_reason == "Evicted":
-        return "Failed/Evicted", "lost", "Evicted"
+        return "Failed/Evicted", Failure.LOST, "Evicted"
     if disruption and disruption.get("reason") == "PreemptionByScheduler":
-        return "Failed/Preempted", "preempted", "Preempted"
+        return "Failed/Preempted", Failure.PREEMPTED, "Preempted"
     if pod_reason in NODE_LOST or container_reason in NODE_LOST:
-        return "Failed/NodeLost", "lost", pod_reason or container_reason
+        return "Failed/NodeLost", Failure.LOST, pod_reason or container_reason
     if disruption:
-        return "Failed/Disrupted", "lost", disruption.get("reason") or "Disrupted"
+        return "Failed/Disrupted", Failure.LOST, disruption.get("reason") or "Disrupted"
     return None
 
 
@@ -289,18 +290,20 @@ def _exited(terminated: dict, details: dict) -> Observation:
             terminated,
             details,
             exit_code=_through_contract(code),
-            failure="oom",
+            failure=Failure.OOM,
             message="OOMKilled: the container exceeded its memory limit",
         )
     if code == INGEST_EXIT:  # the user's code never ran: no exit code of its own
         message = _ingest_message(terminated.get("message", ""))
-        return _end("Failed/IngestFailed", terminated, details, failure="ingest", message=message)
+        return _end(
+            "Failed/IngestFailed", terminated, details, failure=Failure.INGEST, message=message
+        )
     return _end(
         "Failed/Killed" if code and killed_by(code) else "Failed",
         terminated,
         details,
         exit_code=_through_contract(code),
-        failure="exit",
+        failure=Failure.EXIT,
         message=_say(terminated.get("reason", "Error"), terminated.get("message")),
     )
 
@@ -317,7 +320,7 @@ def _deadline_exceeded(failed: dict, pods: list[dict]) -> Observation:
     ends = [_container_state(p).get("terminated") or {} for p in pods]
     return Observation(
         "Failed/DeadlineExceeded",
-        failure="deadline",
+        failure=Failure.DEADLINE,
         message=_say("DeadlineExceeded", failed.get("message")),
         start_time=next((_ts(t["startedAt"]) for t in ends if t.get("startedAt")), None),
         end_time=_ts(failed.get("lastTransitionTime")),

@@ -60,6 +60,7 @@ from sf.contract import (
     RANK_LAUNCH_VAR,
     RUN_DIR_VAR,
     STARTED_FILE,
+    Failure,
     file_env,
 )
 
@@ -177,17 +178,20 @@ class SlurmExecutor:
     END_STATES: ClassVar[dict[str, tuple[str, str]]] = {
         "CANCELLED": ("", "cancelled on the Slurm cluster outside Starforge (scancel)"),
         # The job's own --time-limit (the reconciler stops it as such) or the partition's.
-        "TIMEOUT": ("timeout", "reached the Slurm time limit"),
-        "NODE_FAIL": ("lost", "the Slurm node running the job failed"),
-        "PREEMPTED": ("preempted", "preempted by Slurm"),
-        "BOOT_FAIL": ("lost", "the Slurm node could not be booted for the job"),
-        "DEADLINE": ("lost", "Slurm ended the job at its deadline"),
-        "OUT_OF_MEMORY": ("oom", "out of memory"),
-        "REQUEUED": ("preempted", "requeued by Slurm; Starforge retries it as a new attempt"),
-        "REQUEUE_FED": ("preempted", "requeued by the Slurm federation"),
-        "REQUEUE_HOLD": ("preempted", "requeued and held by Slurm"),
-        "SPECIAL_EXIT": ("preempted", "requeued and held by Slurm (special exit)"),
-        "REVOKED": ("lost", "revoked: a sibling cluster of the Slurm federation took the job"),
+        "TIMEOUT": (Failure.TIMEOUT, "reached the Slurm time limit"),
+        "NODE_FAIL": (Failure.LOST, "the Slurm node running the job failed"),
+        "PREEMPTED": (Failure.PREEMPTED, "preempted by Slurm"),
+        "BOOT_FAIL": (Failure.LOST, "the Slurm node could not be booted for the job"),
+        "DEADLINE": (Failure.LOST, "Slurm ended the job at its deadline"),
+        "OUT_OF_MEMORY": (Failure.OOM, "out of memory"),
+        "REQUEUED": (Failure.PREEMPTED, "requeued by Slurm; Starforge retries it as a new attempt"),
+        "REQUEUE_FED": (Failure.PREEMPTED, "requeued by the Slurm federation"),
+        "REQUEUE_HOLD": (Failure.PREEMPTED, "requeued and held by Slurm"),
+        "SPECIAL_EXIT": (Failure.PREEMPTED, "requeued and held by Slurm (special exit)"),
+        "REVOKED": (
+            Failure.LOST,
+            "revoked: a sibling cluster of the Slurm federation took the job",
+        ),
     }
 
     @staticmethod
@@ -421,18 +425,18 @@ class SlurmExecutor:
         if row.reason not in RUNNER_ENDS and not row.reason.startswith("RaisedSignal"):
             # Slurm failed the job itself (a launch or prolog failure): the runner never ran
             return _ended(
-                row, details, failure="lost", message=f"Slurm failed the job: {row.reason}"
+                row, details, failure=Failure.LOST, message=f"Slurm failed the job: {row.reason}"
             )
         code = exit_code_of(row.exit_status or 0)
         if code != INGEST_EXIT:
-            return _ended(row, details, exit_code=code, failure="exit")
+            return _ended(row, details, exit_code=code, failure=Failure.EXIT)
         reason = str(done.get("reason", ""))
         if not reason.startswith(INGEST_FAILED):  # the server cannot see the runner's files
             reason = (
                 f"{INGEST_FAILED}: the runner could not prepare the job (exit {INGEST_EXIT}); "
                 f"see {records / 'slurm.err'}"
             )
-        return _ended(row, details, exit_code=code, failure="ingest", message=reason)
+        return _ended(row, details, exit_code=code, failure=Failure.INGEST, message=reason)
 
     def _stale_runner_exit(self, row: JobRow) -> dict | None:
         """Details for a job Slurm still reports RUNNING long after its runner's signed exit.
@@ -504,9 +508,10 @@ class SlurmExecutor:
         if ended is None or row.end is None or row.end - ended < grace:
             return None  # no signed exit, or the runner ended with Slurm's cancel
         code = _runner_code(done)
-        state, failure, message = "FAILED", "exit", ""
+        failure: str  # a Failure; "" for a success
+        state, failure, message = "FAILED", Failure.EXIT, ""
         if code is None:  # ingest failed: the user's code never ran
-            code, failure = INGEST_EXIT, "ingest"
+            code, failure = INGEST_EXIT, Failure.INGEST
             message = str(done.get("reason") or "the runner ended without an exit code")
         elif code == 0:
             state, failure = "COMPLETED", ""
