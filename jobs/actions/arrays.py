@@ -6,8 +6,8 @@ array that allows them.
 
 A submission passes every check a single job's does (`jobs.actions.submit.prepare`), once for
 all its tasks, then writes the array, its tasks and their first events in one transaction of a
-few bulk inserts, whatever N. The scheduler admits tasks through every gate as it does jobs,
-and at most `max_parallel` of an array at once (`jobs.loops.scheduler`).
+few bulk inserts, whatever N (`jobs.ledger.creation`). The scheduler admits tasks through every
+gate as it does jobs, and at most `max_parallel` of an array at once (`jobs.loops.scheduler`).
 
 In each task's entrypoint, `{index}` becomes the task's index and `{NAME}` the value of its
 parameter NAME (from the array file); other braces are left as they are. The runner sets
@@ -16,7 +16,6 @@ SF_ARRAY_ID, SF_ARRAY_INDEX and SF_ARRAY_PARAMS (JSON) for the task (`jobs.loops
 
 import json
 import re
-import secrets
 from collections.abc import Iterable
 
 from django.contrib.auth.models import User
@@ -27,9 +26,9 @@ from django.utils import timezone
 from jobs import grants, kick
 from jobs.actions import submit
 from jobs.errors import BadRequest, Conflict, Forbidden
-from jobs.ledger import halt
+from jobs.ledger import creation, halt
 from jobs.ledger.transitions import Change, apply_transitions
-from jobs.models import Job, JobArray, JobEvent
+from jobs.models import Job, JobArray
 from jobs.reads import teams
 from jobs.reads.arrays import counts, get_visible_array
 from jobs.reads.visible import retry_refusal
@@ -141,8 +140,7 @@ def submit_array(user: User, data: ArrayIn) -> JobArray:
             max_parallel=data.max_parallel,
         )
         rows = [
-            Job(
-                run_id=secrets.token_hex(8),
+            creation.build(
                 name=f"{name}[{index}]"[:200],
                 entrypoint=expand(data.entrypoint, index, task_params),
                 env=data.env,
@@ -153,22 +151,7 @@ def submit_array(user: User, data: ArrayIn) -> JobArray:
             )
             for index, task_params in tasks
         ]
-        Job.objects.bulk_create(rows, batch_size=1000)
-        ids = Job.objects.filter(array=array).values_list("pk", flat=True)
-        JobEvent.objects.bulk_create(
-            [
-                JobEvent(
-                    job_id=pk,
-                    kind=JobEvent.Kind.STATUS,
-                    to_status=S.QUEUED,
-                    reason=f"submitted as a task of array {array.pk}",
-                    actor=user.username,
-                )
-                for pk in ids
-            ],
-            batch_size=1000,
-        )
-        transaction.on_commit(kick.scheduler)
+        creation.queue(rows, f"submitted as a task of array {array.pk}", actor=user.username)
     return array
 
 

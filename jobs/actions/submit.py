@@ -1,5 +1,5 @@
 """Submitting a job: every check a submission must pass, then the QUEUED row and its first
-event in one transaction; the scheduler is kicked after commit.
+event in one transaction (`jobs.ledger.creation`); the scheduler is kicked after commit.
 
 Checks that can be made at submit are made here (team, role, priority, cluster, "could never
 fit", environment names, the snapshot and its `starforge.toml` follow-ons), so a job in the
@@ -8,7 +8,6 @@ queue is one the scheduler can admit once there is room.
 
 import logging
 import re
-import secrets
 import shlex
 from dataclasses import dataclass
 
@@ -16,18 +15,17 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import QuerySet
 
-from jobs import grants, kick
+from jobs import grants
 from jobs.errors import BadRequest, Forbidden, NotFound
 from jobs.executors import Capacity, executor_for, gpu_type_matches
 from jobs.executors.base import GPU_VISIBILITY_VARS, check_request
-from jobs.models import Cluster, Job, JobEvent, Membership, ScheduleWindow, Snapshot, Team
+from jobs.ledger import creation
+from jobs.models import Cluster, Job, Membership, ScheduleWindow, Snapshot, Team
 from jobs.reads import prepared, teams
 from jobs.schemas import JobIn
-from jobs.states import JobStatus
 from jobs.stores.snapshots import SnapshotRefused, owned_snapshot, read_project_file
 
 log = logging.getLogger(__name__)
-S = JobStatus
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
 MIB_PER_UNIT = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
@@ -63,21 +61,13 @@ class Prepared:
 def submit_job(user: User, data: JobIn) -> Job:
     prepared = prepare(user, data)
     with transaction.atomic():
-        job = Job.objects.create(
-            run_id=secrets.token_hex(8),
+        job = creation.build(
             name=data.name or " ".join(data.entrypoint)[:200],
             entrypoint=data.entrypoint,
             env=data.env,
             **job_fields(user, data, prepared),
         )
-        JobEvent.objects.create(
-            job=job,
-            kind=JobEvent.Kind.STATUS,
-            to_status=S.QUEUED,
-            reason="submitted",
-            actor=user.username,
-        )
-        transaction.on_commit(kick.scheduler)
+        creation.queue([job], "submitted", actor=user.username)
     return job
 
 
@@ -110,12 +100,12 @@ def prepare(user: User, data: JobIn) -> Prepared:
 
 
 def job_fields(user: User, data: JobIn, prepared: Prepared) -> dict:
-    """The QUEUED row's columns but its run id, name, entrypoint and environment; inside the
-    submission's transaction (the snapshot's row is locked, so a concurrent job deletion
-    cannot remove the blob)."""
+    """The new job's columns but its name, entrypoint and environment (and what
+    `jobs.ledger.creation.build` gives every job); inside the submission's transaction (the
+    snapshot's row is locked, so a concurrent job deletion cannot remove the blob)."""
     team, cluster = prepared.team, prepared.cluster
     snapshot = _resolve_snapshot(data.snapshot, team)
-    follow_ons = _follow_on_specs(team, cluster, prepared.capacity, data.then, snapshot)
+    follow_ons = _follow_on_specs(prepared, data.then, data.gpu_type or "", snapshot)
     return {
         "team": team,
         "user": user,
@@ -136,7 +126,6 @@ def job_fields(user: User, data: JobIn, prepared: Prepared) -> dict:
         "time_limit_s": data.time_limit_s or team.default_time_limit_s,
         "then": list(follow_ons),
         "follow_on_specs": follow_ons,
-        "status_reason": "waiting for the scheduler's next tick",
     }
 
 
@@ -272,8 +261,10 @@ def _resolve_snapshot(sha: str | None, team: Team) -> Snapshot | None:
 
 
 def _follow_on_specs(
-    team: Team, cluster: Cluster, capacity: Capacity, names: list[str], snapshot: Snapshot | None
+    prepared: Prepared, names: list[str], gpu_type: str, snapshot: Snapshot | None
 ) -> dict:
+    """The follow-ons' `[then.NAME]` tables, each checked as a job of one node that asks for
+    its parent's GPU type (`jobs.ledger.creation.follow_on`)."""
     if not names:
         return {}
     if snapshot is None:
@@ -290,13 +281,12 @@ def _follow_on_specs(
                 f"--then {name} needs a [then.{name}] table in starforge.toml at "
                 "the root of the submitted directory"
             )
-        specs[name] = _check_follow_on(team, cluster, capacity, name, spec)
+        specs[name] = _check_follow_on(prepared, name, spec, gpu_type)
     return specs
 
 
-def _check_follow_on(
-    team: Team, cluster: Cluster, capacity: Capacity, name: str, spec: dict
-) -> dict:
+def _check_follow_on(prepared: Prepared, name: str, spec: dict, gpu_type: str) -> dict:
+    team, cluster, capacity = prepared.team, prepared.cluster, prepared.capacity
     entrypoint = spec.get("entrypoint")
     argv = _follow_on_argv(entrypoint)
     if argv is None:
@@ -314,6 +304,11 @@ def _check_follow_on(
         raise BadRequest(
             f"[then.{name}] asks for {gpus} GPUs but cluster {cluster.name} has "
             f"{capacity.total_gpus}; it could never start"
+        )
+    if gpus and gpu_type and capacity.reachable and capacity.largest_gang(gpus, gpu_type) < 1:
+        raise BadRequest(
+            f"[then.{name}] asks for {gpus} {gpu_type} GPUs (its parent's type) on one node but "
+            f"cluster {cluster.name} has no such node; it could never start"
         )
     return {"entrypoint": argv, "gpus": gpus}
 

@@ -6,7 +6,6 @@ cooled-down retries, by the scheduler's tick (`requeue_due_retries`).
 """
 
 import datetime as dt
-import secrets
 
 from django.conf import settings
 from django.db import transaction
@@ -14,7 +13,8 @@ from django.db.models import F
 from django.utils import timezone
 from sf.contract import Failure
 
-from jobs import grants, kick
+from jobs import grants
+from jobs.ledger import creation
 from jobs.ledger.transitions import Change, apply_transitions
 from jobs.models import Job, JobEvent
 from jobs.states import JobStatus
@@ -84,54 +84,29 @@ def after_success(job_id: int) -> list[Job]:
     """Create the job's follow-on jobs, once each (a unique constraint backs the check), on
     its cluster while its team may still use it (`jobs.grants`)."""
     parent = Job.objects.select_for_update().get(pk=job_id)
-    made: list[Job] = []
     if parent.then and not grants.may_use(parent.team_id, parent.cluster_id):
         _note(
             parent.pk,
             f"follow-on jobs {', '.join(parent.then)} were not created: team "
             f"{parent.team.name} may no longer use cluster {parent.cluster.name}",
         )
-        return made
-    for name in parent.then:
-        if Job.objects.filter(parent=parent, follow_on_name=name).exists():
-            continue
-        child = _follow_on(parent, name, parent.follow_on_specs[name])
-        JobEvent.objects.create(
-            job=child,
-            kind=JobEvent.Kind.STATUS,
-            to_status=JobStatus.QUEUED,
-            reason=f"follow-on {name} of job {parent.pk}",
+        return []
+    there = set(Job.objects.filter(parent=parent).values_list("follow_on_name", flat=True))
+    made = [
+        creation.follow_on(parent, name, parent.follow_on_specs[name])
+        for name in parent.then
+        if name not in there
+    ]
+    if made:
+        creation.queue(
+            made,
+            lambda child: f"follow-on {child.follow_on_name} of job {parent.pk}",
             actor="follow-on",
         )
-        _note(parent.pk, f"follow-on {name} created as job {child.pk}", job=child.pk)
-        made.append(child)
-    if made:
-        transaction.on_commit(kick.scheduler)
+    for child in made:
+        note = f"follow-on {child.follow_on_name} created as job {child.pk}"
+        _note(parent.pk, note, job=child.pk)
     return made
-
-
-def _follow_on(parent: Job, name: str, spec: dict) -> Job:
-    """The follow-on's argv and GPUs were checked and normalised at submit."""
-    return Job.objects.create(
-        run_id=secrets.token_hex(8),
-        name=f"{parent.name[:150]} → {name}",
-        team=parent.team,
-        user=parent.user,
-        cluster=parent.cluster,
-        gpus=spec["gpus"],
-        entrypoint=spec["entrypoint"],
-        env=parent.env,
-        snapshot=parent.snapshot,
-        priority=parent.priority,
-        window=parent.window,
-        max_retries=parent.max_retries,
-        retry_cooldown_s=parent.retry_cooldown_s,
-        pending_deadline_s=parent.pending_deadline_s,
-        time_limit_s=parent.time_limit_s,
-        parent=parent,
-        follow_on_name=name,
-        status_reason="waiting for the scheduler's next tick",
-    )
 
 
 def _note(job_id: int, reason: str, **data) -> None:

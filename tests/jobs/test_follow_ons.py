@@ -19,7 +19,7 @@ from jobs.ledger import lifecycle
 from jobs.loops.launcher import launch_attempts, launch_spec
 from jobs.loops.reconciler import reconcile_all
 from jobs.loops.scheduler import admit_queued_jobs
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, ScheduleWindow
 from jobs.states import JobStatus
 from tests.jobs.api_helpers import assert_refused
 from tests.jobs.factories import with_attempt
@@ -304,6 +304,19 @@ def test_children_share_the_parents_snapshot_team_user_and_settings(parent, back
         assert (child.env, child.priority) == ({"SEED": "7"}, 5)
         assert child.run_id != parent.run_id
         assert (child.then, child.retry_count, child.attempt_count) == ([], 0, 0)
+
+
+def test_children_keep_what_the_parent_asked_of_each_node_and_its_window_policy(parent, backend):
+    window = ScheduleWindow.objects.create(name="nights", spec="mon-sun 20:00-08:00")
+    asked = {"gpu_type": "a100", "cpus": 16, "memory_mb": 65536, "image": "lab/train:3"}
+    Job.objects.filter(pk=parent.pk).update(**asked, window=window, window_policy="pause")
+    end(backend, "OK", 0)
+    made = children(parent)
+    for child in made.values():
+        assert (child.cpus, child.memory_mb, child.image) == (16, 65536, "lab/train:3")
+        assert (child.window, child.window_policy, child.nodes) == (window, "pause", 1)
+    # the GPU type goes with GPUs: eval asks for 1, export for none (as submit allows)
+    assert (made["eval"].gpu_type, made["export"].gpu_type) == ("a100", "")
 
 
 def test_each_child_starts_its_timeline_with_a_queued_event(parent, backend):
