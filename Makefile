@@ -56,7 +56,7 @@ test-postgres:
 
 test-sqlite:
 	@echo "== ledger suite on the embedded SQLite default"; \
-	DATABASE_URL= SF_SQLITE_TEST_DB=$(CURDIR)/var/test-sqlite.db $(PYTEST) -q -m "not postgres and not e2e" tests/jobs tests/metering; \
+	DATABASE_URL= SF_SQLITE_TEST_DB=$(CURDIR)/var/test-sqlite.db $(PYTEST) -q -m "not postgres and not e2e" tests/jobs tests/loops tests/metering; \
 	rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests ran"; exit 1; fi; exit $$rc
 
 lint: venv ## ruff lint and format check, mypy (django-stubs) on the server code

@@ -63,7 +63,7 @@ RUNS = [
     Run(
         "sqlite",
         "the ledger suite on the embedded SQLite default",
-        ["-m", "not postgres and not e2e", "tests/jobs", "tests/metering"],
+        ["-m", "not postgres and not e2e", "tests/jobs", "tests/loops", "tests/metering"],
         sqlite=True,
     ),
 ]

@@ -1,16 +1,14 @@
 """What active jobs hold, as one scheduler tick counts it: GPUs and jobs per team, member, cluster
-and team on cluster, and the GPUs lent between teams. Read once per tick in one grouped query
-(`read_holdings`), then kept up to date in memory as the tick admits: the admission gates and
-lending (`jobs.loops.lending`) both read it.
+and team on cluster, and the GPUs lent between teams. Counted once per tick from the active jobs
+its snapshot read (`holdings_of`, `jobs.loops.snapshot`), then kept up to date in memory as the
+tick admits: the admission gates and lending (`jobs.loops.lending`) both read it.
 """
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from django.db.models import Count, Sum
-
-from jobs.models import Job
-from jobs.states import JobStatus
+from jobs.loops.snapshot import Active
 
 
 @dataclass
@@ -32,7 +30,8 @@ class Holdings:
     borrowed: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # by borrower
     lent: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # by lender
 
-    def add(self, team: int, user: int, cluster: int, gpus: int, jobs: int = 1) -> None:
+    def add(self, team: int, user: int, cluster: int, gpus: int) -> None:
+        """One more job of `team`'s `user` on `cluster`, holding `gpus`."""
         for held in (
             self.team[team],
             self.member[(team, user)],
@@ -40,7 +39,7 @@ class Holdings:
             self.team_cluster[(team, cluster)],
         ):
             held.gpus += gpus
-            held.jobs += jobs
+            held.jobs += 1
 
     def lend(self, team: int, lender: int, gpus: int) -> None:
         """GPUs `team` holds on `lender`'s idle quota: they count against the lender's quota
@@ -51,17 +50,11 @@ class Holdings:
         self.lent[lender] += gpus
 
 
-def read_holdings() -> Holdings:
-    """What SUBMITTED+PENDING+RUNNING jobs hold now, in one grouped query."""
+def holdings_of(active: Iterable[Active]) -> Holdings:
+    """What these SUBMITTED+PENDING+RUNNING jobs hold."""
     holdings = Holdings()
-    rows = (
-        Job.objects.filter(status__in=JobStatus.active())
-        .values("team_id", "user_id", "cluster_id", "current_attempt__borrowed_from")
-        .annotate(gpus=Sum("gpus"), jobs=Count("id"))
-    )
-    for row in rows:
-        team, gpus = row["team_id"], row["gpus"] or 0
-        holdings.add(team, row["user_id"], row["cluster_id"], gpus, row["jobs"])
-        if row["current_attempt__borrowed_from"] is not None:
-            holdings.lend(team, row["current_attempt__borrowed_from"], gpus)
+    for job in active:
+        holdings.add(job.team, job.user, job.cluster, job.gpus)
+        if job.lender is not None:
+            holdings.lend(job.team, job.lender, job.gpus)
     return holdings

@@ -30,6 +30,12 @@ ESTIMATE_DEPTH = 200
 AHEAD_SHOWN = 5  # the nearest jobs ahead a waiting job names
 
 
+class Planned(str):
+    """A waiting reason the plan models (the team's GPU quota, the cluster's GPUs), so it can
+    say when the job starts; for any other (a closed window, a used-up budget, a member's cap,
+    a share, an unreachable cluster) it gives no estimate and says why (`Waiting.blocked`)."""
+
+
 @dataclass(frozen=True)
 class Waiting:
     """A waiting job, in the order the tick considered it."""

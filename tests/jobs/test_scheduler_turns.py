@@ -23,14 +23,14 @@ def test_a_submit_commits_while_a_tick_decides(make_team, make_user, monkeypatch
     user = make_user("ada", team)
     for _ in range(5):
         queued_job(team, user)
-    decide = scheduler._decide
+    decide = scheduler.decide
     submits: list[SubmitMeanwhile] = []
 
     def deciding(*args):
         submits.append(SubmitMeanwhile(team, user))
         return decide(*args)
 
-    monkeypatch.setattr(scheduler, "_decide", deciding)
+    monkeypatch.setattr(scheduler, "decide", deciding)
     result = admit_queued_jobs()
     submits[0].join()
     assert submits[0].committed is True, "the submit waited for the tick"
