@@ -19,6 +19,9 @@ from jobs.states import JobStatus
 
 # The longest time limit a job or a team's default may give: 30 days.
 TIME_LIMIT_MAX_S = 30 * 24 * 3600
+# The largest value a bigint column holds (every id, a metric point's seq and step): a larger
+# one matches no row, and neither database can be sent it.
+BIGINT_MAX = 2**63 - 1
 
 
 class ScheduleWindow(models.Model):

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from sf.contract import METRICS_FILE_VAR
 
 ENV_FILE = METRICS_FILE_VAR
-KINDS = ("train", "validation")
+KINDS = ("train", "validation")  # mirrors the server's MetricKind but system: test_mirrors.py
 MAX_NAME = 100  # mirrors jobs.stores.metrics.ingest.MAX_NAME: tests/client/test_mirrors.py
 FLUSH_INTERVAL_S = 0.5
 FLUSH_AT_POINTS = 200

@@ -9,6 +9,7 @@ from pydantic import Field
 from jobs import broadcast
 from jobs.api.ingest import batch_body_doc, batch_items, ingest_body, ingesting_attempt
 from jobs.auth import ConsoleSession, JobToken, UserToken
+from jobs.models import BIGINT_MAX
 from jobs.reads.visible import get_visible_job
 from jobs.schemas import ErrorOut
 from jobs.stores.metrics import charts, ingest
@@ -29,12 +30,12 @@ POINT_DOC = {
         "seq": {
             "type": "integer",
             "minimum": 0,
-            "maximum": ingest.BIGINT_MAX,
+            "maximum": BIGINT_MAX,
             "description": "the attempt's point number",
         },
         "kind": {"enum": list(ingest.KINDS)},
         "name": {"type": "string", "minLength": 1, "maxLength": ingest.MAX_NAME},
-        "step": {"type": "integer", "minimum": 0, "maximum": ingest.BIGINT_MAX},
+        "step": {"type": "integer", "minimum": 0, "maximum": BIGINT_MAX},
         "value": {"type": "number"},
         "ts": {"type": "number", "description": "epoch seconds, by the runner's clock"},
     },

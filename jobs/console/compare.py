@@ -23,13 +23,13 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from jobs.errors import BadRequest
-from jobs.models import Job, MetricSeries
+from jobs.models import BIGINT_MAX, Job, MetricKind, MetricSeries
 from jobs.reads.visible import visible_jobs
 from jobs.stores.metrics.charts import DEFAULT_MAX_POINTS, latest_of, series
-from jobs.stores.metrics.ingest import BIGINT_MAX
 
 MAX_JOBS = 20
-KINDS = ("train", "validation")  # the Charts and Validation tabs' kinds (system is per machine)
+# The Charts and Validation tabs' kinds (system is per machine).
+KINDS = (MetricKind.TRAIN, MetricKind.VALIDATION)
 X_AXES = {"step": "step", "time": "seconds since the job's first point"}
 # Names whose best value is their lowest; every other metric's best is its highest.
 LOWER_IS_BETTER = ("loss", "error")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
-from jobs.models import Attempt
+from jobs.models import BIGINT_MAX, Attempt
 from jobs.reads.job_out import Started, shown_of
 from jobs.reads.prepared import Prepared, RowMemo, reader
 from jobs.reads.visible import visible_jobs
@@ -68,7 +68,6 @@ JOB_COLUMNS = (
     "array_id",
     "array_index",
 )
-ID_MAX = 2**63 - 1  # the largest id a 64-bit integer column holds
 # Rows kept with what they show, per process: a few pages of the largest size (500), for
 # everyone listing and reading the jobs of the moment; 4 to 8 kB a row (16 MB at most).
 KEPT_ROWS = 2_000
@@ -194,7 +193,7 @@ def _reader_values(user: User) -> dict[str, int | str]:
 def job_row(user: User, job_id: int) -> tuple[JobRow, list[Started]] | None:
     """The job's row, with its started attempts; None when the user cannot see it (or it does
     not exist)."""
-    if abs(job_id) > ID_MAX:  # no row has it, and the database cannot be sent it
+    if abs(job_id) > BIGINT_MAX:  # no row has it, and the database cannot be sent it
         return None
     rows = ONE_JOB.built(ROWS, (user.is_staff,), job_id=job_id, **_reader_values(user))
     if not rows:
@@ -219,7 +218,7 @@ def job_page(user: User, jobs: JobFilter) -> tuple[list[JobRow], dict[int, list[
         if getattr(jobs, name):
             values[name] = getattr(jobs, name)
     if jobs.before:
-        values["before"] = min(jobs.before, ID_MAX)  # every id is below a larger one
+        values["before"] = min(jobs.before, BIGINT_MAX)  # every id is below a larger one
     if jobs.user and not jobs.mine:
         values["user"] = jobs.user
     shape = (
@@ -243,7 +242,7 @@ def job_page(user: User, jobs: JobFilter) -> tuple[list[JobRow], dict[int, list[
 
 def job_timeline(user: User, job_id: int) -> list[dict] | None:
     """The job's events in order, as EventOut's columns; None when the user cannot see it."""
-    if abs(job_id) > ID_MAX:
+    if abs(job_id) > BIGINT_MAX:
         return None
     rows = TIMELINE.rows((user.is_staff,), job_id=job_id, **_reader_values(user))
     if not rows:

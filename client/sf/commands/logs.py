@@ -16,6 +16,8 @@ from sf.commands.common import api_client, job_id, usage_error
 LOG_TAIL_DEFAULT = 50
 LOG_WAIT_S = 20
 LOG_POLL_MAX_S = 5.0  # the longest pause between follows a server's poll_after_s gets
+# The largest page the server serves by default (settings.SF_LOG_PAGE_MAX_LINES, which this
+# mirrors: tests/client/test_mirrors.py): `sf logs` reads a long log in the fewest requests.
 LOG_PAGE_LINES = 50_000
 
 

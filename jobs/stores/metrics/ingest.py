@@ -18,16 +18,15 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from jobs.errors import BadRequest
-from jobs.models import JobEvent, MetricChunk, MetricKind, MetricStream
+from jobs.models import BIGINT_MAX, JobEvent, MetricChunk, MetricKind, MetricStream
 from jobs.reads.prepared import Prepared
 from jobs.stores.metrics.chunks import PACKED, SEQ_COLUMN, chunk, unpack_column, write_chunks
 from jobs.stores.metrics.rollups import roll_up
 
 KINDS = tuple(MetricKind.values)
 # The client SDK (`sf.metrics.MAX_NAME`) refuses longer names before they are sent: a mirror,
-# as the client cannot import the server; tests/client/test_server_mirrors.py holds them equal.
+# as the client cannot import the server; tests/client/test_mirrors.py holds them equal.
 MAX_NAME = 100
-BIGINT_MAX = 2**63 - 1  # seq and step are stored in bigint columns
 DEFAULT_ATTEMPT_MAX_METRIC_POINTS = 5_000_000
 
 
