@@ -40,6 +40,8 @@ MAX_TASKS = 10_000
 MAX_INDEX = 1_000_000
 MAX_PARAMS_BYTES = 4096  # one parameter set, as JSON
 CHUNK = 500  # tasks one transaction of a verb moves
+# The verbs `act` applies to every task that allows them: each job verb but delete.
+ARRAY_VERBS = tuple(verb for verb in VERBS if verb != "delete")
 RANGE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 

@@ -18,7 +18,7 @@ from django.db.models import QuerySet
 from jobs import grants
 from jobs.errors import BadRequest, Forbidden, NotFound
 from jobs.executors import Capacity, executor_for, gpu_type_matches
-from jobs.executors.base import GPU_VISIBILITY_VARS, check_request
+from jobs.executors.base import ENV_NAME, GPU_VISIBILITY_VARS, check_request
 from jobs.ledger import creation
 from jobs.models import Cluster, Job, Membership, ScheduleWindow, Snapshot, Team
 from jobs.reads import prepared, teams
@@ -26,7 +26,6 @@ from jobs.schemas import JobIn
 from jobs.stores.snapshots import SnapshotRefused, owned_snapshot, read_project_file
 
 log = logging.getLogger(__name__)
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
 MIB_PER_UNIT = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
 MAX_MEMORY_MB = 64 * 1024 * 1024  # 64 TiB per node: past any machine

@@ -14,6 +14,7 @@ from jobs.reads import arrays
 from jobs.schemas import ArrayIn, ErrorOut, Text
 
 router = Router(auth=[UserToken(), ConsoleSession()], tags=["arrays"])
+# `array_actions.ARRAY_VERBS`, spelled out for the schema (tests/actions/test_array_verbs.py).
 Verb = Literal["stop", "pause", "resume", "retry"]
 
 

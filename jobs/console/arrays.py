@@ -13,8 +13,6 @@ from jobs.console import refusals
 from jobs.errors import NotFound
 from jobs.reads import arrays, teams
 
-VERBS = ("stop", "pause", "resume", "retry")
-
 
 @login_required
 def array_detail(request, array_id: int):
@@ -37,7 +35,7 @@ def array_detail(request, array_id: int):
             "rows": rows,
             "shown": len(rows),
             "can_control": teams.can_control_jobs(request.user, array.team_id),
-            "verbs": VERBS,
+            "verbs": array_actions.ARRAY_VERBS,
         },
     )
 
@@ -45,7 +43,7 @@ def array_detail(request, array_id: int):
 @login_required
 @require_POST
 def array_action(request, array_id: int, verb: str):
-    if verb not in VERBS:
+    if verb not in array_actions.ARRAY_VERBS:
         raise Http404(f"no verb {verb}")
 
     def run() -> str:

@@ -222,6 +222,9 @@ def epoch(value: object) -> dt.datetime | None:
 # A job's environment is an allow-list (docs/ARCHITECTURE.md, invariant 8): its own env, the SF_*
 # contract and this minimal base. Nothing of the server's or worker's environment is copied.
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+# An environment variable's name, as shells take it (match it whole): a job's own variables
+# (submit) and a cluster's settings that name variables (the Ray nodes' `node_env`).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Variables that choose which accelerators a process sees: the platform sets them from what it
 # allocated, so a job may not (a 0-GPU job with NVIDIA_VISIBLE_DEVICES=all would see them all).
 GPU_VISIBILITY_VARS = frozenset(

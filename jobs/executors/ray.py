@@ -45,6 +45,7 @@ from sf.contract import (
 
 from jobs.executors.base import (
     DEFAULT_PATH,
+    ENV_NAME,
     GPU_VISIBILITY_VARS,
     Capacity,
     LaunchError,
@@ -71,7 +72,6 @@ ACCELERATOR_SHARE = 0.001
 # (GPU_VISIBILITY_VARS; the job's own are dropped), and what `ray.init()` in the job needs to
 # join the cluster as this job's driver.
 RAY_PROVIDED = frozenset({"RAY_ADDRESS", "RAY_JOB_CONFIG_JSON_ENV_VAR"}) | GPU_VISIBILITY_VARS
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 KEEP_VAR = "SF_ENV_KEEP"  # the names the entrypoint keeps, comma-separated
 # Re-execute the interpreter with only the allowed variables. Every name comes from
 # KEEP_VAR, every value from the environment Ray made: no value is in the command line.
@@ -171,7 +171,7 @@ class RayExecutor:
             )
         node_env = settings.get("node_env", [])
         if not isinstance(node_env, list) or not all(
-            isinstance(n, str) and ENV_NAME.match(n) for n in node_env
+            isinstance(n, str) and ENV_NAME.fullmatch(n) for n in node_env
         ):
             raise ValueError(
                 "node_env must be a list of variable names of the Ray nodes' environment that "
