@@ -7,6 +7,7 @@ import redis
 from django.contrib.auth.models import User
 from django.test import Client
 
+from jobs import kick
 from jobs.actions.tokens import issue_token
 from jobs.executors import override
 from jobs.models import Cluster, ClusterGrant, Membership, Team
@@ -139,6 +140,15 @@ def _fresh_throttle_counts(settings, request):
             "LOCATION": f"throttle-{request.node.nodeid}",
         },
     }
+
+
+@pytest.fixture
+def kicks(monkeypatch) -> list[str]:
+    """Record the scheduler kicks a test causes, instead of sending a Celery task to a broker:
+    ["tick"] per kick (`jobs.kick.scheduler`)."""
+    sent: list[str] = []
+    monkeypatch.setattr(kick, "scheduler", lambda: sent.append("tick"))
+    return sent
 
 
 @pytest.fixture

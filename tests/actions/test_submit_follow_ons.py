@@ -2,10 +2,6 @@
 one node asking for its parent's GPU type, so a follow-on no node of that type could ever hold
 is refused at submit, nothing created, rather than left waiting for good."""
 
-import gzip
-import io
-import tarfile
-
 import pytest
 
 from jobs.actions.submit import submit_job
@@ -13,6 +9,7 @@ from jobs.errors import BadRequest
 from jobs.executors import Capacity, NodeCapacity
 from jobs.models import Job, JobEvent
 from jobs.schemas import JobIn
+from tests.jobs.api_helpers import upload_files
 
 pytestmark = pytest.mark.django_db
 
@@ -36,16 +33,8 @@ def _typed_nodes(use_executor, team):
 
 
 def snapshot_with(api, eval_gpus: int) -> str:
-    project = f'[then.eval]\nentrypoint = "python eval.py"\ngpus = {eval_gpus}\n'.encode()
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
-        info = tarfile.TarInfo("starforge.toml")
-        info.size = len(project)
-        tar.addfile(info, io.BytesIO(project))
-    body = gzip.compress(raw.getvalue(), mtime=0)
-    response = api.client.post("/api/v1/snapshots", body, content_type="application/gzip")
-    assert response.status_code == 201, response.content
-    return response.json()["sha256"]
+    project = f'[then.eval]\nentrypoint = "python eval.py"\ngpus = {eval_gpus}\n'
+    return upload_files(api, {"starforge.toml": project.encode()})
 
 
 def request(sha: str, **fields) -> JobIn:

@@ -23,6 +23,7 @@ from jobs.executors.slurm import executor as slurm_executor
 from jobs.executors.slurm import parse as slurm_parse
 from jobs.loops import scheduler
 from jobs.models import Cluster
+from tests.structure.constants import constants
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "sf-contract-a1"
@@ -58,21 +59,7 @@ def contract_values() -> set[object]:
 
 def literals(path: Path) -> set[object]:
     """The constants a module's code holds, docstrings left out."""
-    tree = ast.parse(path.read_text())
-    docstrings = {
-        id(node.body[0].value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-        and node.body
-        and isinstance(node.body[0], ast.Expr)
-        and isinstance(node.body[0].value, ast.Constant)
-    }
-    return {
-        node.value
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and id(node) not in docstrings
-        and not isinstance(node.value, bool)
-    }  # fmt: skip
+    return constants(path.read_text())
 
 
 # The runner's side, the executors, and the server's other readers and writers of SF_* names.

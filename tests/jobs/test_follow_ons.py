@@ -13,7 +13,6 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from jobs import kick
 from jobs.executors import Observation
 from jobs.ledger import lifecycle
 from jobs.loops.launcher import launch_attempts, launch_spec
@@ -24,7 +23,7 @@ from jobs.states import JobStatus
 from tests.jobs.api_helpers import assert_refused
 from tests.jobs.factories import with_attempt
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("kicks")]
 
 S = JobStatus
 PROJECT = b"""
@@ -35,14 +34,6 @@ gpus = 1
 [then.export]
 entrypoint = ["python", "export.py"]
 """
-
-
-@pytest.fixture(autouse=True)
-def kicks(monkeypatch) -> list[str]:
-    """Record scheduler kicks instead of sending a Celery task to a broker."""
-    sent: list[str] = []
-    monkeypatch.setattr(kick, "scheduler", lambda: sent.append("tick"))
-    return sent
 
 
 def archive(files: dict[str, bytes]) -> bytes:

@@ -10,7 +10,6 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from jobs import kick
 from jobs.models import Attempt, Job, JobEvent, LogStream, Snapshot
 from jobs.states import JobStatus
 from jobs.stores import logstore
@@ -18,20 +17,12 @@ from jobs.stores.snapshots import snapshot_path
 from tests.jobs.api_helpers import assert_refused, submit
 from tests.jobs.factories import place, with_attempt
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("kicks")]
 
 S = JobStatus
 FINISHED = [S.SUCCEEDED, S.FAILED, S.STOPPED, S.PAUSED]
 BUSY = [S.QUEUED, S.SUBMITTED, S.PENDING, S.RUNNING]
 ONLY_FAILED_OR_STOPPED = "only FAILED or STOPPED jobs can be retried"
-
-
-@pytest.fixture(autouse=True)
-def kicks(monkeypatch) -> list[str]:
-    """Record scheduler kicks instead of sending a Celery task to a broker."""
-    sent: list[str] = []
-    monkeypatch.setattr(kick, "scheduler", lambda: sent.append("tick"))
-    return sent
 
 
 @pytest.fixture

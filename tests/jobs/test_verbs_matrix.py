@@ -11,7 +11,6 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from jobs import kick
 from jobs.loops import scheduler
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import ALLOWED_TRANSITIONS, JobStatus
@@ -38,14 +37,6 @@ REQUEUES = [(v, s) for v, s in ALLOWED if v in ("resume", "retry")]
 
 def case_id(case) -> str:
     return f"{case[0]}-from-{case[1]}"
-
-
-@pytest.fixture
-def kicks(monkeypatch) -> list[str]:
-    """Record scheduler kicks instead of sending a Celery task to a broker."""
-    sent: list[str] = []
-    monkeypatch.setattr(kick, "scheduler", lambda: sent.append("tick"))
-    return sent
 
 
 @pytest.fixture

@@ -4,22 +4,13 @@ first QUEUED event of each and kicks the scheduler once, after commit."""
 
 import pytest
 
-from jobs import kick
 from jobs.ledger import creation
 from jobs.models import Job, JobEvent, ScheduleWindow, Snapshot
 from jobs.states import JobStatus
 from tests.jobs.factories import queued_job
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("kicks")]
 S = JobStatus
-
-
-@pytest.fixture(autouse=True)
-def kicks(monkeypatch) -> list[str]:
-    """Record scheduler kicks instead of sending a Celery task to a broker."""
-    sent: list[str] = []
-    monkeypatch.setattr(kick, "scheduler", lambda: sent.append("tick"))
-    return sent
 
 
 @pytest.fixture

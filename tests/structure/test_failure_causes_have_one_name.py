@@ -3,11 +3,12 @@ ledger, Diagnostics, the API and the CLI use its members, so no module of the se
 client spells a cause as a bare string (docstrings and comments aside). The few modules whose
 string only sounds like a cause, meaning something else, are listed with what it means."""
 
-import ast
 from pathlib import Path
 
 import pytest
 from sf.contract import Failure
+
+from tests.structure.constants import constants
 
 ROOT = Path(__file__).resolve().parents[2]
 CAUSES = {cause.value for cause in Failure}
@@ -34,22 +35,9 @@ def modules() -> list[Path]:
     )
 
 
-def spelled_causes(source: str) -> set[str]:
+def spelled_causes(source: str) -> set[object]:
     """The failure causes a module's code holds as string constants, docstrings left out."""
-    tree = ast.parse(source)
-    docstrings = {
-        id(node.body[0].value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-        and node.body
-        and isinstance(node.body[0], ast.Expr)
-        and isinstance(node.body[0].value, ast.Constant)
-    }
-    return {
-        node.value
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and id(node) not in docstrings and node.value in CAUSES
-    }
+    return constants(source) & CAUSES
 
 
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(ROOT)))
