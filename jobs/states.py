@@ -27,7 +27,8 @@ class JobStatus(models.TextChoices):
     RUNNING = "RUNNING"
     # Exit 0. Final.
     SUCCEEDED = "SUCCEEDED"
-    # Non-zero exit, OOM, ingest failure, pending deadline, lost on backend.
+    # Non-zero exit, OOM, ingest failure, pending deadline, lost on backend: the attempt keeps
+    # which, a `sf.contract.Failure`, and it decides the automatic retry.
     FAILED = "FAILED"
     # Stopped by a user or an admin.
     STOPPED = "STOPPED"
