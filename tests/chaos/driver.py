@@ -279,6 +279,7 @@ def drive(
     busy machine each restart takes longer, and a round must not end with a kind left out.
     The lender takes its GPUs back only meanwhile, so that its reclaims meet the faults.
     """
+    rng = random.Random(0)  # when a fault follows a reclaim: the same in every round
     start = time.monotonic()
     next_fault = start + interval
     settled_from = 0.0  # when the faults stopped
@@ -293,8 +294,10 @@ def drive(
         faulting = now - start < duration or faults.turn < 2 * len(faults.kinds)
         if not faulting and not pending:
             return jobs
-        if faulting:
-            reclaims.tick(stack, plan, jobs)
+        if faulting and reclaims.tick(stack, plan, jobs):
+            # The next fault lands while the take-back is under way: the notice, the borrower's
+            # checkpoint and exit, its PAUSED, the lender's admission.
+            next_fault = min(next_fault, time.monotonic() + rng.uniform(0.5, 3))
         if faulting and now >= next_fault:
             faults.tick()
             next_fault = time.monotonic() + interval

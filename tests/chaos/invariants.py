@@ -72,6 +72,7 @@ class Figures:
     resumed: int = 0  # of those, whose job ran another attempt afterwards
     noticed: int = 0  # checkpointing attempts that saved their step on the notice
     from_checkpoint: int = 0  # attempts after a preemption that started from a saved step > 0
+    before_notice: int = 0  # preempted attempts that had exited 0 before the notice went out
     ended_otherwise: int = 0  # preempted attempts ended another way (with its reason)
 
     def line(self) -> str:
@@ -176,6 +177,8 @@ def _preempted_attempt(
             found.append(f"{where}: after its preemption's PAUSED, {then['to_status']} {reason!r}")
     elif status == "SUCCEEDED" and end > told:
         found.append(f"{where}: SUCCEEDED at {end:%H:%M:%S.%f}, after its notice: not PAUSED")
+    elif status == "SUCCEEDED":
+        figures.before_notice += 1
     elif status != "SUCCEEDED":
         figures.ended_otherwise += 1
         if not reason:
