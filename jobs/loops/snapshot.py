@@ -10,7 +10,9 @@ jobs in one query, and the teams' recent usage where two teams or more wait (fai
 The active jobs are read once, a row each: what teams, members and clusters hold
 (`jobs.loops.holdings`), the nodes and GPU types they hold (`jobs.loops.placement`), until when
 (`jobs.loops.reservations`, the queue plan) and how many tasks of each capped array run are all
-worked out from those rows in memory, so a tick's queries do not grow with what it meets. The
+worked out from those rows in memory, so a tick's queries do not grow with what it meets. Most
+ticks needed those rows anyway (every tick that plans the queue, or makes a reservation, read
+them); one that does neither reads a row per active job where a grouped query once sufficed. The
 one read left to a tick's decisions is lending's (`jobs.loops.lending`: the borrowers of a
 lender whose job wants its GPUs back).
 """
@@ -19,6 +21,7 @@ import datetime as dt
 import logging
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from django.conf import settings
 from django.utils import timezone
@@ -39,8 +42,7 @@ S = JobStatus
 Capacities = dict[int, tuple[Cluster, Capacity]]
 
 
-@dataclass(frozen=True)
-class Queued:
+class Queued(NamedTuple):
     """A QUEUED job, as a tick offers it (the queue's order: priority, then submit time)."""
 
     id: int
@@ -63,8 +65,7 @@ class Queued:
         return self.gpus // max(self.nodes, 1)
 
 
-@dataclass(frozen=True)
-class Active:
+class Active(NamedTuple):
     """A job that holds its place (SUBMITTED, PENDING, RUNNING), with its current attempt's
     clocks, lender and, where a cluster reports its nodes, the nodes its ranks were seen on."""
 
