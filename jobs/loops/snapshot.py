@@ -12,9 +12,9 @@ The active jobs are read once, a row each: what teams, members and clusters hold
 (`jobs.loops.reservations`, the queue plan) and how many tasks of each capped array run are all
 worked out from those rows in memory, so a tick's queries do not grow with what it meets. Most
 ticks needed those rows anyway (every tick that plans the queue, or makes a reservation, read
-them); one that does neither reads a row per active job where a grouped query once sufficed. The
-one read left to a tick's decisions is lending's (`jobs.loops.lending`: the borrowers of a
-lender whose job wants its GPUs back).
+them); one that does neither reads a row per active job where a grouped query once sufficed, and
+one with nothing queued reads none. The one read left to a tick's decisions is lending's
+(`jobs.loops.lending`: the borrowers of a lender whose job wants its GPUs back).
 """
 
 import datetime as dt
@@ -132,9 +132,10 @@ def read_snapshot(now: dt.datetime, rules: Rules, capacities: Capacities) -> Sna
     """The rest of what the tick decides from, read once its writing steps have run."""
     cluster_windows: dict[int, int | None] = dict(Cluster.objects.values_list("pk", "window_id"))
     shares = {(s.team_id, s.cluster_id): s.percent for s in ClusterShare.objects.all()}
-    active = read_active(ranks=any(cap.nodes for _, cap in capacities.values()))
     type_caps = read_type_caps()
     queue = read_queue()
+    # An empty queue weighs nothing against what runs (nor does its plan): no row is read.
+    active = read_active(ranks=any(c.nodes for _, c in capacities.values())) if queue else []
     capped = {j.array for jobs in queue.values() for j in jobs if j.array_cap is not None}
     tasks = Counter(a.array for a in active if a.array is not None and a.array in capped)
     return Snapshot(

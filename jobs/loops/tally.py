@@ -16,6 +16,8 @@ from jobs.loops.snapshot import Queued, Snapshot
 
 @dataclass
 class Tally:
+    """What one tick has taken so far (the module says of what)."""
+
     held: Holdings
     lending: Lending
     placement: Placement

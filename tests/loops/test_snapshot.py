@@ -95,3 +95,9 @@ def test_an_engine_that_fails_is_recorded_unreachable_and_the_others_are_still_a
     local_cluster.refresh_from_db()
     assert local_cluster.unreachable_reason == "OSError: no route to host"
     assert local_cluster.unreachable_since is not None
+
+
+def test_with_nothing_queued_no_active_job_is_read(team, alice):
+    jobs(team, alice, waiting=0, running=3)
+    snap = read_snapshot(NOW, read_rules(NOW), {})
+    assert (snap.queue, snap.active) == ({}, [])
