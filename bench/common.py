@@ -112,7 +112,7 @@ def queue_jobs(n: int, teams: list, cluster, user, prefix: str = "q", batch: int
                     team=teams[i % len(teams)],
                     user=user,
                     cluster=cluster,
-                    gpus=1,
+                    total_gpus=1,
                     entrypoint=["true"],
                 )
                 for i in range(start, min(n, start + batch))
@@ -136,13 +136,13 @@ def running_job(team, user, cluster, run_id: str):
     from jobs.models import Attempt, Job
 
     job = Job.objects.create(
-        run_id=run_id, team=team, user=user, cluster=cluster, gpus=1, entrypoint=["true"]
+        run_id=run_id, team=team, user=user, cluster=cluster, total_gpus=1, entrypoint=["true"]
     )
     now = timezone.now()
     attempt = Attempt.objects.create(
         job=job,
         number=1,
-        gpus=1,
+        total_gpus=1,
         backend_name=f"sf-{run_id}-a1",
         job_ref=f"noop:sf-{run_id}-a1",
         submitted_at=now,

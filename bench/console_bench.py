@@ -26,8 +26,8 @@ def run() -> dict:
     started = time.perf_counter()
     with connection.cursor() as cursor:  # one INSERT … SELECT: far faster than the ORM here
         cursor.execute(
-            """INSERT INTO jobs_job (run_id, name, team_id, user_id, cluster_id, gpus, entrypoint,
-               env, priority, status, status_reason, status_changed_at, submitted_at,
+            """INSERT INTO jobs_job (run_id, name, team_id, user_id, cluster_id, total_gpus,
+               entrypoint, env, priority, status, status_reason, status_changed_at, submitted_at,
                retry_count, attempt_count, max_retries, retry_cooldown_s, "then",
                follow_on_specs, follow_on_name, window_policy, paused_by_window, nodes,
                gpu_type, image)

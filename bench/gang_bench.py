@@ -43,7 +43,7 @@ def local_rank_failure() -> dict:
             job_id=run + 1,
             run_id=f"gangbench{run}",
             attempt=1,
-            gpus=0,
+            total_gpus=0,
             nodes=RANKS,
             entrypoint=[sys.executable, "-c", CODE],
             env={"SF_ENTRYPOINT": json.dumps([sys.executable, "-c", CODE]), "SF_ATTEMPT": "1"},

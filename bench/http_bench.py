@@ -356,7 +356,12 @@ def seed() -> dict:
     return {
         "token": issue_token(user, name="bench"),
         "job_ids": list(Job.objects.order_by("pk").values_list("pk", flat=True)),
-        "submit": {"entrypoint": ["true"], "gpus": 0, "cluster": cluster.name, "team": team.name},
+        "submit": {
+            "entrypoint": ["true"],
+            "gpus_per_node": 0,
+            "cluster": cluster.name,
+            "team": team.name,
+        },
     }
 
 

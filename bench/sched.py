@@ -44,7 +44,7 @@ def throughput(n_jobs: int, quota: int, gang_every: int = 0) -> dict:
         # rounds, so each team's share is 10% too.
         ids = Job.objects.order_by("id").values_list("id", flat=True)
         gangs = [i for k, i in enumerate(ids) if (k // N_TEAMS) % gang_every == 0]
-        Job.objects.filter(id__in=gangs).update(nodes=GANG_NODES, gpus=GANG_NODES)
+        Job.objects.filter(id__in=gangs).update(nodes=GANG_NODES, total_gpus=GANG_NODES)
     common.analyze()
     setup_s = time.perf_counter() - t
 
@@ -191,13 +191,13 @@ def _starvation_stream(seed: int, name: str) -> dict:
     ends: dict[int, dt.datetime] = {}  # running small job -> when its run is over
     submitted = 0
 
-    def submit(gpus: int, limit: int, priority: int = 0) -> Job:
+    def submit(total_gpus: int, limit: int, priority: int = 0) -> Job:
         nonlocal submitted
         submitted += 1
         return Job.objects.create(
-            run_id=f"{name}-{submitted:07d}", team=team, user=user, cluster=cluster, gpus=gpus,
-            entrypoint=["true"], priority=priority, time_limit_s=limit, submitted_at=now,
-            status_changed_at=now,
+            run_id=f"{name}-{submitted:07d}", team=team, user=user, cluster=cluster,
+            total_gpus=total_gpus, entrypoint=["true"], priority=priority, time_limit_s=limit,
+            submitted_at=now, status_changed_at=now,
         )  # fmt: skip
 
     def tick() -> list[int]:

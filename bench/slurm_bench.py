@@ -306,7 +306,7 @@ def submit_jobs(n: int, gpus: int) -> None:
 
     kick.scheduler = lambda: None  # no broker here: the bench's loop is the tick
     user = User.objects.get(username="bench")
-    spec = JobIn(entrypoint=["python", "-c", "pass"], gpus=gpus)
+    spec = JobIn(entrypoint=["python", "-c", "pass"], gpus_per_node=gpus)
     submitted = {}
     for _ in range(n):
         t = time.time()
@@ -369,14 +369,14 @@ def _held_jobs(n: int, cluster, team, user, conf: str) -> list[str]:
     now = timezone.now()
     jobs = Job.objects.bulk_create(
         Job(
-            run_id=name[3:-3], team=team, user=user, cluster=cluster, gpus=0,
+            run_id=name[3:-3], team=team, user=user, cluster=cluster, total_gpus=0,
             entrypoint=["true"], status="PENDING", attempt_count=1,
         )
         for name in names
     )  # fmt: skip
     attempts = Attempt.objects.bulk_create(
         Attempt(
-            job=job, number=1, gpus=0, backend_name=name, job_ref=ref,
+            job=job, number=1, total_gpus=0, backend_name=name, job_ref=ref,
             submitted_at=now, pending_at=now,
         )
         for job, name, ref in zip(jobs, names, refs, strict=True)
@@ -681,7 +681,7 @@ def _submit_gang(entrypoint: list[str]):
     from jobs.schemas import JobIn
 
     kick.scheduler = lambda: None  # the loop below is the tick the submit would kick
-    spec = JobIn(entrypoint=entrypoint, gpus=1, nodes=GANG_NODES, gpu_type="a100")
+    spec = JobIn(entrypoint=entrypoint, gpus_per_node=1, nodes=GANG_NODES, gpu_type="a100")
     return submit_job(User.objects.get(username="bench"), spec)
 
 

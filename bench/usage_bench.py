@@ -33,7 +33,7 @@ def seed(team, users: list, clusters: list, now: dt.datetime) -> None:
                     team=team,
                     user=users[n % len(users)],
                     cluster=clusters[n // len(users) % len(clusters)],
-                    gpus=1 + n % 8,
+                    total_gpus=1 + n % 8,
                     entrypoint=["true"],
                     status="RUNNING" if n >= ATTEMPTS else "SUCCEEDED",
                     attempt_count=1,
@@ -49,7 +49,7 @@ def seed(team, users: list, clusters: list, now: dt.datetime) -> None:
                 Attempt(
                     job=job,
                     number=1,
-                    gpus=job.gpus,
+                    total_gpus=job.total_gpus,
                     backend_name=f"sf-{job.run_id}-a1",
                     start_time=began,
                     end_time=min(ended, now) if ended else None,

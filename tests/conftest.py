@@ -5,6 +5,7 @@ from contextlib import ExitStack
 import pytest
 import redis
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
 
 from jobs import kick
@@ -15,6 +16,7 @@ from jobs.redis_client import client
 from jobs.stores import queueplan
 from tests.access import let_jobs_reach_the_interpreter, let_jobs_through
 from tests.s3 import serve_s3
+from tests.scripted import ScriptedExecutor
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -158,6 +160,22 @@ def use_executor():
     class or a callable such as `ScriptedExecutor`. See `jobs.executors.override`."""
     with ExitStack() as stack:
         yield lambda make, cluster=None: stack.enter_context(override(cluster, make))
+
+
+@pytest.fixture
+def backend(use_executor) -> ScriptedExecutor:
+    """Replace every executor with one scripted backend for the test."""
+    fake = ScriptedExecutor()
+    use_executor(fake)
+    return fake
+
+
+@pytest.fixture
+def shared_ledger() -> None:
+    """Skip on the in-memory SQLite ledger: threads share the embedded ledger only in a file
+    (SF_SQLITE_TEST_DB, as `make test`'s SQLite run has it)."""
+    if connection.vendor == "sqlite" and connection.is_in_memory_db():
+        pytest.skip("threads share the embedded ledger only in a file (SF_SQLITE_TEST_DB)")
 
 
 @pytest.fixture(scope="session")

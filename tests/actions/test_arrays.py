@@ -15,7 +15,7 @@ from jobs.loops.launcher import launch_spec
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job, JobArray, JobEvent
 from jobs.states import JobStatus as S
-from tests.jobs.api_helpers import upload_snapshot
+from tests.api_helpers import upload_snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -257,7 +257,7 @@ def test_the_console_shows_the_array_as_a_table_of_tasks_and_acts_on_all(api, al
 
 
 def test_the_jobs_list_can_leave_the_tasks_out_and_says_whose_a_task_is(api, alice, make_user):
-    from tests.jobs.factories import queued_job
+    from tests.factories import queued_job
 
     array = submit(api, array="0-2").json()
     single = queued_job(Job.objects.first().team, alice)

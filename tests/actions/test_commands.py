@@ -32,8 +32,8 @@ def test_prune_snapshots_keeps_what_a_live_or_recent_job_needs(api, team, alice)
 
     from jobs.models import Job, Snapshot
     from jobs.stores.snapshots import snapshot_path
-    from tests.jobs.api_helpers import upload_snapshot
-    from tests.jobs.factories import place, queued_job
+    from tests.api_helpers import upload_snapshot
+    from tests.factories import place, queued_job
 
     sha = upload_snapshot(api)
     snap = Snapshot.objects.get(pk=sha)

@@ -11,7 +11,7 @@ from jobs import grants
 from jobs.errors import BadRequest, NotFound
 from jobs.models import Cluster, ClusterGrant, Job, Team
 from tests.conftest import ApiClient
-from tests.jobs.factories import place, queued_job
+from tests.factories import place, queued_job
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,8 @@ from jobs.models import Attempt, Job, JobEvent, LogStream, Snapshot
 from jobs.states import JobStatus
 from jobs.stores import logstore
 from jobs.stores.snapshots import snapshot_path
-from tests.jobs.api_helpers import assert_refused, submit
-from tests.jobs.factories import place, with_attempt
+from tests.api_helpers import assert_refused, submit
+from tests.factories import place, with_attempt
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("kicks")]
 

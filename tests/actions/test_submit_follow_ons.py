@@ -9,7 +9,7 @@ from jobs.errors import BadRequest
 from jobs.executors import Capacity, NodeCapacity
 from jobs.models import Job, JobEvent
 from jobs.schemas import JobIn
-from tests.jobs.api_helpers import upload_files
+from tests.api_helpers import upload_files
 
 pytestmark = pytest.mark.django_db
 

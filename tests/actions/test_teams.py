@@ -12,7 +12,7 @@ from django.test import Client
 from jobs.actions import teams
 from jobs.errors import ApiError
 from jobs.models import Cluster, Membership, ScheduleWindow, Team
-from tests.jobs.api_helpers import assert_refused
+from tests.api_helpers import assert_refused
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 from jobs.actions.tokens import create_token
 from jobs.auth import LAST_USED_RESOLUTION, hash_token
 from jobs.models import ApiToken
-from tests.jobs.api_helpers import assert_refused
+from tests.api_helpers import assert_refused
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 from jobs.loops import scheduler
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import ALLOWED_TRANSITIONS, JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,7 @@ import pytest
 
 from jobs.models import Attempt, Job, JobEvent
 from jobs.stores.snapshots import snapshot_path
-from tests.jobs.api_helpers import assert_refused, submit, upload_snapshot
+from tests.api_helpers import assert_refused, submit, upload_snapshot
 
 pytestmark = pytest.mark.django_db
 

@@ -13,8 +13,8 @@ from ninja.renderers import JSONRenderer
 
 from jobs.models import Job
 from jobs.schemas import EventOut, JobOut, JobPage
-from tests.jobs.api_helpers import submit
-from tests.jobs.factories import queued_job, with_attempt
+from tests.api_helpers import submit
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 TIME_TO_THE_SECOND = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.000Z")

@@ -5,8 +5,8 @@ from django.test import Client
 
 from jobs.loops.launcher import launch_spec
 from jobs.models import Attempt, Cluster, Job, JobEvent, Membership
-from tests.jobs.api_helpers import assert_refused, submit
-from tests.jobs.factories import with_attempt
+from tests.api_helpers import assert_refused, submit
+from tests.factories import with_attempt
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ from jobs.actions.tokens import issue_token
 from jobs.auth import hash_token
 from jobs.models import ApiToken, Cluster, Job, JobEvent, ScheduleWindow
 from jobs.stores.snapshots import snapshot_path
-from tests.jobs.api_helpers import assert_refused, upload_snapshot
+from tests.api_helpers import assert_refused, upload_snapshot
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,7 @@ import pytest
 
 from jobs.executors import Capacity, NodeCapacity
 from jobs.models import Cluster, Job, JobEvent
-from tests.jobs.api_helpers import assert_refused
+from tests.api_helpers import assert_refused
 
 pytestmark = pytest.mark.django_db
 

@@ -15,7 +15,7 @@ from jobs.models import ApiToken, Attempt, Cluster
 from jobs.states import JobStatus
 from jobs.tasks import reconcile_tick, schedule_tick
 from metering.usage import job_gpu_seconds
-from tests.jobs.factories import place, queued_job, with_attempt
+from tests.factories import place, queued_job, with_attempt
 
 S = JobStatus
 NOW = dt.datetime(2026, 3, 2, 12, 0, tzinfo=dt.UTC)

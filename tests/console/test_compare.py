@@ -17,7 +17,7 @@ from jobs.models import Job, JobArray
 from jobs.states import JobStatus
 from jobs.stores.metrics.charts import DEFAULT_MAX_POINTS, series
 from jobs.stores.metrics.ingest import append
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 NOW = time.time()

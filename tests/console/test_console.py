@@ -9,7 +9,7 @@ from django.utils import timezone
 from jobs.models import Job
 from jobs.states import VERBS, JobStatus
 from jobs.stores import logstore
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 
@@ -102,7 +102,7 @@ def test_job_page_renders_every_tab_in_every_state(status, team, alice):
 
 def test_retry_button_is_disabled_with_the_reason_when_the_snapshot_is_gone(api, team, alice):
     from jobs.models import Snapshot
-    from tests.jobs.api_helpers import upload_snapshot
+    from tests.api_helpers import upload_snapshot
 
     sha = upload_snapshot(api)
     Snapshot.objects.filter(pk=sha).update(deleted_reason="with `prune_snapshots`")

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from jobs.models import Job
 from jobs.templatetags.console import elapsed, gpu_hours, utc, utc_time
-from tests.jobs.factories import place, queued_job, with_attempt
+from tests.factories import place, queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 HOUR = dt.timedelta(hours=1)

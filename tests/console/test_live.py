@@ -18,7 +18,7 @@ from jobs.ledger.transitions import transition
 from jobs.states import JobStatus
 from jobs.stores import logstore
 from starforge.asgi import application
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 
 FLOOD_LINES = 50_000
 FLOOD_BATCH = 100  # 500 messages: five times what one channel holds
@@ -382,7 +382,7 @@ def test_download_returns_every_attempt_as_text_and_404s_for_another_team(team, 
 @pytest.mark.django_db(transaction=True)
 def test_ingested_metric_points_tell_the_open_page_to_redraw(team, alice):
     from jobs.job_tokens import job_token
-    from tests.jobs.factories import with_attempt
+    from tests.factories import with_attempt
 
     job = queued_job(team, alice)
     with_attempt(job, "RUNNING", job_ref="r")

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from jobs.console.notify import RECENT_DELIVERIES
 from jobs.models import Webhook, WebhookDelivery
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 
 pytestmark = pytest.mark.django_db
 

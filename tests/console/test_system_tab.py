@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 
 from jobs.models import Job
-from tests.jobs.api_helpers import submit
+from tests.api_helpers import submit
 from tests.jobs.test_log_ingest import attach_attempt, runner
 
 pytestmark = pytest.mark.django_db

@@ -21,7 +21,7 @@ from jobs.loops.reconciler import reconcile_all
 from jobs.models import Attempt, Cluster, Job, JobEvent, Team
 from jobs.reads import diagnostics
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

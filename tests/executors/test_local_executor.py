@@ -33,7 +33,7 @@ from jobs.reads.ledgercheck import violations
 from jobs.states import JobStatus
 from jobs.stores import logstore
 from tests.access import let_jobs_reach_the_interpreter
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = JobStatus

@@ -26,7 +26,7 @@ from jobs.stores import logstore
 from metering.models import UsageRecord
 from metering.records import meter_ended
 from metering.usage import job_gpu_seconds
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 from tests.jobs.test_local_executor import (  # noqa: F401 - autouse fixtures of that module
     _api_for_runners,
     finished,

@@ -13,7 +13,7 @@ from jobs.actions.tokens import create_token
 from jobs.job_tokens import job_token
 from jobs.models import MetricChunk
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 DEEP = "[" * 100_000

@@ -28,9 +28,9 @@ from jobs.ledger import lifecycle
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Cluster, Job, JobArray, JobEvent, Team
 from jobs.states import JobStatus as S
+from tests.api_helpers import assert_refused, upload_snapshot
 from tests.conftest import ApiClient
-from tests.jobs.api_helpers import assert_refused, upload_snapshot
-from tests.jobs.factories import place, queued_job
+from tests.factories import place, queued_job
 
 pytestmark = pytest.mark.django_db
 BEFORE = ("jobs", "0029_fk_indexes_the_composites_cover")

@@ -10,7 +10,7 @@ import pytest
 
 from jobs.executors.base import GPU_VISIBILITY_VARS
 from jobs.models import Job
-from tests.jobs.api_helpers import assert_refused
+from tests.api_helpers import assert_refused
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ import pytest
 from django.test import Client
 
 from jobs.models import ApiToken, Job, JobArray, Membership
-from tests.jobs.api_helpers import assert_refused
+from tests.api_helpers import assert_refused
 
 pytestmark = pytest.mark.django_db
 SURROGATE = "\\ud800"  # as the body spells it: JSON's escape of a lone surrogate

@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from jobs.models import JobEvent, LogStream
 from jobs.stores import logstore
 from jobs.stores.metrics.chunks import stored_points
-from tests.jobs.api_helpers import submit
+from tests.api_helpers import submit
 from tests.jobs.test_log_ingest import attach_attempt, make_lines, runner, send_lines, stored
 from tests.jobs.test_metrics import make_points, send_points
 

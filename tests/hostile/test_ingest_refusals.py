@@ -22,7 +22,7 @@ from jobs.job_tokens import BOOTSTRAP_SALT, JOB_TOKEN_SALT, job_token
 from jobs.models import Attempt, Job, JobEvent, LogStream
 from jobs.stores import logstore
 from jobs.stores.metrics import chunks
-from tests.jobs.api_helpers import assert_refused, submit
+from tests.api_helpers import assert_refused, submit
 from tests.jobs.test_log_ingest import attach_attempt
 
 pytestmark = pytest.mark.django_db

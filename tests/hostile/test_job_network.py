@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import pytest
 
 from jobs.models import Job
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 from tests.jobs.test_local_executor import (  # noqa: F401 - autouse fixtures of that module
     _api_for_runners,
     finished,

@@ -14,7 +14,7 @@ from jobs.job_tokens import BOOTSTRAP_SALT, JOB_TOKEN_SALT, bootstrap_token_for,
 from jobs.ledger import clocks
 from jobs.loops import launcher
 from jobs.models import Attempt, Cluster, Job
-from tests.jobs.api_helpers import assert_refused, submit
+from tests.api_helpers import assert_refused, submit
 from tests.jobs.test_log_ingest import attach_attempt
 
 pytestmark = pytest.mark.django_db

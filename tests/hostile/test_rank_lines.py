@@ -11,7 +11,7 @@ import pytest
 from jobs.loops.reconciler import checked_ranks
 from jobs.models import Attempt, Job, LogStream
 from jobs.stores import logstore
-from tests.jobs.api_helpers import assert_refused, submit
+from tests.api_helpers import assert_refused, submit
 from tests.jobs.test_log_ingest import attach_attempt, runner
 
 pytestmark = pytest.mark.django_db

@@ -20,7 +20,7 @@ from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Job, JobArray, JobEvent, Membership, Webhook, WebhookDelivery
 from jobs.states import JobStatus as S
 from tests.conftest import ApiClient
-from tests.jobs.factories import place, queued_job, with_attempt
+from tests.factories import place, queued_job, with_attempt
 from tests.receiver import Receiver
 
 pytestmark = pytest.mark.django_db

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 from tests.jobs.test_local_executor import (  # noqa: F401 - autouse fixtures of that module
     _api_for_runners,
     finished,

@@ -50,7 +50,7 @@ from jobs.stores import logstore
 from jobs.stores.metrics import ingest
 from jobs.stores.snapshots import store_snapshot
 from starforge.api import api
-from tests.jobs.factories import place, queued_job, with_attempt
+from tests.factories import place, queued_job, with_attempt
 
 # Snapshots are uploaded as raw bytes; generated ones are mostly not archives, as a fuzzer's are.
 schemathesis.serializer.alias("application/gzip", "application/octet-stream")

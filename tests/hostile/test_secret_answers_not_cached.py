@@ -22,8 +22,8 @@ from jobs.actions.tokens import create_token
 from jobs.job_tokens import bootstrap_token_for
 from jobs.models import Membership, Webhook
 from starforge.api import api as ninja_api
+from tests.api_helpers import submit
 from tests.hostile.test_console_security import ROUTE_ARGS, fill
-from tests.jobs.api_helpers import submit
 from tests.jobs.test_log_ingest import attach_attempt
 
 pytestmark = pytest.mark.django_db

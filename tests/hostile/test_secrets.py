@@ -21,7 +21,7 @@ from django.test import Client, override_settings
 from jobs.bootstrap import ensure_demo
 from jobs.management.commands.runstack import Command as RunStack
 from jobs.models import Attempt
-from tests.jobs.api_helpers import assert_refused, submit
+from tests.api_helpers import assert_refused, submit
 from tests.jobs.test_log_ingest import attach_attempt
 
 ROOT = Path(__file__).resolve().parents[2]

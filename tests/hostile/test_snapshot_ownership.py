@@ -20,8 +20,8 @@ from django.utils import timezone
 from jobs.models import Job, Snapshot, SnapshotOwner
 from jobs.stores import objects
 from jobs.stores.snapshots import snapshot_stored
+from tests.api_helpers import assert_refused
 from tests.conftest import ApiClient
-from tests.jobs.api_helpers import assert_refused
 
 pytestmark = pytest.mark.django_db
 
@@ -221,7 +221,7 @@ def test_prune_keeps_a_fresh_upload_no_job_uses_yet(api, secret):
 
 
 def test_prune_works_while_some_job_has_no_snapshot(api, secret):
-    from tests.jobs.api_helpers import submit as submit_plain
+    from tests.api_helpers import submit as submit_plain
 
     submit_plain(api)  # a QUEUED job without a snapshot: a NULL in the still-needed list
     job_id = submit(api, secret).json()["id"]

@@ -10,7 +10,7 @@ from django.test import Client
 
 from jobs.actions.tokens import create_token
 from jobs.job_tokens import job_token
-from tests.jobs.api_helpers import assert_refused, submit
+from tests.api_helpers import assert_refused, submit
 from tests.jobs.test_log_ingest import attach_attempt
 
 pytestmark = pytest.mark.django_db

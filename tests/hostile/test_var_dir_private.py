@@ -22,7 +22,7 @@ from jobs.bootstrap import ensure_demo
 from jobs.models import Team
 from jobs.stores import logstore
 from jobs.stores.snapshots import store_snapshot
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 ensure_demo()
 team, user = Team.objects.get(name="demo"), User.objects.get(username="demo")
 job = queued_job(team, user)

@@ -8,7 +8,7 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from starforge.asgi import application
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 from tests.jobs.test_live import WebsocketCommunicator, session_of
 
 SITE = "starforge.example.com"

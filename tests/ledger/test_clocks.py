@@ -9,7 +9,7 @@ from django.utils import timezone
 from jobs.ledger import clocks
 from jobs.models import Attempt
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

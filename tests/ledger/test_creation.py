@@ -7,7 +7,7 @@ import pytest
 from jobs.ledger import creation
 from jobs.models import Job, JobEvent, ScheduleWindow, Snapshot
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("kicks")]
 S = JobStatus

@@ -12,7 +12,7 @@ from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job, JobEvent
 from jobs.reads.teams import inherited_jobs
 from jobs.states import JobStatus as S
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 WAIT_S = 10

@@ -13,7 +13,7 @@ from jobs.ledger.halt import halt
 from jobs.ledger.transitions import Moved
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 S = JobStatus
 T0 = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)

@@ -20,8 +20,8 @@ from jobs.loops.reconciler import reconcile_all
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Job, JobEvent, ScheduleWindow
 from jobs.states import JobStatus
-from tests.jobs.api_helpers import assert_refused
-from tests.jobs.factories import with_attempt
+from tests.api_helpers import assert_refused
+from tests.factories import with_attempt
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("kicks")]
 

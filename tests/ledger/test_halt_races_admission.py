@@ -12,7 +12,7 @@ from jobs.actions import control
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

@@ -14,7 +14,7 @@ from jobs.ledger.transitions import transition
 from jobs.models import Attempt, Cluster, Job, JobEvent
 from jobs.reads.preemption import PAUSED_REASON, Borrower, paused_jobs
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 S = JobStatus
 T0 = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)

@@ -15,7 +15,7 @@ from jobs.loops.launcher import launch_attempts
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import JobStatus
-from tests.jobs.factories import SubmitMeanwhile, queued_job
+from tests.factories import SubmitMeanwhile, queued_job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("shared_ledger")]
 S = JobStatus

@@ -13,8 +13,8 @@ from jobs.models import Attempt, Cluster, Job, ScheduleWindow
 from jobs.reads.diagnostics import explain
 from jobs.reads.ledgercheck import admissions, quotas_now
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job
-from tests.jobs.threads import race
+from tests.factories import queued_job
+from tests.threads import race
 
 S = JobStatus
 

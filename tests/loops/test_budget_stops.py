@@ -10,7 +10,7 @@ import pytest
 from jobs.loops.budgets import apply_budget_stops
 from jobs.models import JobEvent
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

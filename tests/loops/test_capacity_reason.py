@@ -8,7 +8,7 @@ import pytest
 
 from jobs.executors import Capacity
 from jobs.loops.scheduler import admit_queued_jobs
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 
 pytestmark = pytest.mark.django_db
 DRAINED = "the default partition has no usable nodes (vm drained)"

@@ -7,7 +7,7 @@ from jobs.executors import Capacity, NodeCapacity
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Cluster, Job, TeamGpuTypeQuota
 from jobs.states import JobStatus
-from tests.jobs.factories import place, queued_job, with_attempt
+from tests.factories import place, queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

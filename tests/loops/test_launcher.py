@@ -14,7 +14,7 @@ from jobs.loops.launcher import launch_attempts
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

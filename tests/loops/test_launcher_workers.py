@@ -8,7 +8,7 @@ import pytest
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 from tests.launching import launch_at_once
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,7 +20,7 @@ from jobs.reads.ledgercheck import admissions, quotas_now
 from jobs.reads.preemption import paused_jobs
 from jobs.states import JobStatus
 from metering.records import meter_ended
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 
 S = JobStatus
 T0 = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)

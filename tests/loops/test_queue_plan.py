@@ -15,7 +15,7 @@ from jobs.reads.queue import queue_places
 from jobs.redis_client import client
 from jobs.stores import queueplan as store
 from jobs.stores.queueplan import PLAN_DEPTH
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 NOW = 1_000_000.0
 C, OTHER = 1, 2  # clusters

@@ -28,8 +28,8 @@ from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Cluster, ClusterShare, Job, JobEvent, Membership, Team
 from jobs.reads import ledgercheck
 from jobs.states import JobStatus
-from tests.jobs.scripted import ScriptedExecutor
-from tests.jobs.threads import looping
+from tests.scripted import ScriptedExecutor
+from tests.threads import looping
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 S = JobStatus

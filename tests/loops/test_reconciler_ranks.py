@@ -13,7 +13,7 @@ from jobs.models import Attempt, Job
 from jobs.reads.diagnostics import explain
 from jobs.states import JobStatus
 from jobs.stores import logstore
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

@@ -14,7 +14,7 @@ from jobs.executors import Observation
 from jobs.loops.reconciler import reconcile_all
 from jobs.models import Attempt, Job
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

@@ -11,7 +11,7 @@ from django.utils import timezone
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Cluster, Job
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

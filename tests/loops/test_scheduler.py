@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job, JobEvent, ScheduleWindow
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job
+from tests.factories import queued_job
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

@@ -10,8 +10,8 @@ from jobs.ledger.transitions import Change, apply_transitions
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Job, Team
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job
-from tests.jobs.threads import race
+from tests.factories import queued_job
+from tests.threads import race
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 S = JobStatus

@@ -11,7 +11,7 @@ from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Job
 from jobs.states import JobStatus
 from starforge.db.sqlite3.base import turn
-from tests.jobs.factories import SubmitMeanwhile, queued_job
+from tests.factories import SubmitMeanwhile, queued_job
 from tests.jobs.test_scheduler_concurrency import race_two_schedulers
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("shared_ledger")]

@@ -12,7 +12,7 @@ from jobs.executors import Capacity, NodeCapacity
 from jobs.loops.snapshot import cluster_capacities, read_rules, read_snapshot
 from jobs.models import Cluster, JobArray
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

@@ -12,7 +12,7 @@ from jobs.loops import scheduler
 from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

@@ -14,8 +14,8 @@ from jobs.models import Attempt, Job, JobEvent
 from jobs.reads.diagnostics import explain
 from jobs.states import JobStatus
 from metering.usage import attempt_gpu_seconds
-from tests.jobs.api_helpers import assert_refused
-from tests.jobs.factories import queued_job, with_attempt
+from tests.api_helpers import assert_refused
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

@@ -19,7 +19,7 @@ from jobs.loops import deliveries
 from jobs.models import Webhook, WebhookDelivery
 from jobs.states import JobStatus as S
 from jobs.webhooks import send
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 from tests.receiver import Receiver
 
 pytestmark = pytest.mark.django_db

@@ -10,7 +10,7 @@ from jobs.actions import control
 from jobs.loops.windows import WindowMoves, apply_window_policy
 from jobs.models import Job, ScheduleWindow
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

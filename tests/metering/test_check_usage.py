@@ -13,7 +13,7 @@ from jobs.actions.control import delete_job
 from jobs.models import Attempt
 from metering.models import UsageRecord
 from metering.records import meter_ended, usage_rows
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 START = dt.datetime(2026, 11, 10, 8, 0, tzinfo=dt.UTC)

@@ -11,7 +11,7 @@ from jobs.models import Attempt
 from metering.consistency import check_usage_records
 from metering.models import UsageRecord
 from metering.records import meter_ended
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 START = dt.datetime(2026, 11, 10, 8, 0, tzinfo=dt.UTC)

@@ -7,7 +7,7 @@ import pytest
 
 from metering.models import UsageRecord
 from metering.records import meter_ended, usage_rows
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 HOUR_US = 3600 * 10**6

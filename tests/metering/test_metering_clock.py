@@ -22,8 +22,8 @@ from jobs.states import JobStatus
 from metering.models import UsageRecord
 from metering.records import meter_ended, team_gpu_us, usage_rows
 from metering.usage import job_gpu_seconds
-from tests.jobs.factories import queued_job
-from tests.jobs.scripted import ScriptedExecutor
+from tests.factories import queued_job
+from tests.scripted import ScriptedExecutor
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

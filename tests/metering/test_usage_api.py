@@ -7,7 +7,7 @@ from django.db import connection
 from django.utils import timezone
 
 from metering.records import _unrecorded_of, meter_ended
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 NOW = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.UTC)

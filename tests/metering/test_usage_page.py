@@ -11,7 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from metering.records import meter_ended
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 NOW = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.UTC)

@@ -17,7 +17,7 @@ from jobs.schemas import JobIn
 from jobs.states import JobStatus
 from metering.models import UsageRecord
 from metering.records import meter_ended
-from tests.jobs.factories import place, queued_job, with_attempt
+from tests.factories import place, queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 S = JobStatus

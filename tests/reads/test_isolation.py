@@ -38,7 +38,7 @@ from jobs.stores import logstore
 from jobs.stores.metrics import ingest
 from starforge.api import api as ninja_api
 from starforge.asgi import websocket_urlpatterns
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 from tests.jobs.test_live import close_code, session_of, socket
 
 SECRET_NAME = "alice-secret-run"

@@ -12,8 +12,8 @@ from django.test import Client
 from jobs import broadcast
 from jobs.models import Job
 from jobs.stores import logstore
-from tests.jobs.api_helpers import assert_refused
-from tests.jobs.factories import queued_job, with_attempt
+from tests.api_helpers import assert_refused
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 T0 = 1_700_000_000.0

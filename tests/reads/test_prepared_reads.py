@@ -11,7 +11,7 @@ from jobs.models import Attempt, Job
 from jobs.reads.job_rows import JOB_COLUMNS
 from jobs.reads.prepared import Prepared
 from metering.models import UsageRecord
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ import pytest
 from jobs.models import Cluster, Job, Team
 from jobs.reads import job_rows
 from jobs.reads.prepared import RowMemo
-from tests.jobs.api_helpers import submit
+from tests.api_helpers import submit
 
 pytestmark = pytest.mark.django_db
 

@@ -11,9 +11,9 @@ from django.utils import timezone
 
 from jobs.models import Attempt, LogChunk, LogStream
 from jobs.stores import logstore, objects
-from tests.jobs.api_helpers import submit
+from tests.api_helpers import submit
 from tests.jobs.test_log_ingest import attach_attempt, make_lines
-from tests.jobs.threads import looping
+from tests.threads import looping
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

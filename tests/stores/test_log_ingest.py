@@ -12,7 +12,7 @@ from django.utils import timezone
 from jobs.job_tokens import job_token
 from jobs.models import Attempt, Job, JobEvent, LogStream
 from jobs.stores import logstore
-from tests.jobs.api_helpers import assert_refused, submit
+from tests.api_helpers import assert_refused, submit
 
 pytestmark = pytest.mark.django_db
 T0 = 1_700_000_000.0

@@ -10,7 +10,7 @@ from jobs.models import MetricSeries
 from jobs.stores.metrics.charts import series
 from jobs.stores.metrics.chunks import stored_points
 from jobs.stores.metrics.ingest import append
-from tests.jobs.api_helpers import submit
+from tests.api_helpers import submit
 from tests.jobs.test_log_ingest import attach_attempt, runner
 from tests.jobs.test_metrics import (
     T0,

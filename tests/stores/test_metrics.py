@@ -14,7 +14,7 @@ from jobs.stores.metrics.charts import keep_extremes, latest, lttb, series
 from jobs.stores.metrics.chunks import chunk, stored_points, write_chunks
 from jobs.stores.metrics.ingest import append
 from jobs.stores.metrics.rollups import BUCKET_LIMIT, LEVELS, ROLLUP_FIELDS, aggregate
-from tests.jobs.api_helpers import assert_refused, submit
+from tests.api_helpers import assert_refused, submit
 from tests.jobs.test_log_ingest import attach_attempt, finish, runner
 
 pytestmark = pytest.mark.django_db

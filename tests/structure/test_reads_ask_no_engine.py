@@ -6,7 +6,7 @@ from django.test import Client
 
 from jobs.executors import Capacity
 from jobs.loops import scheduler
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
 

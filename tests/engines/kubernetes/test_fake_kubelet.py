@@ -13,7 +13,7 @@ from jobs.loops.reconciler import reconcile_all
 from jobs.models import Attempt, Cluster, Job
 from jobs.states import JobStatus
 from tests.engines.kubernetes.objects import launch
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.kubernetes
 S = JobStatus

@@ -20,6 +20,7 @@ from jobs.job_tokens import bootstrap_token_for
 from jobs.loops.reconciler import reconcile_all
 from jobs.models import Attempt, Cluster, Job
 from jobs.states import JobStatus
+from tests.api_helpers import assert_refused
 from tests.engines.kubernetes.apiserver import ApiError
 from tests.engines.kubernetes.objects import (
     A100,
@@ -34,8 +35,7 @@ from tests.engines.kubernetes.objects import (
     running,
     terminated,
 )
-from tests.jobs.api_helpers import assert_refused
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.kubernetes
 S = JobStatus

@@ -23,7 +23,7 @@ from tests.engines.kubernetes.objects import (
     terminated,
     waiting,
 )
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.kubernetes
 S = JobStatus

@@ -6,7 +6,7 @@ import pytest
 from jobs.executors.ray import RayExecutor
 from jobs.models import Attempt, Cluster, Job
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 from tests.launching import launch_at_once
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db(transaction=True)]

@@ -20,7 +20,7 @@ from jobs.models import Attempt, Cluster, Job, Team
 from jobs.reads import diagnostics
 from jobs.states import JobStatus
 from jobs.stores import logstore
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = [pytest.mark.ray, pytest.mark.django_db(transaction=True)]
 S = JobStatus

@@ -15,7 +15,7 @@ from jobs.executors.ray import RayExecutor, observe
 from jobs.loops.reconciler import reconcile_all
 from jobs.models import Cluster, Job, JobEvent
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.ray
 S = JobStatus

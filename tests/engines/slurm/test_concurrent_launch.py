@@ -11,7 +11,7 @@ from jobs.executors.slurm import SlurmExecutor
 from jobs.models import Attempt, Cluster, Job
 from jobs.states import JobStatus
 from tests.engines.slurm.conftest import slurm
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 from tests.launching import launch_at_once
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db(transaction=True)]

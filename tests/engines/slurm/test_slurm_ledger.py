@@ -14,7 +14,7 @@ from jobs.loops.launcher import launch_attempts
 from jobs.loops.reconciler import reconcile_all
 from jobs.models import Attempt, Cluster, Job, JobEvent
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db]
 S = JobStatus

@@ -21,7 +21,7 @@ from jobs.executors.slurm.parse import gpu_count, parse_squeue
 from jobs.loops import reconciler
 from jobs.models import Cluster, Job, JobEvent
 from jobs.states import JobStatus
-from tests.jobs.factories import queued_job, with_attempt
+from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.slurm
 S = JobStatus
