@@ -18,6 +18,9 @@ from tests.access import let_jobs_reach_the_interpreter, let_jobs_through
 from tests.s3 import serve_s3
 from tests.scripted import ScriptedExecutor
 
+# Opt-in fixtures of their own modules (a test asks for them by name).
+pytest_plugins = ["tests.local_jobs"]
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _jobs_may_pass_through(tmp_path_factory):

@@ -14,15 +14,9 @@ from jobs.models import Job
 from jobs.states import JobStatus
 from jobs.stores import logstore
 from tests.client.helpers import run_cli
-from tests.jobs.test_local_executor import (  # noqa: F401 - autouse fixtures of that module
-    _api_for_runners,
-    finished,
-    job_dirs,
-    run_until,
-    start,
-)
+from tests.local_jobs import finished, run_until, start
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("local_jobs")]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "allreduce"
 
 

@@ -27,16 +27,10 @@ from metering.models import UsageRecord
 from metering.records import meter_ended
 from metering.usage import job_gpu_seconds
 from tests.factories import queued_job
-from tests.jobs.test_local_executor import (  # noqa: F401 - autouse fixtures of that module
-    _api_for_runners,
-    finished,
-    job_dirs,
-    run_until,
-    start,
-)
+from tests.local_jobs import finished, run_until, start
 from tests.processes import job_processes
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("local_jobs")]
 S = JobStatus
 
 CONTRACT = (
@@ -151,8 +145,9 @@ def test_gpu_seconds_count_every_node(team, alice):
 
 
 @pytest.fixture(autouse=True)
-def _end_every_rank(settings):
+def _end_every_rank(settings, local_jobs):
     """The module's cleanup ends rank 0's group; end every rank's before the next test."""
+    # After local_jobs, so torn down before it and before job_dirs removes the started.json files.
     yield
     for started in Path(settings.SF_LOCAL_STATE_DIR).glob("*/*/started.json"):
         for pgid in read_json(started).get("pids") or []:

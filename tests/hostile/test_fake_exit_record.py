@@ -18,17 +18,9 @@ from jobs.executors.local import LocalExecutor
 from jobs.loops.reconciler import reconcile_all
 from jobs.models import Job
 from jobs.states import JobStatus
-from tests.jobs.test_local_executor import (  # noqa: F401 (fixtures)
-    _api_for_runners,
-    finished,
-    job_dirs,
-    process_alive,
-    python_job,
-    run_until,
-    start,
-)
+from tests.local_jobs import finished, process_alive, python_job, run_until, start
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("local_jobs")]
 
 FAKE_EXIT = """
 import json, time

@@ -11,17 +11,9 @@ import os
 import pytest
 
 from jobs.models import Job
-from tests.jobs.test_local_executor import (  # noqa: F401 (fixtures)
-    _api_for_runners,
-    finished,
-    job_dirs,
-    python_job,
-    run_until,
-    start,
-    texts,
-)
+from tests.local_jobs import finished, python_job, run_until, start, texts
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("local_jobs")]
 
 PLANTED = {
     "DATABASE_URL": "postgres://secret@ledger.internal/starforge",

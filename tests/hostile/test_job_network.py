@@ -17,18 +17,12 @@ import pytest
 
 from jobs.models import Job
 from tests.factories import queued_job
-from tests.jobs.test_local_executor import (  # noqa: F401 - autouse fixtures of that module
-    _api_for_runners,
-    finished,
-    job_dirs,
-    run_until,
-    start,
-    texts,
-)
+from tests.local_jobs import finished, run_until, start, texts
 from tests.netns import banner_server_here, free_port, peer
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("local_jobs"),
     pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs the server to run as root"),
 ]
 

@@ -15,18 +15,11 @@ import pytest
 
 from jobs.executors.local import LocalExecutor
 from jobs.models import Job
-from tests.jobs.test_local_executor import (  # noqa: F401 (fixtures)
-    _api_for_runners,
-    finished,
-    job_dirs,
-    python_job,
-    run_until,
-    start,
-    texts,
-)
+from tests.local_jobs import finished, python_job, run_until, start, texts
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("local_jobs"),
     pytest.mark.skipif(os.geteuid() != 0, reason="run_as needs the server to run as root"),
 ]
 
@@ -58,7 +51,7 @@ print(json.dumps(out), flush=True)
 
 
 @pytest.fixture
-def var_dir(settings, job_dirs):  # noqa: F811 (the imported fixture)
+def var_dir(settings, job_dirs):
     """A SF_VAR_DIR holding the server's files as the embedded default lays them out."""
     settings.SF_VAR_DIR = job_dirs
     for name, mode in (("db.sqlite3", 0o644), ("secret_key", 0o600)):
