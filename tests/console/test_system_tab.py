@@ -7,7 +7,7 @@ from django.test import Client
 
 from jobs.models import Job
 from tests.api_helpers import submit
-from tests.jobs.test_log_ingest import attach_attempt, runner
+from tests.ingesting import attach_attempt, runner
 
 pytestmark = pytest.mark.django_db
 T0 = 1_700_000_000.0

@@ -16,7 +16,7 @@ from jobs.actions.tokens import create_token, revoke_token
 from jobs.job_tokens import job_token
 from starforge.api import api as ninja_api
 from tests.api_helpers import assert_refused, submit
-from tests.jobs.test_log_ingest import attach_attempt
+from tests.ingesting import attach_attempt
 
 pytestmark = pytest.mark.django_db
 SAFE = {"get", "head", "options", "trace"}

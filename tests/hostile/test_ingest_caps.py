@@ -17,8 +17,15 @@ from jobs.models import JobEvent, LogStream
 from jobs.stores import logstore
 from jobs.stores.metrics.chunks import stored_points
 from tests.api_helpers import submit
-from tests.jobs.test_log_ingest import attach_attempt, make_lines, runner, send_lines, stored
-from tests.jobs.test_metrics import make_points, send_points
+from tests.ingesting import (
+    attach_attempt,
+    make_lines,
+    make_points,
+    runner,
+    send_lines,
+    send_points,
+    stored,
+)
 
 pytestmark = pytest.mark.django_db
 

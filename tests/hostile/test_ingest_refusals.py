@@ -23,7 +23,7 @@ from jobs.models import Attempt, Job, JobEvent, LogStream
 from jobs.stores import logstore
 from jobs.stores.metrics import chunks
 from tests.api_helpers import assert_refused, submit
-from tests.jobs.test_log_ingest import attach_attempt
+from tests.ingesting import attach_attempt
 
 pytestmark = pytest.mark.django_db
 T0 = 1_700_000_000.0

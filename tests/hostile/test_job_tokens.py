@@ -15,7 +15,7 @@ from jobs.ledger import clocks
 from jobs.loops import launcher
 from jobs.models import Attempt, Cluster, Job
 from tests.api_helpers import assert_refused, submit
-from tests.jobs.test_log_ingest import attach_attempt
+from tests.ingesting import attach_attempt
 
 pytestmark = pytest.mark.django_db
 OLD_COMMITTED_KEY = "dev-only-insecure-key-change-me-in-production"

@@ -12,7 +12,7 @@ from jobs.loops.reconciler import checked_ranks
 from jobs.models import Attempt, Job, LogStream
 from jobs.stores import logstore
 from tests.api_helpers import assert_refused, submit
-from tests.jobs.test_log_ingest import attach_attempt, runner
+from tests.ingesting import attach_attempt, runner
 
 pytestmark = pytest.mark.django_db
 T0 = 1_700_000_000.0

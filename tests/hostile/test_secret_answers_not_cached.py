@@ -24,7 +24,7 @@ from jobs.models import Membership, Webhook
 from starforge.api import api as ninja_api
 from tests.api_helpers import submit
 from tests.hostile.test_console_security import ROUTE_ARGS, fill
-from tests.jobs.test_log_ingest import attach_attempt
+from tests.ingesting import attach_attempt
 
 pytestmark = pytest.mark.django_db
 SECRET_FIELDS = {"secret", "token"}

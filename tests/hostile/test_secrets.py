@@ -22,7 +22,7 @@ from jobs.bootstrap import ensure_demo
 from jobs.management.commands.runstack import Command as RunStack
 from jobs.models import Attempt
 from tests.api_helpers import assert_refused, submit
-from tests.jobs.test_log_ingest import attach_attempt
+from tests.ingesting import attach_attempt
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD_KEY = "dev-only-insecure-key-change-me-in-production"  # the key once committed here

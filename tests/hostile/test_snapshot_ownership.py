@@ -110,7 +110,7 @@ def test_a_follow_on_and_a_retry_keep_using_the_teams_snapshot(api, secret):
 
 
 def test_the_ingest_download_serves_only_the_jobs_own_snapshot(api, secret):
-    from tests.jobs.test_log_ingest import attach_attempt, runner
+    from tests.ingesting import attach_attempt, runner
 
     job_id = submit(api, secret).json()["id"]
     attach_attempt(job_id, 1)

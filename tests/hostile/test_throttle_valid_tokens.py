@@ -11,7 +11,7 @@ from django.test import Client
 from jobs.actions.tokens import create_token
 from jobs.job_tokens import job_token
 from tests.api_helpers import assert_refused, submit
-from tests.jobs.test_log_ingest import attach_attempt
+from tests.ingesting import attach_attempt
 
 pytestmark = pytest.mark.django_db
 SHARED = "10.9.8.7"  # the address of a host running many jobs, or of a proxy

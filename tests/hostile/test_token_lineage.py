@@ -17,7 +17,7 @@ from jobs.auth import TokenRefused
 from jobs.job_tokens import job_token
 from jobs.models import ApiToken
 from tests.api_helpers import assert_refused, submit
-from tests.jobs.test_log_ingest import attach_attempt
+from tests.ingesting import attach_attempt
 
 pytestmark = pytest.mark.django_db
 

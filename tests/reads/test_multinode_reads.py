@@ -294,7 +294,7 @@ def test_a_single_node_job_page_has_no_ranks_filter_or_groups(team, alice):
 
 
 def test_system_series_of_each_rank_come_back_under_their_prefix(api, gang):
-    from tests.jobs.test_log_ingest import runner
+    from tests.ingesting import runner
 
     with_attempt(gang, "RUNNING", job_ref="ref-2", nodes=2)
     points = [

@@ -6,7 +6,7 @@ from django.test.utils import CaptureQueriesContext
 
 from jobs.stores import logstore
 from tests.hostile.test_ingest_caps import *  # noqa: F403
-from tests.jobs.test_log_ingest import make_lines, runner, send_lines
+from tests.ingesting import make_lines, runner, send_lines
 
 # A file append is no query; a chunk is one INSERT (its own test below).
 del test_below_the_cap_a_batch_costs_no_more_queries  # noqa: F821

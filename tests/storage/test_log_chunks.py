@@ -12,7 +12,7 @@ from django.utils import timezone
 from jobs.models import Attempt, LogChunk, LogStream
 from jobs.stores import logstore, objects
 from tests.api_helpers import submit
-from tests.jobs.test_log_ingest import attach_attempt, make_lines
+from tests.ingesting import attach_attempt, make_lines
 from tests.threads import looping
 
 pytestmark = pytest.mark.django_db(transaction=True)

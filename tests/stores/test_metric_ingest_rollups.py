@@ -11,15 +11,8 @@ from jobs.stores.metrics.charts import series
 from jobs.stores.metrics.chunks import stored_points
 from jobs.stores.metrics.ingest import append
 from tests.api_helpers import submit
-from tests.jobs.test_log_ingest import attach_attempt, runner
-from tests.jobs.test_metrics import (
-    T0,
-    from_scratch,
-    make_points,
-    rollups,
-    send_points,
-    series_rows,
-)
+from tests.ingesting import T0, attach_attempt, make_points, runner, send_points
+from tests.stores.metric_rows import from_scratch, rollups, series_rows
 
 pytestmark = pytest.mark.django_db
 

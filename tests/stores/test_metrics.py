@@ -1,7 +1,6 @@
 """SDK metrics on the server: ingest (POST /api/v1/ingest/metrics), series with LTTB, latest."""
 
 import importlib
-import json
 import math
 
 import pytest
@@ -13,28 +12,13 @@ from jobs.models import MetricChunk, MetricRollup, MetricSeries
 from jobs.stores.metrics.charts import keep_extremes, latest, lttb, series
 from jobs.stores.metrics.chunks import chunk, stored_points, write_chunks
 from jobs.stores.metrics.ingest import append
-from jobs.stores.metrics.rollups import BUCKET_LIMIT, LEVELS, ROLLUP_FIELDS, aggregate
+from jobs.stores.metrics.rollups import BUCKET_LIMIT, LEVELS, aggregate
 from tests.api_helpers import assert_refused, submit
-from tests.jobs.test_log_ingest import attach_attempt, finish, runner
+from tests.ingesting import T0, attach_attempt, finish, make_points, runner, send_points
+from tests.ingesting import send_metrics as send
+from tests.stores.metric_rows import from_scratch, rollups, series_rows
 
 pytestmark = pytest.mark.django_db
-T0 = 1_700_000_000.0
-
-
-def make_points(start: int, stop: int, name: str = "loss", kind: str = "train") -> list[dict]:
-    return [
-        {"seq": s, "kind": kind, "name": name, "step": s, "value": 1.0 / (s + 1), "ts": T0 + s}
-        for s in range(start, stop)
-    ]
-
-
-def send(client, body):
-    raw = body if isinstance(body, str | bytes) else json.dumps(body)
-    return client.post("/api/v1/ingest/metrics", raw, content_type="application/json")
-
-
-def send_points(client, points: list[dict], attempt: int = 1):
-    return send(client, {"attempt": attempt, "points": points})
 
 
 def stored(job_id: int) -> list[tuple]:
@@ -301,31 +285,6 @@ def test_latest_takes_the_highest_step_and_the_newest_attempt_at_a_tie(job_id):
 
 
 # -- rollups --------------------------------------------------------------------------------------
-
-
-def rollups(job_id: int) -> dict:
-    return {
-        row[:5]: list(row[5:])
-        for row in MetricRollup.objects.filter(job_id=job_id).values_list(
-            "kind", "name", "axis", "level", "bucket", *ROLLUP_FIELDS
-        )
-    }
-
-
-def series_rows(job_id: int) -> dict:
-    return {
-        (row[0], row[1]): list(row[2:])
-        for row in MetricSeries.objects.filter(job_id=job_id).values_list(
-            "kind", "name", "count", "min_step", "max_step", "min_ts", "max_ts"
-        )
-    }
-
-
-def from_scratch(job_id: int) -> tuple[dict, dict]:
-    points = [
-        (kind, name, step, ts, value) for _, _, kind, name, step, value, ts in stored_points(job_id)
-    ]
-    return aggregate(points)
 
 
 def test_rollups_count_each_point_once_across_resends(job_id):
