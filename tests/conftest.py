@@ -181,6 +181,12 @@ def shared_ledger() -> None:
         pytest.skip("threads share the embedded ledger only in a file (SF_SQLITE_TEST_DB)")
 
 
+@pytest.fixture
+def in_memory_layer(settings):
+    """Channels' in-memory layer for the websockets of this test (tests.sockets), no Redis."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """The endpoint of a real S3 server (`rclone serve s3`) for this session; bucket `starforge`."""

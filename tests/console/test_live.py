@@ -8,8 +8,7 @@ import asyncio
 import json
 
 import pytest
-from asgiref.sync import async_to_sync, sync_to_async
-from asgiref.testing import ApplicationCommunicator
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.middleware.csrf import _get_new_csrf_string
 from django.test import Client
@@ -19,6 +18,7 @@ from jobs.states import JobStatus
 from jobs.stores import logstore
 from starforge.asgi import application
 from tests.factories import queued_job
+from tests.sockets import close_code, run, session_of, signed_in, socket
 
 FLOOD_LINES = 50_000
 FLOOD_BATCH = 100  # 500 messages: five times what one channel holds
@@ -42,50 +42,6 @@ def theirs(make_team, make_user):
     return queued_job(other, make_user("bob", other), name="their-run")
 
 
-class WebsocketCommunicator(ApplicationCommunicator):
-    """A websocket client for an ASGI app (channels.testing's own imports daphne, not installed)."""
-
-    def __init__(self, app, path: str, headers: list[tuple[bytes, bytes]]) -> None:
-        scope = {"type": "websocket", "path": path, "headers": headers, "subprotocols": []}
-        super().__init__(app, scope)
-
-    async def connect(self, timeout: float = 5) -> tuple[bool, int | None]:
-        await self.send_input({"type": "websocket.connect"})
-        answer = await self.receive_output(timeout)
-        return answer["type"] == "websocket.accept", answer.get("code")
-
-    async def receive_json_from(self, timeout: float = 5) -> dict:
-        answer = await self.receive_output(timeout)
-        assert answer["type"] == "websocket.send", answer
-        return json.loads(answer["text"])
-
-    async def disconnect(self, code: int = 1000, timeout: float = 5) -> None:
-        await self.send_input({"type": "websocket.disconnect", "code": code})
-        await self.wait(timeout)
-
-
-def run(scenario, *args):
-    return async_to_sync(scenario)(*args)
-
-
-def signed_in(user, **kwargs) -> Client:
-    client = Client(**kwargs)
-    client.force_login(user)
-    return client
-
-
-def session_of(user) -> str:
-    return signed_in(user).cookies["sessionid"].value
-
-
-def socket(path: str, session: str = "", app=application) -> WebsocketCommunicator:
-    """A page's websocket, signed in when `session` (from `session_of`) is given."""
-    headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
-    if session:
-        headers.append((b"cookie", f"sessionid={session}".encode()))
-    return WebsocketCommunicator(app, path, headers=headers)
-
-
 def wire_lines(first: int, count: int) -> list[dict]:
     return [
         {
@@ -100,14 +56,6 @@ def wire_lines(first: int, count: int) -> list[dict]:
 
 async def streamed(response) -> bytes:
     return b"".join([chunk async for chunk in response.streaming_content])
-
-
-async def close_code(communicator: WebsocketCommunicator) -> int | None:
-    connected, _ = await communicator.connect()
-    assert connected  # accepted, so that the browser sees the close code
-    output = await communicator.receive_output()
-    assert output["type"] == "websocket.close"
-    return output["code"]
 
 
 @pytest.mark.django_db(transaction=True)

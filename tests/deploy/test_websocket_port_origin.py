@@ -3,9 +3,9 @@ come from pages of the web server's port (SF_PORT) on the same host name, and fr
 
 import pytest
 
-from tests.hostile.test_websocket_origin import accepted, handshake, in_memory_layer  # noqa: F401
+from tests.sockets import accepted, handshake
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("in_memory_layer")]
 
 
 @pytest.fixture(autouse=True)

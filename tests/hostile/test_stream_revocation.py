@@ -21,7 +21,7 @@ from jobs.ledger.transitions import transition
 from jobs.models import Membership
 from jobs.states import JobStatus
 from tests.factories import queued_job
-from tests.jobs.test_live import session_of, signed_in, socket
+from tests.sockets import session_of, signed_in, socket
 
 SOON_S = 3.0  # "within a few seconds"
 

@@ -5,18 +5,13 @@ A browser sends the session cookie with any page's websocket handshake, so anoth
 """
 
 import pytest
-from asgiref.sync import async_to_sync
 
-from starforge.asgi import application
 from tests.factories import queued_job
-from tests.jobs.test_live import WebsocketCommunicator, session_of
+from tests.sockets import accepted, handshake, session_of
+
+pytestmark = pytest.mark.usefixtures("in_memory_layer")
 
 SITE = "starforge.example.com"
-
-
-@pytest.fixture(autouse=True)
-def in_memory_layer(settings):
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 
 @pytest.fixture
@@ -24,36 +19,6 @@ def production(settings):
     """The host names as settings_prod has them, TLS in front."""
     settings.DEBUG = False
     settings.ALLOWED_HOSTS = [SITE]
-
-
-def handshake(
-    origin: str | None,
-    host: str = "testserver",
-    scheme: str = "ws",
-    session: str = "",
-    path: str = "/ws/jobs/",
-    extra: list[tuple[bytes, bytes]] | None = None,
-) -> dict:
-    """What the server answers first to this handshake: websocket.accept, or .close (refused)."""
-    headers = [(b"host", host.encode()), *(extra or [])]
-    if origin is not None:
-        headers.append((b"origin", origin.encode()))
-    if session:
-        headers.append((b"cookie", f"sessionid={session}".encode()))
-
-    async def scenario() -> dict:
-        communicator = WebsocketCommunicator(application, path, headers)
-        communicator.scope["scheme"] = scheme
-        await communicator.send_input({"type": "websocket.connect"})
-        answer = await communicator.receive_output(5)
-        await communicator.disconnect()
-        return answer
-
-    return async_to_sync(scenario)()
-
-
-def accepted(answer: dict) -> bool:
-    return answer["type"] == "websocket.accept"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -39,7 +39,7 @@ from jobs.stores.metrics import ingest
 from starforge.api import api as ninja_api
 from starforge.asgi import websocket_urlpatterns
 from tests.factories import queued_job, with_attempt
-from tests.jobs.test_live import close_code, session_of, socket
+from tests.sockets import close_code, session_of, socket
 
 SECRET_NAME = "alice-secret-run"
 SECRET_LINE = "alice secret line"

@@ -207,7 +207,7 @@ def test_pushed_lines_carry_their_rank_and_single_node_lines_none():
 def test_the_job_socket_forwards_each_lines_rank(settings, team, alice):
     from channels.db import database_sync_to_async
 
-    from tests.jobs.test_live import run, session_of, socket
+    from tests.sockets import run, session_of, socket
 
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     job = queued_job(team, alice, gpus=2, nodes=2)
