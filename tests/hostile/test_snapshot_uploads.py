@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from jobs.models import Snapshot
 from jobs.stores.snapshots import HEADROOM_BYTES, SnapshotRefused, validate_archive
-from tests.jobs.test_snapshots import entry as tar_entry
-from tests.jobs.test_snapshots import tar_gz as pack_entries
+from tests.archives import entry as tar_entry
+from tests.archives import tar_gz as pack_entries
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client"))
 from sf.ingest import IngestError, safe_unpack  # noqa: E402

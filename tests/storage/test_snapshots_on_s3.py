@@ -5,8 +5,8 @@ import pytest
 from jobs.stores import objects
 from jobs.stores.snapshots import read_project_file, snapshot_key
 from tests.api_helpers import submit
+from tests.archives import entry, good_tree, tar_gz, upload
 from tests.ingesting import attach_attempt, runner
-from tests.jobs.test_snapshots import entry, good_tree, tar_gz, upload
 
 pytestmark = pytest.mark.django_db
 
