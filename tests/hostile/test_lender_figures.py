@@ -18,7 +18,7 @@ from jobs.executors.base import override
 from jobs.models import Cluster, Job, JobEvent
 from jobs.reads.diagnostics import explain
 from tests.conftest import ApiClient
-from tests.jobs.test_preemption import MIN, T0, Engine, ends, run_borrowers, tick
+from tests.loops.borrowers import MIN, T0, Engine, ends, run_borrowers, tick
 
 pytestmark = pytest.mark.django_db
 LENDER = "orion"  # a name no sentence holds by chance

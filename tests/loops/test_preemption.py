@@ -11,9 +11,8 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from jobs.executors.base import Capacity, Observation, override
+from jobs.executors.base import Observation, override
 from jobs.loops.reconciler import reconcile_all
-from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Cluster, Job, JobEvent
 from jobs.reads.diagnostics import explain
 from jobs.reads.ledgercheck import admissions, quotas_now
@@ -21,49 +20,9 @@ from jobs.reads.preemption import paused_jobs
 from jobs.states import JobStatus
 from metering.records import meter_ended
 from tests.factories import queued_job
+from tests.loops.borrowers import MIN, T0, Engine, ends, run_borrowers, tick
 
 S = JobStatus
-T0 = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)
-MIN = dt.timedelta(minutes=1)
-
-
-class Engine:
-    """A cluster of 16 GPUs whose jobs run until the test ends them; it records notices and
-    cancels."""
-
-    STATE_TABLE = {"RUNNING": S.RUNNING, "DONE": S.SUCCEEDED, "FAILED": S.FAILED}
-    PREEMPT_BY_TERM = False
-    notices: list[tuple[str, int]] = []
-    cancels: list[str] = []
-    ends: dict[str, Observation] = {}
-    gone: set[str] = set()  # refs the engine no longer knows (a deleted Kubernetes Job)
-
-    def __init__(self, cluster) -> None:
-        pass
-
-    def submit(self, spec):
-        return f"ref-{spec.name}"
-
-    def find(self, name):
-        return None
-
-    def poll(self, refs):
-        return {r: self.ends.get(r, Observation("RUNNING")) for r in refs if r not in self.gone}
-
-    def reap_stale(self, observations):
-        return []
-
-    def cancel(self, ref):
-        self.cancels.append(ref)
-
-    def preempt(self, ref, grace_s):
-        self.notices.append((ref, grace_s))
-
-    def starforge_objects(self):
-        return {}
-
-    def capacity(self):
-        return Capacity(reachable=True, total_gpus=16)
 
 
 @pytest.fixture
@@ -86,29 +45,6 @@ def teams(engine, make_team, make_user):
     return lab, make_user("lea", lab), vision, make_user("vic", vision)
 
 
-def tick(at: dt.datetime, capture) -> None:
-    with capture(execute=True):
-        admit_queued_jobs(now=at)
-
-
-def run_borrowers(team, user, capture, *specs) -> list[Job]:
-    """Admit one job per (gpus, priority, started at, checkpoint at) on borrowed GPUs, and
-    put each RUNNING since its start time (test setup, as the reconciler would)."""
-    jobs = [queued_job(team, user, gpus=g, priority=p) for g, p, _, _ in specs]
-    tick(T0 - dt.timedelta(hours=2), capture)
-    for job, (_, _, started, saved) in zip(jobs, specs, strict=True):
-        job.refresh_from_db()
-        assert job.status == S.SUBMITTED and job.current_attempt.borrowed_from_id
-        Attempt.objects.filter(pk=job.current_attempt_id).update(
-            job_ref=f"ref-{job.current_attempt.backend_name}",
-            start_time=started,
-            pending_at=started,
-            checkpoint_at=saved,
-        )
-        Job.objects.filter(pk=job.pk).update(status=S.RUNNING)
-    return jobs
-
-
 def preempted_borrower(teams, capture) -> Job:
     """A borrower of all 8 of lab's GPUs, up for an hour, preempted at T0 for lab's job."""
     lab, lea, vision, vic = teams
@@ -116,13 +52,6 @@ def preempted_borrower(teams, capture) -> Job:
     queued_job(lab, lea, gpus=8)
     tick(T0, capture)
     return victim
-
-
-def ends(victim: Job, state: str, code: int, at_s: float) -> None:
-    """The engine reports the victim's attempt ended `at_s` after T0; a reconcile 5 s later."""
-    ref = f"ref-{victim.current_attempt.backend_name}"
-    Engine.ends[ref] = Observation(state, exit_code=code, end_time=T0 + dt.timedelta(seconds=at_s))
-    reconcile_all(now=T0 + dt.timedelta(seconds=at_s + 5))
 
 
 def preempted(*jobs) -> list[bool]:
