@@ -12,7 +12,7 @@ from jobs.models import Job
 from jobs.states import JobStatus
 from starforge.db.sqlite3.base import turn
 from tests.factories import SubmitMeanwhile, queued_job
-from tests.jobs.test_scheduler_concurrency import race_two_schedulers
+from tests.loops.racing import race_two_schedulers
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("shared_ledger")]
 S = JobStatus
@@ -57,6 +57,6 @@ def test_a_tick_skips_while_another_has_the_turn(make_team, make_user):
 
 def test_two_schedulers_on_the_embedded_ledger_never_exceed_any_quota(make_team, make_user):
     if connection.vendor != "sqlite":
-        pytest.skip("PostgreSQL's race is tests/jobs/test_scheduler_concurrency.py")
+        pytest.skip("PostgreSQL's race is tests/loops/test_scheduler_concurrency.py")
     samples = race_two_schedulers(make_team, make_user, {"a": 3, "b": 5, "c": 2}, jobs_per_team=30)
     assert len(samples) > 10
