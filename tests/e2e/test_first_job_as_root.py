@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from tests.access import as_job, python_in_a_closed_home
 from tests.e2e.stack import ROOT, free_port, kill_group, sf_command, stack_env, wait_until
-from tests.jobs.test_traversable import as_job, python_in_a_closed_home
 
 pytestmark = [
     pytest.mark.e2e,

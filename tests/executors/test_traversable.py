@@ -8,48 +8,14 @@ on such a machine is tests/e2e/test_first_job_as_root.py.
 
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from jobs.traversable import interpreter_paths, open_for_local_jobs, open_the_way
-from tests.access import let_jobs_through
+from tests.access import as_job, let_jobs_through, python_in_a_closed_home
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs processes as another uid")
-JOB_UID = 200_977  # an unprivileged uid no account has, as run_as "team" gives
-
-
-def as_job(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        argv,
-        user=JOB_UID,
-        group=JOB_UID,
-        extra_groups=[],
-        cwd="/",
-        env={"PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def python_in_a_closed_home(home: Path) -> Path:
-    """A Python of its own (a venv with copies, the `sf` client on its path) in `home`, 0700."""
-    home.mkdir()
-    venv = home / ".pyenv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--copies", "--without-pip", str(venv)],
-        check=True,
-        umask=0o022,  # installed as an operator's shell installs it
-    )
-    client = Path(__file__).resolve().parents[2] / "client"
-    site = next(venv.glob("lib/python3*/site-packages"))
-    (site / "sf-client.pth").write_text(f"{client}\n")
-    (site / "sf-client.pth").chmod(0o644)
-    home.chmod(0o700)
-    return venv / "bin" / "python"
 
 
 @pytest.fixture

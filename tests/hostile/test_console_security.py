@@ -16,6 +16,7 @@ from jobs.actions.tokens import create_token, revoke_token
 from jobs.job_tokens import job_token
 from starforge.api import api as ninja_api
 from tests.api_helpers import assert_refused, submit
+from tests.hostile.console_routes import ROUTE_ARGS, fill
 from tests.ingesting import attach_attempt
 
 pytestmark = pytest.mark.django_db
@@ -36,40 +37,6 @@ def console_routes(patterns=None, prefix: str = "") -> list[tuple[str, str]]:
     return found
 
 
-# Arguments for every console route; a route added without an entry fails the walk.
-ROUTE_ARGS = {
-    "job-list": {},
-    "job-detail": {"job_id": "JOB"},
-    "job-action": {"job_id": "JOB", "verb": "stop"},
-    "states": {},
-    "usage": {},
-    "metrics": {},
-    "teams": {},
-    "team-detail": {"name": "vision"},
-    "team-member-add": {"name": "vision"},
-    "team-member-role": {"name": "vision", "username": "bob"},
-    "team-member-remove": {"name": "vision", "username": "bob"},
-    "team-defaults": {"name": "vision"},
-    "tokens": {},
-    "token-revoke": {"token_id": "TOKEN"},
-    "array-detail": {"array_id": "ARRAY"},
-    "array-action": {"array_id": "ARRAY", "verb": "stop"},
-    "compare": {},
-    "notifications": {},
-    "notification-add": {},
-    "notification-test": {"webhook_id": "HOOK"},
-    "notification-remove": {"webhook_id": "HOOK"},
-    "login": {},
-    "logout": {},
-    "password_change": {},
-    "password_change_done": {},
-    "password_reset": {},
-    "password_reset_done": {},
-    "password_reset_confirm": {"uidb64": "MQ", "token": "set-password"},
-    "password_reset_complete": {},
-}
-
-
 @pytest.fixture
 def signed_in(team, alice, make_user, api):
     """A browser signed in as alice (a team admin), CSRF enforced, with her job and token."""
@@ -87,10 +54,6 @@ def signed_in(team, alice, make_user, api):
     browser.force_login(alice)
     assert browser.get(reverse("tokens")).status_code == 200  # sets the CSRF cookie
     return browser, {"JOB": job_id, "TOKEN": token.pk, "ARRAY": array["id"], "HOOK": hook.pk}
-
-
-def fill(kwargs: dict, ids: dict) -> dict:
-    return {k: ids.get(v, v) for k, v in kwargs.items()}
 
 
 def csrf(browser: Client) -> str:

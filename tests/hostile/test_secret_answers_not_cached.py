@@ -23,7 +23,7 @@ from jobs.job_tokens import bootstrap_token_for
 from jobs.models import Membership, Webhook
 from starforge.api import api as ninja_api
 from tests.api_helpers import submit
-from tests.hostile.test_console_security import ROUTE_ARGS, fill
+from tests.hostile.console_routes import ROUTE_ARGS, fill
 from tests.ingesting import attach_attempt
 
 pytestmark = pytest.mark.django_db
