@@ -38,7 +38,7 @@ def run() -> dict:
     from playwright.sync_api import sync_playwright
 
     from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
-    from tests.browser.test_console_browser import sign_in, submit
+    from tests.browser.pages import sign_in, submit
     from tests.e2e.stack import Stack
 
     with tempfile.TemporaryDirectory() as tmp:

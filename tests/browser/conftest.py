@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from tests.browser.pages import SETUP_USERS, sign_in
 from tests.e2e.stack import Stack
 
 CHROMIUM = "/usr/bin/chromium"
@@ -43,16 +44,12 @@ def browser():
 @pytest.fixture(scope="module")
 def carol_token(stack) -> str:
     """carol (of team vision) and her token, made on the module's stack."""
-    from tests.browser.test_console_browser import SETUP_USERS
-
     return stack._manage("shell", "-c", SETUP_USERS).stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture
 def open_page(browser, stack, carol_token):
     """open_page(color_scheme) -> a page signed in as carol, in a browser context of its own."""
-    from tests.browser.test_console_browser import sign_in
-
     contexts = []
 
     def open_(color_scheme: str = "light"):

@@ -3,12 +3,12 @@
 import os
 from pathlib import Path
 
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
 
 def shoot(page, tmp_path: Path, name: str) -> None:
     """A screenshot in tmp_path, in test-artifacts/ (for a person to look at) and in
     SF_SCREENSHOT_DIR when set; each checked non-empty."""
-    from tests.browser.test_console_browser import ARTIFACTS
-
     folders = [tmp_path, ARTIFACTS]
     if os.environ.get("SF_SCREENSHOT_DIR"):
         folders.append(Path(os.environ["SF_SCREENSHOT_DIR"]))

@@ -8,9 +8,8 @@ Each test saves a screenshot (tests/browser/conftest.py `shoot`): in test-artifa
 import pytest
 from playwright.sync_api import expect
 
+from tests.browser.pages import DARK_FG, LIGHT_FG, submit
 from tests.browser.shots import shoot
-from tests.browser.test_console_browser import submit
-from tests.browser.test_console_finish_browser import DARK_FG, LIGHT_FG
 
 pytestmark = pytest.mark.e2e
 # Logs a loss and an accuracy for a few steps; the learning rate comes from argv, so the two

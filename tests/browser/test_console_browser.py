@@ -3,20 +3,16 @@
 Screenshots of every tab land in test-artifacts/ for a person to look at.
 """
 
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.browser.pages import sign_in, submit
+from tests.browser.shots import ARTIFACTS
 from tests.e2e.stack import Stack
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "test-artifacts"
 TICKER = """
 import time
 import sf
@@ -25,56 +21,6 @@ for i in range(2000):
     sf.log({"loss": 1.0 / (i + 1)}, step=i)
     time.sleep(0.25)
 """
-SETUP_USERS = """
-from django.contrib.auth.models import User
-from jobs.actions.tokens import issue_token
-from jobs.models import Cluster, Membership, Team
-team = Team.objects.create(name="vision", gpu_quota=4,
-                           default_cluster=Cluster.objects.get(name="local"))
-carol = User.objects.create_user("carol", password="carol-pw")
-Membership.objects.create(team=team, user=carol)
-print(issue_token(carol))
-"""
-
-
-@pytest.fixture(scope="module")
-def carol_token(stack) -> str:
-    return stack._manage("shell", "-c", SETUP_USERS).stdout.strip().splitlines()[-1]
-
-
-def submit(stack: Stack, token: str, workdir: Path, *command: str) -> int:
-    env = {
-        **os.environ,
-        "SF_URL": stack.url,
-        "SF_TOKEN": token,
-        "SF_CONFIG": str(workdir / "sf.json"),
-    }
-    done = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("sf")),
-            "submit",
-            "--gpus",
-            "1",
-            "--json",
-            "--",
-            *command,
-        ],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return json.loads(done.stdout)["id"]
-
-
-def sign_in(page, base_url: str, username: str, password: str) -> None:
-    page.goto("/accounts/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", password)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base_url}/")
 
 
 @pytest.fixture

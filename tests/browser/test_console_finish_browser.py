@@ -14,8 +14,8 @@ import urllib.request
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.browser.pages import DARK_FG, LIGHT_FG, submit
 from tests.browser.shots import shoot
-from tests.browser.test_console_browser import submit
 
 pytestmark = pytest.mark.e2e
 SHORT_RUN = """
@@ -26,7 +26,6 @@ for step in range(3):
 time.sleep(2.5)
 """
 DARK_BG, LIGHT_BG = "rgb(20, 23, 29)", "rgb(255, 255, 255)"
-DARK_FG, LIGHT_FG = "rgb(214, 219, 228)", "rgb(29, 35, 48)"
 UTC_TITLE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.test_console_browser import ARTIFACTS, sign_in
+from tests.browser.pages import sign_in
+from tests.browser.shots import ARTIFACTS
 from tests.e2e.stack import Stack
 
 pytestmark = pytest.mark.e2e

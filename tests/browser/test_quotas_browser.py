@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.test_console_browser import ARTIFACTS, sign_in, submit
+from tests.browser.pages import sign_in, submit
+from tests.browser.shots import ARTIFACTS
 from tests.e2e.stack import Stack, live_runners, wait_until
 
 pytestmark = pytest.mark.e2e
