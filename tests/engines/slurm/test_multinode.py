@@ -29,8 +29,7 @@ from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Cluster, Job
 from jobs.states import JobStatus
 from tests.engines.slurm.conftest import slurm
-from tests.engines.slurm.test_slurm_executor import FINAL, wait_for
-from tests.engines.slurm.test_slurm_states import FakeSlurm
+from tests.engines.slurm.helpers import FINAL, FakeSlurm, wait_for
 
 pytestmark = pytest.mark.slurm
 S = JobStatus

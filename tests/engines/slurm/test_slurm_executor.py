@@ -12,49 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from jobs.executors import LaunchError, LaunchSpec, Observation
+from jobs.executors import LaunchError
 from jobs.executors.slurm import SlurmExecutor
 from jobs.executors.slurm.commands import SlurmError, run_command
 from jobs.models import Cluster
 from tests.engines.slurm.conftest import slurm
+from tests.engines.slurm.helpers import FINAL, attempt_dir, python_spec, wait_for
 
 pytestmark = pytest.mark.slurm
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
-
-
-def python_spec(token: str, label: str, code: str, gpus: int = 0, **env: str) -> LaunchSpec:
-    """A runner job whose entrypoint is `python -c code` (offline runner: no API, no snapshot)."""
-    env = {
-        "SF_API_URL": "",
-        "SF_SNAPSHOT": "",
-        "SF_ENTRYPOINT": json.dumps(["python", "-c", code]),
-        **env,
-    }
-    run_id = f"{token}{label}"
-    return LaunchSpec(
-        name=f"sf-{run_id}-a1",
-        job_id=1,
-        run_id=run_id,
-        attempt=1,
-        gpus=gpus,
-        entrypoint=["python", "-c", code],
-        env=env,
-    )
-
-
-def wait_for(executor, ref: str, states: set[str], timeout: float = 20) -> list[Observation]:
-    """Poll until the job reaches one of `states`; every observation on the way."""
-    seen: list[Observation] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        obs = executor.poll([ref]).get(ref)
-        if obs is not None:
-            seen.append(obs)
-            if obs.native_state in states:
-                return seen
-        time.sleep(0.1)
-    last = seen[-1].native_state if seen else "nothing"
-    raise AssertionError(f"job {ref} did not reach {sorted(states)} in {timeout} s ({last})")
 
 
 def counting(executor: SlurmExecutor) -> list[str]:
@@ -67,10 +32,6 @@ def counting(executor: SlurmExecutor) -> list[str]:
 
     executor._run = run
     return commands
-
-
-def attempt_dir(executor: SlurmExecutor, spec: LaunchSpec) -> Path:
-    return executor.work_dir / spec.name
 
 
 def test_a_two_gpu_job_runs_with_its_gpus_and_only_the_job_environment(

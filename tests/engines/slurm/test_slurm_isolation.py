@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jobs.executors.base import DEFAULT_PATH, GPU_VISIBILITY_VARS
-from tests.engines.slurm.test_slurm_executor import FINAL, attempt_dir, python_spec, wait_for
+from tests.engines.slurm.helpers import FINAL, attempt_dir, python_spec, wait_for
 
 pytestmark = pytest.mark.slurm
 PLANTED = {

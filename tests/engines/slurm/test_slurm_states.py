@@ -7,7 +7,6 @@ print; everything that needs a real slurmctld is in test_slurm_executor.py.
 import datetime as dt
 import json
 import re
-import subprocess
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -21,6 +20,7 @@ from jobs.executors.slurm.parse import gpu_count, parse_squeue
 from jobs.loops import reconciler
 from jobs.models import Cluster, Job, JobEvent
 from jobs.states import JobStatus
+from tests.engines.slurm.helpers import FakeSlurm
 from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.slurm
@@ -69,22 +69,6 @@ EXPECTED = {
     "SPECIAL_EXIT": (S.FAILED, "preempted"),
 }
 START, END = 1_795_000_000, 1_795_000_042
-
-
-class FakeSlurm:
-    """Stands in for the Slurm commands: canned output per command, every call recorded."""
-
-    def __init__(self) -> None:
-        self.answers: dict[str, tuple[int, str, str]] = {}
-        self.calls: list[list[str]] = []
-
-    def answer(self, command: str, stdout: str = "", rc: int = 0, stderr: str = "") -> None:
-        self.answers[command] = (rc, stdout, stderr)
-
-    def __call__(self, argv, env, fds):
-        self.calls.append(argv)
-        rc, out, err = self.answers.get(argv[0], (0, "", ""))
-        return subprocess.CompletedProcess(argv, rc, out, err)
 
 
 @pytest.fixture
