@@ -1,5 +1,6 @@
 """Fixtures shared by the server suites: isolated storage dirs, teams, users, tokens, clusters."""
 
+import uuid
 from contextlib import ExitStack
 
 import pytest
@@ -13,9 +14,9 @@ from jobs.actions.tokens import issue_token
 from jobs.executors import override
 from jobs.models import Cluster, ClusterGrant, Membership, Team
 from jobs.redis_client import client
-from jobs.stores import queueplan
+from jobs.stores import objects, queueplan
 from tests.access import let_jobs_reach_the_interpreter, let_jobs_through
-from tests.s3 import serve_s3
+from tests.s3 import s3_url, serve_s3
 from tests.scripted import ScriptedExecutor
 
 # Opt-in fixtures of their own modules (a test asks for them by name).
@@ -191,3 +192,20 @@ def in_memory_layer(settings):
 def s3_server(tmp_path_factory):
     """The endpoint of a real S3 server (`rclone serve s3`) for this session; bucket `starforge`."""
     yield from serve_s3(tmp_path_factory)
+
+
+@pytest.fixture
+def on_s3(settings, s3_server):
+    """Snapshots and logs of this test in the S3 server, under a prefix of its own, so tests
+    never see each other's objects."""
+    settings.SF_STORAGE = objects.parse_storage_url(s3_url(s3_server, f"t-{uuid.uuid4().hex}"))
+    return settings.SF_STORAGE
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def storage(request) -> str:
+    """A test that asks for it runs on each store: its snapshots and logs in this test's
+    directories ("local"), then in the S3 server (`on_s3`)."""
+    if request.param == "s3":
+        request.getfixturevalue("on_s3")
+    return request.param

@@ -27,7 +27,7 @@ from tests.ingesting import (
     stored,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("storage")]  # on each store
 
 
 @pytest.fixture
@@ -117,6 +117,7 @@ def test_one_line_larger_than_the_whole_cap_is_dropped_not_refused(job_id, setti
     ]
 
 
+@pytest.mark.parametrize("storage", ["local"], indirect=True)  # in S3 a batch is a chunk: below
 def test_below_the_cap_a_batch_costs_no_more_queries(job_id, settings):
     """The cap reads the stream row the append locks anyway and writes in its one UPDATE."""
     client = runner(job_id)
@@ -126,6 +127,21 @@ def test_below_the_cap_a_batch_costs_no_more_queries(job_id, settings):
     sql = [q["sql"] for q in queries.captured_queries]
     read, write = [s for s in sql if not s.startswith(("SAVEPOINT", "RELEASE"))]
     assert read.startswith("SELECT") and '"jobs_logstream"' in read
+    assert write.startswith('UPDATE "jobs_logstream"')
+    if connection.features.has_select_for_update:  # SQLite locks the whole file instead
+        assert "FOR UPDATE" in read
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("storage", ["s3"], indirect=True)
+def test_below_the_cap_a_batch_is_one_insert_more_than_on_disk(job_id):
+    send_lines(runner(job_id), make_lines(0, 10))
+    with CaptureQueriesContext(connection) as queries:
+        logstore.append(job_id, 1, make_lines(10, 1010))
+    sql = [q["sql"] for q in queries.captured_queries]
+    read, chunk, write = [s for s in sql if not s.startswith(("SAVEPOINT", "RELEASE"))]
+    assert read.startswith("SELECT") and '"jobs_logstream"' in read
+    assert chunk.startswith('INSERT INTO "jobs_logchunk"')
     assert write.startswith('UPDATE "jobs_logstream"')
     if connection.features.has_select_for_update:  # SQLite locks the whole file instead
         assert "FOR UPDATE" in read

@@ -23,7 +23,7 @@ from jobs.stores.snapshots import snapshot_stored
 from tests.api_helpers import assert_refused
 from tests.conftest import ApiClient
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("storage")]  # on each store
 
 
 def tree(text: bytes = b"print('secret model')\n", size: int = 0) -> bytes:

@@ -15,7 +15,7 @@ from jobs.stores import logstore
 from tests.api_helpers import assert_refused
 from tests.factories import queued_job, with_attempt
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("storage")]  # on each store
 T0 = 1_700_000_000.0
 RANKS = [
     {"rank": 0, "node": "gpu-a1", "state": "killed", "exit_code": -15},

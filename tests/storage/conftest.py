@@ -1,22 +1,12 @@
-"""The storage tests on the real S3 server of `tests.s3` (the `s3_server` fixture).
-
-`on_s3` points the snapshot and log stores at it for one test, under a
-prefix of that test's own, so tests never see each other's objects.
-"""
-
-import uuid
+"""The storage tests on the real S3 server of `tests.s3`: what only object storage has (chunks
+compacted into objects, the objects themselves), with the stores pointed at it by `on_s3`
+(tests/conftest.py). The tests of the log and snapshot stores that hold on each store ask for
+`storage` there instead."""
 
 import pytest
 
 from jobs.stores import objects
-from tests.s3 import BUCKET, s3_url
-
-
-@pytest.fixture
-def on_s3(settings, s3_server):
-    """Snapshots and logs of this test in the S3 server, under a prefix of its own."""
-    settings.SF_STORAGE = objects.parse_storage_url(s3_url(s3_server, f"t-{uuid.uuid4().hex}"))
-    return settings.SF_STORAGE
+from tests.s3 import BUCKET
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from tests.api_helpers import submit
 from tests.ingesting import attach_attempt, make_lines
 from tests.threads import looping
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.s3, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from jobs.stores import objects
 from jobs.stores.objects import LocalStore, ObjectMissing, StorageUrlInvalid, parse_storage_url
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def store(request, tmp_path):
     if request.param == "local":
         return LocalStore(tmp_path / "objects")

@@ -8,7 +8,7 @@ from tests.api_helpers import submit
 from tests.archives import entry, good_tree, tar_gz, upload
 from tests.ingesting import attach_attempt, runner
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.s3, pytest.mark.django_db]
 
 
 @pytest.fixture(autouse=True)

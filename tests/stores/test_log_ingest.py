@@ -24,7 +24,7 @@ from tests.ingesting import (
 )
 from tests.ingesting import send_logs as send
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("storage")]  # on each store
 
 
 def ledger(job_id: int) -> tuple:
