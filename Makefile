@@ -47,6 +47,8 @@ test: venv engines sandbox-tools ## Run the whole suite in two shards side by si
 
 # One part of the suite at a time, in the foreground, against REDIS_URL (default: db 11 of the
 # Redis on 6379). pytest exits 5 when it collected nothing: a suite that ran nothing is a failure.
+# The ledger suite, which runs on either database (.ci/suite.py's LEDGER names the same folders).
+LEDGER_TESTS := $(addprefix tests/,ledger loops actions reads api console stores executors metering)
 test-postgres: export REDIS_URL ?= redis://127.0.0.1:6379/11
 test-sqlite: export REDIS_URL ?= redis://127.0.0.1:6379/11
 test-postgres:
@@ -56,7 +58,7 @@ test-postgres:
 
 test-sqlite:
 	@echo "== ledger suite on the embedded SQLite default"; \
-	DATABASE_URL= SF_SQLITE_TEST_DB=$(CURDIR)/var/test-sqlite.db $(PYTEST) -q -m "not postgres and not e2e" tests/jobs tests/loops tests/metering; \
+	DATABASE_URL= SF_SQLITE_TEST_DB=$(CURDIR)/var/test-sqlite.db $(PYTEST) -q -m "not postgres and not e2e and not s3" $(LEDGER_TESTS); \
 	rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests ran"; exit 1; fi; exit $$rc
 
 lint: venv ## ruff lint and format check, mypy (django-stubs) on the server code
