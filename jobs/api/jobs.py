@@ -62,7 +62,7 @@ def _job_answer(request, job_id: int, status: int = 200) -> HttpResponse:
 def _answer(request: HttpRequest, body: object, status: int = 200) -> HttpResponse:
     """`body` rendered as ninja renders a view's return value, without validating it again
     against the response schema: the builders here produce it to that schema (pinned by
-    tests/jobs/test_api_query_counts.py and the schemathesis suite)."""
+    tests/api/test_api_query_counts.py and the schemathesis suite)."""
     content = RENDERER.render(request, body, response_status=status)
     return HttpResponse(content, status=status, content_type=CONTENT_TYPE)
 

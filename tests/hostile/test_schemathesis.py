@@ -16,8 +16,8 @@ request-acceptance checks: a valid request may rightly be refused here (a 404 fo
 does not exist, a 400 for a batch naming another attempt).
 
 Not covered here: the console's websocket (not an HTTP operation, so not in the schema; see
-tests/jobs/test_live.py), and the console session (`ConsoleSession`) as a second way in to the
-same operations (CSRF and sessions are Django's; tests/jobs/test_isolation.py covers the door).
+tests/console/test_live.py), and the console session (`ConsoleSession`) as a second way in to the
+same operations (CSRF and sessions are Django's; tests/reads/test_isolation.py covers the door).
 Input the generators rarely reach (NUL in a path, numbers past bigint, very deep JSON, bodies
 past Django's caps) is in test_api_refusals.py.
 """
