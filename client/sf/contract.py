@@ -217,6 +217,29 @@ RUNNER_SECRETS = frozenset({JOB_TOKEN_VAR, RECORD_KEY_VAR})
 # job token (POST /api/v1/ingest/token), spent once read.
 BOOTSTRAP_TOKEN_VAR = "SF_BOOTSTRAP_TOKEN"
 
+# -- MLflow tracking ---------------------------------------------------------------------------
+# Starforge is an MLflow tracking server for its jobs: the runner puts these two in every job's
+# environment, so the official `mlflow` client logs into the attempt unchanged. The URI is the
+# server's MLflow root (`TRACKING_PATH` below the API's address, or the runner's forwarder inside
+# a sandbox); MLflow's client sends the token as a bearer token.
+TRACKING_URI_VAR = "MLFLOW_TRACKING_URI"
+TRACKING_TOKEN_VAR = "MLFLOW_TRACKING_TOKEN"
+TRACKING_PATH = "/mlflow"
+TRACKING_TOKEN_PREFIX = "sft."
+_TRACKING_PURPOSE = b"starforge.mlflow-tracking"
+
+
+def tracking_token(job_token: str) -> str:
+    """The MLflow credential of the attempt a job token names, for the job's own code, which must
+    never hold the job token: `sft.<job>.<attempt>.<mac>`, the mac an HMAC of the purpose keyed
+    by the job token. The runner derives it; the server recomputes it from the attempt's current
+    job token, so it names that attempt alone, can do only what the server lets a tracking token
+    do (add to its own attempt), and dies with the attempt's job token. It reveals nothing of
+    the job token (HMAC is one way)."""
+    job, attempt = job_token.split(":", 1)[0].split(".")[:2]
+    mac = hmac.new(job_token.encode(), _TRACKING_PURPOSE, hashlib.sha256).hexdigest()
+    return f"{TRACKING_TOKEN_PREFIX}{job}.{attempt}.{mac}"
+
 
 def file_env(attempt_dir: str | os.PathLike[str], *, proc_file: bool = False) -> dict[str, str]:
     """The variables that put the runner's records and run dir in `attempt_dir`; with
