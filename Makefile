@@ -6,7 +6,10 @@ PY := $(VENV)/bin/python
 PG_URL ?= postgres://postgres@127.0.0.1:5432/starforge_ci
 PYTEST := $(PY) -m pytest
 
-.PHONY: help venv engines sandbox-tools run test test-postgres test-sqlite lint bench clean
+VENV_JOBS := .venv-jobs
+VENV_MLFLOW := .venv-mlflow
+
+.PHONY: help venv jobenv engines sandbox-tools run test test-postgres test-sqlite lint bench clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -19,6 +22,20 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt client/pyproject.toml
 	touch $@
 
 venv: $(VENV)/.installed ## Create the virtualenv with pinned requirements and the sf client
+
+# A job's own training environment for the real-framework tests (PyTorch CPU, MLflow's client,
+# TensorBoard), apart from the server's: tests find it through SF_TEST_JOB_PYTHON.
+$(VENV_JOBS)/.installed: requirements-jobs.txt
+	$(PYTHON) -m venv $(VENV_JOBS)
+	$(VENV_JOBS)/bin/python -m pip install -q -r requirements-jobs.txt
+	touch $@
+
+jobenv: $(VENV_JOBS)/.installed ## Create the job environment the real-framework tests train in
+
+$(VENV_MLFLOW)/.installed: requirements-bench.txt
+	$(PYTHON) -m venv $(VENV_MLFLOW)
+	$(VENV_MLFLOW)/bin/python -m pip install -q -r requirements-bench.txt
+	touch $@
 
 # The engines the tests run for real: Ray in the venv, Slurm and munge from Debian.
 $(VENV)/.engines: requirements-engines.txt $(VENV)/.installed
@@ -39,11 +56,12 @@ sandbox-tools: ## Install bubblewrap, passt and nftables (Debian) for the job sa
 run: venv sandbox-tools ## Start the whole product (SQLite, local executor, its own Redis with a password)
 	$(PY) manage.py runstack
 
-test: venv engines sandbox-tools ## Run the whole suite in two shards side by side (.ci/suite.py; starts PostgreSQL, Slurm and Ray when not running)
+test: venv jobenv engines sandbox-tools ## Run the whole suite in two shards side by side (.ci/suite.py; starts PostgreSQL, Slurm and Ray when not running)
 	@command -v chromium >/dev/null || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@.ci/services.sh start postgres
-	@trap '.ci/services.sh stop' EXIT; PG_URL=$(PG_URL) $(PY) .ci/suite.py
+	@trap '.ci/services.sh stop' EXIT; PG_URL=$(PG_URL) \
+		SF_TEST_JOB_PYTHON=$(CURDIR)/$(VENV_JOBS)/bin/python $(PY) .ci/suite.py
 
 # One part of the suite at a time, in the foreground, against REDIS_URL (default: db 11 of the
 # Redis on 6379). pytest exits 5 when it collected nothing: a suite that ran nothing is a failure.
@@ -66,7 +84,7 @@ lint: venv ## ruff lint and format check, mypy (django-stubs) on the server code
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy jobs starforge metering
 
-bench: venv engines ## Every benchmark, the median of 3 runs each (BENCH_REPEAT=N): bench/RESULTS.md
+bench: venv engines $(VENV_MLFLOW)/.installed ## Every benchmark, the median of 3 runs each (BENCH_REPEAT=N): bench/RESULTS.md
 	@.ci/services.sh start
 	@trap '.ci/services.sh stop' EXIT; \
 	export REDIS_URL=redis://127.0.0.1:$$(cat var/ci-redis-port)/12; \

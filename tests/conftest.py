@@ -1,7 +1,9 @@
 """Fixtures shared by the server suites: isolated storage dirs, teams, users, tokens, clusters."""
 
+import os
 import uuid
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 import redis
@@ -15,6 +17,7 @@ from jobs.executors import override
 from jobs.models import Cluster, ClusterGrant, Membership, Team
 from jobs.redis_client import client
 from jobs.stores import objects, queueplan
+from jobs.traversable import interpreter_paths, open_the_way
 from tests.access import let_jobs_reach_the_interpreter, let_jobs_through
 from tests.s3 import s3_url, serve_s3
 from tests.scripted import ScriptedExecutor
@@ -28,6 +31,21 @@ def _jobs_may_pass_through(tmp_path_factory):
     """Local jobs run under their team's uid when the suite runs as root (tests/access.py)."""
     let_jobs_reach_the_interpreter()
     let_jobs_through(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="session")
+def job_python() -> Path:
+    """A job's own training Python (`make jobenv`: PyTorch's CPU build, MLflow's client,
+    TensorBoard), apart from the server's, reachable by a job's uid. A test that needs it and
+    finds none fails with the command that makes it, never skips: a real-framework test that
+    did not run has proved nothing."""
+    named = os.environ.get("SF_TEST_JOB_PYTHON")
+    python = Path(named) if named else Path(__file__).resolve().parents[1] / ".venv-jobs/bin/python"
+    if not python.exists():
+        pytest.fail(f"no job environment at {python}: run `make jobenv` (make test does)")
+    if os.geteuid() == 0:
+        open_the_way(interpreter_paths(str(python)))
+    return python
 
 
 @pytest.fixture(autouse=True)
