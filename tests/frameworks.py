@@ -1,0 +1,65 @@
+"""Real training code in the suite's jobs: where the DDP example lives, the PATH that gives a job
+the job environment's `torchrun` (`make jobenv`, the `job_python` fixture), and reading back
+what `examples/ddp/train.py` printed (its steps, losses, notices and weight hashes).
+
+Plain functions over log lines as (rank, text) pairs, for the local executor's, the real
+stack's and Slurm's tests alike.
+"""
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DDP_EXAMPLE = ROOT / "examples" / "ddp"
+TRAINING_S = 300  # a bound on any of these jobs: seconds of training, plus torch's start
+
+STEP = re.compile(r"step (\d+) loss (\d+\.\d+)$")
+WEIGHTS = re.compile(r"rank (\d+) weights ([0-9a-f]{16})$")
+NOTICE = re.compile(r"notice \((\w+|a signal)\): saved step (\d+), exiting$")
+RESUMED = re.compile(r"resuming from step (\d+)$")
+
+Line = tuple[int | None, str]  # (rank, text); rank None where the job has one rank
+
+
+def job_path(job_python: Path) -> str:
+    """A job's PATH whose `torchrun` and `python` are the job environment's, as a team's
+    `--env PATH=...` names its own venv."""
+    return f"{job_python.parent}:/usr/bin:/bin"
+
+
+def losses(lines: Iterable[Line], rank: int | None) -> list[tuple[int, float]]:
+    """(step, loss) of every step `rank` printed, in order."""
+    out = []
+    for r, text in lines:
+        if r == rank and (m := STEP.match(text)):
+            out.append((int(m.group(1)), float(m.group(2))))
+    return out
+
+
+def steps(lines: Iterable[Line], rank: int | None) -> list[int]:
+    return [step for step, _ in losses(lines, rank)]
+
+
+def weights(lines: Iterable[Line]) -> dict[int, str]:
+    """{rank: hash of its final weights} from the `rank R weights H` lines."""
+    return {int(m.group(1)): m.group(2) for _, text in lines if (m := WEIGHTS.match(text))}
+
+
+def notices(lines: Iterable[Line]) -> dict[int | None, tuple[str, int]]:
+    """{rank: (notice kind, step it saved)} for every rank that printed a notice line."""
+    return {r: (m.group(1), int(m.group(2))) for r, text in lines if (m := NOTICE.match(text))}
+
+
+def resumed_from(lines: Iterable[Line]) -> list[int]:
+    """The steps a `resuming from step N` line named, in order (one per resumed attempt)."""
+    return [int(m.group(1)) for _, text in lines if (m := RESUMED.match(text))]
+
+
+def falls(points: list[tuple[int, float]], window: int = 5) -> bool:
+    """Whether the loss fell: the mean of the last `window` steps is under half the first's."""
+    if len(points) < 2 * window:
+        return False
+    first = sum(loss for _, loss in points[:window]) / window
+    last = sum(loss for _, loss in points[-window:]) / window
+    return last < first / 2
