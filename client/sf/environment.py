@@ -1,7 +1,8 @@
 """Owns the runner's environment and the job's: the SF_* contract read into `RunnerEnv`
 (where the attempt's files and the job's folders are, its credentials, its graces), the uid a
 root runner starts the job as (`JobIdentity`, SF_RUN_AS_*), and the job's own environment
-(`child_env`), an allow-list that never holds what only the runner may see (`RUNNER_ONLY`).
+(`child_env`), an allow-list that never holds what only the runner may see (`RUNNER_ONLY`),
+with MLflow's tracking variables (`sf.tracking`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from sf.contract import (
 )
 from sf.http import Client
 from sf.ingest import IngestError
+from sf.tracking import tracking_env
 
 # Names only the runner may see: its credentials, its own files, how it runs the job.
 RUNNER_ONLY = RUNNER_SECRETS | frozenset(
@@ -218,6 +220,9 @@ def child_env(env: RunnerEnv) -> dict[str, str]:
     out[METRICS_FILE_VAR] = env.metrics_file
     out[NOTICE_FILE_VAR] = env.notice_file
     out[PREEMPT_GRACE_VAR] = str(int(env.preempt_grace))
+    # MLflow's client logs into the attempt (`sf.tracking`; a sandboxed job's URI is the
+    # runner's forwarder, set once the sandbox is open), unless the job names its own server.
+    out.update(tracking_env(env.api_url, env.token, out))
     return out
 
 

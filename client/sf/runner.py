@@ -39,6 +39,7 @@ from sf.contract import (
     PROC_FILE_VAR,
     RUN_AS_UID_VAR,
     SNAPSHOT_VAR,
+    TRACKING_URI_VAR,
     exit_status,
     record_mac,
 )
@@ -58,6 +59,7 @@ from sf.shipping import (
 )
 from sf.supervise import Supervisor, guard_runner
 from sf.system import SystemSampler, sample_interval
+from sf.tracking import Forwarder, direct_uri
 
 
 class Terminated(Exception):
@@ -101,11 +103,12 @@ def prepare(env: RunnerEnv) -> tuple[list[str], dict[str, str]]:
 def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
     """Run the ranks, in the executor's sandbox where it asked for one (`sf.sandbox`), and
     write the exit file; the sandbox is gone before the runner exits."""
-    sandbox = None
+    sandbox, forwarder = None, None
     try:
         config = SandboxConfig.from_environ(env.environ)
         if config is not None:
             sandbox = Sandbox.open(config, env.sandbox_dirs(), env.attempt_dir)
+            forwarder = forward_tracking(env, plans, sandbox)
         return run_ranks(env, plans, sandbox)
     except SandboxError as exc:
         return _ingest_failed(env, f"cannot make the job's sandbox: {exc}")
@@ -113,8 +116,27 @@ def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
         say(f"stopped by signal {exc.signum} before the entrypoint started")
         return _finish(env, -exc.signum, None)
     finally:
+        if forwarder is not None:
+            forwarder.close()
         if sandbox is not None:
             sandbox.close()
+
+
+def forward_tracking(env: RunnerEnv, plans: list[RankPlan], sandbox: Sandbox) -> Forwarder | None:
+    """In a sandbox the job cannot reach the API: where its ranks got the API's tracking URI
+    (`sf.tracking.tracking_env`), serve it inside their network namespace instead."""
+    direct = direct_uri(env.api_url) if env.api_url else ""
+    ours = [plan.env for plan in plans if direct and plan.env.get(TRACKING_URI_VAR) == direct]
+    if not ours:
+        return None
+    try:
+        forwarder = Forwarder(sandbox.listen_inside(), env.api_url)
+    except ValueError as exc:
+        raise SandboxError(str(exc)) from exc
+    forwarder.start()
+    for rank_env in ours:
+        rank_env[TRACKING_URI_VAR] = forwarder.uri
+    return forwarder
 
 
 def start_rank(env: RunnerEnv, plan: RankPlan, sandbox: Sandbox | None) -> subprocess.Popen:

@@ -35,6 +35,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -46,7 +47,21 @@ from sf.contract import SANDBOX_VAR
 # temporary files and the unix sockets of services (PostgreSQL's, Redis's, a Ray session's).
 MASKED = ("/tmp", "/var/tmp", "/run")
 READY_TIMEOUT_S = 10.0
+TOOLS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 POLL_S = 0.01
+
+
+# Run by `Sandbox.listen_inside` in the sandbox's network namespace (as root, on the host's
+# files): a listening socket on the sandbox's loopback, handed back over the socket pair whose
+# end is argv[1]. A socket stays in the namespace it was made in, wherever its descriptor goes.
+LISTEN_INSIDE = """
+import socket, sys
+back = socket.socket(fileno=int(sys.argv[1]))
+server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+server.bind(("127.0.0.1", 0))
+server.listen(128)
+socket.send_fds(back, [b"listening"], [server.fileno()])
+"""
 
 
 class SandboxError(Exception):
@@ -158,7 +173,7 @@ class Sandbox:
     @classmethod
     def open(cls, config: SandboxConfig, writable: list[str], scratch: str) -> Sandbox:
         """Start the anchor and its network helper; return once a rank can enter."""
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+        env = {"PATH": TOOLS_PATH}
         try:
             holder = subprocess.Popen(
                 holder_argv(config, writable, job_readable()),
@@ -198,6 +213,39 @@ class Sandbox:
     def adopt(self, pid: int) -> None:
         """Remember a rank's nsenter: it must outlive the job to report its exit status."""
         self.entered.add(pid)
+
+    def listen_inside(self) -> socket.socket:
+        """A TCP socket listening on 127.0.0.1 of the sandbox's network namespace, at a free
+        port, for the runner to accept on from outside (`sf.tracking.Forwarder`). Made there
+        by a short helper entered into the namespace alone with `nsenter --net` (Python 3.11
+        has no `os.setns`), which passes the descriptor back over a socket pair."""
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            argv = ["nsenter", f"--target={self.anchor}", "--net", "--"]
+            argv += [sys.executable, "-I", "-S", "-c", LISTEN_INSIDE, str(theirs.fileno())]
+            try:
+                done = subprocess.run(
+                    argv,
+                    pass_fds=[theirs.fileno()],
+                    env={"PATH": TOOLS_PATH},
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=READY_TIMEOUT_S,
+                    check=False,
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise SandboxError(f"cannot listen inside the sandbox: {exc}") from exc
+            if done.returncode != 0:
+                why = done.stderr.decode(errors="replace").strip()[-300:]
+                raise SandboxError(f"cannot listen inside the sandbox: {why}")
+            ours.settimeout(READY_TIMEOUT_S)
+            try:
+                _msg, fds, _flags, _addr = socket.recv_fds(ours, 64, 1)
+            except OSError as exc:
+                raise SandboxError(f"cannot listen inside the sandbox: {exc}") from exc
+        if len(fds) != 1:
+            raise SandboxError("cannot listen inside the sandbox: no socket came back")
+        return socket.socket(fileno=fds[0])
 
     def helpers(self) -> set[int]:
         """The processes that are the sandbox, not the job: never sent a stop's SIGTERM."""

@@ -26,6 +26,7 @@ JOB_SIDE = {
     "sf.checkpoints",
     "sf.metrics",
     "sf.notice",
+    "sf.tracking",
 }
 OPTIONAL = {"pynvml"}  # sf.system: GPU telemetry where the image has NVML's binding
 
