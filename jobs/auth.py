@@ -1,4 +1,5 @@
-"""API authentication: users by hashed API token or console session, runners by a job token.
+"""API authentication: users by hashed API token or console session, runners by a job token,
+and the MLflow endpoint's callers (`mlflow_caller`): a job's tracking token or a user's token.
 
 Also the rules a user's token is held to wherever it is used, to authenticate or to create
 another (`jobs.actions.tokens`): only its sha256 is kept, and a revoked or expired one is
@@ -13,10 +14,11 @@ from django.contrib.auth.models import User
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja.security import HttpBearer, SessionAuth
+from sf.contract import TRACKING_TOKEN_PREFIX
 
 from jobs import throttle
 from jobs.errors import ApiError
-from jobs.job_tokens import BOOTSTRAP_SALT, JOB_TOKEN_SALT, attempt_of
+from jobs.job_tokens import BOOTSTRAP_SALT, JOB_TOKEN_SALT, attempt_of, tracking_attempt_of
 from jobs.models import ApiToken, Attempt
 from jobs.reads.prepared import Prepared, columns, models_of
 
@@ -132,3 +134,32 @@ class ConsoleSession(SessionAuth):
         if not request.user.is_authenticated:
             return None
         return super().__call__(request)
+
+
+@dataclass(frozen=True)
+class TrackingPrincipal:
+    """A job's own code, by its attempt's MLflow tracking token: it may only add to that attempt."""
+
+    job_id: int
+    attempt: int
+    row: Attempt = field(compare=False, repr=False)
+
+
+def mlflow_caller(request: HttpRequest) -> User | TrackingPrincipal | None:
+    """Who calls the MLflow endpoint: a tracking token's attempt (`sft.…`), or a user by their API
+    token; None without a bearer token or for one that names neither (counted against the
+    address like every unknown token, `jobs.throttle`). A job token, a bootstrap token or a
+    console session is no MLflow credential. Raises TokenRefused for a revoked or expired user
+    token, Throttled for an address over the limit."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    if token.startswith(TRACKING_TOKEN_PREFIX):
+        attempt = tracking_attempt_of(token)
+        if attempt is None:
+            throttle.check_token_address(request)
+            throttle.record_bad_token(request)
+            return None
+        return TrackingPrincipal(attempt.job_id, attempt.number, attempt)
+    return UserToken().authenticate(request, token)

@@ -12,6 +12,10 @@ engine gets a bootstrap credential instead, which the runner exchanges once, at 
 job token (`POST /api/v1/ingest/token`): read later from the spec, it is spent. Where each
 rank of a multi-node job is a pod with a runner of its own (Kubernetes), the pods share one
 spec and so one credential, and it is spent once per rank (`spend_bootstrap`).
+
+The job's own code gets neither: it gets the attempt's MLflow tracking token
+(`sf.contract.tracking_token`, derived one way from the job token), which `tracking_attempt_of`
+recomputes from the attempt's current job token, so it names one attempt and dies with it.
 """
 
 import hmac
@@ -20,10 +24,16 @@ from django.core import signing
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
-from sf.contract import BOOTSTRAP_TOKEN_VAR, JOB_TOKEN_VAR, RECORD_KEY_VAR
+from sf.contract import (
+    BOOTSTRAP_TOKEN_VAR,
+    JOB_TOKEN_VAR,
+    RECORD_KEY_VAR,
+    TRACKING_TOKEN_PREFIX,
+    tracking_token,
+)
 
 from jobs.executors.base import executor_class, record_key
-from jobs.models import Attempt, Job
+from jobs.models import BIGINT_MAX, Attempt, Job
 from jobs.reads.prepared import Prepared
 
 JOB_TOKEN_SALT = "starforge.job-token"
@@ -65,9 +75,35 @@ def attempt_of(token: str, salt: str = JOB_TOKEN_SALT) -> Attempt | None:
     rows = _ATTEMPT_WITH_JOB.rows(**key)
     if not rows or not hmac.compare_digest(rows[0][_NONCE], nonce):
         return None
+    return _attempt_from(rows[0])
+
+
+def tracking_attempt_of(token: str) -> Attempt | None:
+    """The attempt (with its job) an MLflow tracking token names, or None for anything else:
+    not `sft.<job>.<attempt>.<mac>`, an attempt that does not exist, or a mac that is not the
+    one of the attempt's current job token (another nonce, a forged or an old token)."""
+    if not token.startswith(TRACKING_TOKEN_PREFIX):
+        return None
+    try:
+        job_id, number, _mac = token[len(TRACKING_TOKEN_PREFIX) :].split(".")
+        key = {"job_id": int(job_id), "number": int(number)}
+    except ValueError:
+        return None
+    if not (0 < key["job_id"] <= BIGINT_MAX and 0 < key["number"] < 2**31):
+        return None
+    rows = _ATTEMPT_WITH_JOB.rows(**key)
+    if not rows:
+        return None
+    attempt = _attempt_from(rows[0])
+    if not hmac.compare_digest(tracking_token(job_token_for(attempt)), token):
+        return None
+    return attempt
+
+
+def _attempt_from(row: list) -> Attempt:
     width = len(_ATTEMPT_FIELDS)
-    attempt = Attempt.from_db(DEFAULT_DB_ALIAS, _ATTEMPT_FIELDS, rows[0][:width])
-    attempt.job = Job.from_db(DEFAULT_DB_ALIAS, _JOB_FIELDS, rows[0][width:])
+    attempt = Attempt.from_db(DEFAULT_DB_ALIAS, _ATTEMPT_FIELDS, row[:width])
+    attempt.job = Job.from_db(DEFAULT_DB_ALIAS, _JOB_FIELDS, row[width:])
     return attempt
 
 
