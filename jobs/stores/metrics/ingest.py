@@ -8,6 +8,11 @@ the seqs already stored are read (from the chunks whose seq range meets the batc
 the others stored (`jobs.stores.metrics.chunks`) and rolled up
 (`jobs.stores.metrics.rollups`). So a resent batch, even one racing its original, is stored and
 counted once.
+
+MLflow's points (`append_tracked`, from a job's code through `jobs.api.mlflow`) carry no seq of
+their own: they are numbered here, under the same lock, from a range the runner never reaches,
+`TRACKING_SEQ_BASE` (2**50) up, the next one after the highest stored there, so they never
+collide with the runner's (which `append` keeps below it) and count against the same cap.
 """
 
 from collections.abc import Iterable
@@ -28,6 +33,8 @@ KINDS = tuple(MetricKind.values)
 # as the client cannot import the server; tests/client/test_mirrors.py holds them equal.
 MAX_NAME = 100
 DEFAULT_ATTEMPT_MAX_METRIC_POINTS = 5_000_000
+# The runner numbers its points below this; MLflow's points are numbered from it up.
+TRACKING_SEQ_BASE = 2**50
 
 
 @dataclass(frozen=True)
@@ -79,26 +86,58 @@ def append(job_id: int, attempt: int, points: list[Any]) -> AppendResult:
     with transaction.atomic():
         counter, stored, dropped = _locked_counter(job_id, attempt)
         fresh = _unstored(job_id, attempt, batch)
-        room = max(0, max_points() - stored)
-        over = max(0, len(fresh) - room)
-        if over:
-            fresh = fresh.only(range(room))
-        if fresh:
-            _insert(job_id, attempt, fresh)
-            roll_up(
-                job_id,
-                zip(fresh.kind, fresh.name, fresh.step, fresh.ts, fresh.value, strict=True),
+        over = _store(job_id, attempt, fresh, (counter, stored, dropped))
+    return AppendResult(len(fresh) - over, len(points) - len(fresh), over)
+
+
+def append_tracked(
+    job_id: int, attempt: int, kind: list[str], name: list[str], step: list[int], value, ts
+) -> AppendResult:
+    """Store MLflow's points, given as checked columns (names 1 to MAX_NAME characters without
+    NUL, steps in 0..BIGINT_MAX, finite values and ts in epoch seconds), numbered from the
+    attempt's next seq at or above TRACKING_SEQ_BASE. Every point is fresh (MLflow resends
+    nothing by seq); past the attempt's cap they are dropped as `append` drops them."""
+    if not kind:
+        return AppendResult(0, 0)
+    with transaction.atomic():
+        state = _locked_counter(job_id, attempt)
+        first = _next_tracking_seq(job_id, attempt)
+        seqs = list(range(first, first + len(kind)))
+        batch = Batch(seqs, kind, name, step, [float(v) for v in value], [float(t) for t in ts])
+        over = _store(job_id, attempt, batch, state)
+    return AppendResult(len(kind) - over, 0, over)
+
+
+def _store(job_id: int, attempt: int, fresh: Batch, state: tuple[int, int, int]) -> int:
+    """Store the fresh points of a batch within the attempt's cap, their rollups and its
+    counter, with the counter row (`state`: id, points, dropped) locked; the points dropped."""
+    counter, stored, dropped = state
+    room = max(0, max_points() - stored)
+    over = max(0, len(fresh) - room)
+    if over:
+        fresh = fresh.only(range(room))
+    if fresh:
+        _insert(job_id, attempt, fresh)
+        roll_up(
+            job_id,
+            zip(fresh.kind, fresh.name, fresh.step, fresh.ts, fresh.value, strict=True),
+        )
+    if fresh or over:
+        if over and not dropped:
+            _cap_event(job_id, attempt)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {MetricStream._meta.db_table} SET points = %s, dropped = %s WHERE id = %s",
+                [stored + len(fresh), dropped + over, counter],
             )
-        if fresh or over:
-            if over and not dropped:
-                _cap_event(job_id, attempt)
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"UPDATE {MetricStream._meta.db_table} SET points = %s, dropped = %s "
-                    "WHERE id = %s",
-                    [stored + len(fresh), dropped + over, counter],
-                )
-    return AppendResult(len(fresh), len(points) - len(fresh) - over, over)
+    return over
+
+
+def _next_tracking_seq(job_id: int, attempt: int) -> int:
+    """The seq after the attempt's highest one in MLflow's range (exact: the caller holds the
+    counter's lock, which every writer of the attempt's points takes first)."""
+    rows = LAST_TRACKING_SEQ.rows(job_id=job_id, attempt=attempt, low=TRACKING_SEQ_BASE)
+    return rows[0][0] + 1 if rows else TRACKING_SEQ_BASE
 
 
 # The reads of every batch, their SQL built once per process (`jobs.reads.prepared`).
@@ -121,7 +160,17 @@ def _meeting_chunks(shape: tuple, job_id: int, attempt: int, low: int, high: int
     )
 
 
+def _last_tracking_seq(shape: tuple, job_id: int, attempt: int, low: int) -> Any:
+    # The (job, attempt, last_seq) index read backwards from its end: one probe.
+    return (
+        MetricChunk.objects.filter(job_id=job_id, attempt=attempt, last_seq__gte=low)
+        .order_by("-last_seq")
+        .values_list("last_seq")[:1]
+    )
+
+
 COUNTER_ROW = Prepared(_counter_row)
+LAST_TRACKING_SEQ = Prepared(_last_tracking_seq)
 MEETING_CHUNKS = Prepared(_meeting_chunks)
 
 
@@ -201,7 +250,7 @@ def _checked(points: list[Any]) -> Batch:
             raise _bad_point(i) from None
         if not (
             type(seq) is int
-            and 0 <= seq <= BIGINT_MAX
+            and 0 <= seq < TRACKING_SEQ_BASE
             and kind in KINDS
             and type(name) is str
             and 0 < len(name) <= MAX_NAME
@@ -236,5 +285,5 @@ def _bad_point(i: int) -> BadRequest:
     return BadRequest(
         f"point {i} must have seq (int >= 0), kind (train|validation|system), name (1 to "
         f"{MAX_NAME} characters, no NUL), step (int >= 0), value and ts (finite numbers); "
-        f"seq and step are at most {BIGINT_MAX}"
+        f"seq is below {TRACKING_SEQ_BASE} and step at most {BIGINT_MAX}"
     )
