@@ -1,0 +1,115 @@
+"""examples/ddp for real on the real two-node Slurm (the `multi` partition of `.ci/slurm.sh`: two
+slurmd on this host, multi1 at 127.0.0.2 and multi2 at 127.0.0.3): `torchrun train.py` with no
+torchrun argument, one rank per node, in the job environment's Python (`make jobenv`). Both
+ranks rendezvous at rank 0's node address through the PET_* variables, train with DDP over
+gloo, end with the same weights and a falling loss, and the runner reports both succeeded.
+"""
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+from sf.contract import CONSOLE_LOG, RECORD_KEY_VAR
+
+from jobs.executors import LaunchSpec
+from jobs.executors.base import record_key
+from jobs.executors.slurm import SlurmExecutor
+from jobs.executors.slurm.parse import gpu_count, usable_node_state
+from jobs.models import Cluster
+from tests import frameworks
+from tests.access import let_jobs_through
+from tests.engines.slurm.conftest import slurm
+from tests.engines.slurm.helpers import FINAL, attempt_dir, wait_for
+
+pytestmark = pytest.mark.slurm
+MULTI = ("multi1", "multi2")
+STEPS = 30
+MARKED = re.compile(r"\[rank (\d+)\] (.*)$")
+
+
+@pytest.fixture
+def multi(cluster_settings) -> SlurmExecutor:
+    """An executor on the `multi` partition of the test cluster (row not saved)."""
+    settings = {**cluster_settings, "partition": "multi"}
+    return SlurmExecutor(Cluster(name="slurm-multi", kind="slurm", settings=settings))
+
+
+@pytest.fixture
+def multi_idle(slurm_conf) -> None:
+    """Wait until both multi nodes take jobs and no job holds a GPU there."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        out = slurm("sinfo", "-h", "-N", "-p", "multi", "-O", "NodeList:|,StateLong:|,GresUsed:|",
+                    conf=slurm_conf)  # fmt: skip
+        rows = [line.split("|") for line in out.splitlines() if line.strip()]
+        if sorted(r[0] for r in rows) == list(MULTI) and all(
+            usable_node_state(r[1]) and gpu_count(r[2]) == 0 for r in rows
+        ):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the multi nodes stayed unusable or their GPUs busy: {out.strip()}")
+
+
+def torchrun_spec(token: str, job_python: Path, checkpoints: Path, *args: str) -> LaunchSpec:
+    """`torchrun train.py ARGS` on two nodes with no GPUs (offline runner: no API, no snapshot,
+    so the script is named by its path), signed as the launcher's key would sign it."""
+    run_id = f"{token}ddp"
+    name = f"sf-{run_id}-a1"
+    argv = [str(job_python.parent / "torchrun"), str(frameworks.DDP_EXAMPLE / "train.py"), *args]
+    env = {
+        "SF_API_URL": "",
+        "SF_SNAPSHOT": "",
+        "SF_ENTRYPOINT": json.dumps(argv),
+        "SF_CHECKPOINT_DIR": str(checkpoints),
+        RECORD_KEY_VAR: record_key(name),
+    }
+    return LaunchSpec(
+        name=name,
+        job_id=1,
+        run_id=run_id,
+        attempt=1,
+        total_gpus=0,
+        entrypoint=argv,
+        env=env,
+        nodes=2,
+    )
+
+
+def console_lines(path: Path) -> list[frameworks.Line]:
+    """The runner's console.log as (rank, text): every rank's line is marked `[rank N]`."""
+    found: list[frameworks.Line] = []
+    for line in path.read_text().splitlines():
+        if m := MARKED.match(line):
+            found.append((int(m.group(1)), m.group(2)))
+    return found
+
+
+def test_torchrun_with_no_arguments_trains_one_rank_per_node_to_the_same_weights(
+    multi, token, multi_idle, job_python, tmp_path
+):
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    let_jobs_through(checkpoints)
+    spec = torchrun_spec(token, job_python, checkpoints, "--steps", str(STEPS), "--sleep", "0")
+    ref = multi.submit(spec)
+    final = wait_for(multi, ref, FINAL, timeout=frameworks.TRAINING_S)[-1]
+    lines = console_lines(attempt_dir(multi, spec) / CONSOLE_LOG)
+    assert (final.native_state, final.exit_code) == ("COMPLETED", 0), lines[-20:]
+    ranks = final.details["ranks"]
+    assert [(r["rank"], r["state"], r["exit_code"]) for r in ranks] == [
+        (0, "succeeded", 0),
+        (1, "succeeded", 0),
+    ]
+    assert sorted(r["node"] for r in ranks) == list(MULTI)  # one rank on each node
+    hashes = frameworks.weights(lines)
+    assert sorted(hashes) == [0, 1] and hashes[0] == hashes[1], hashes
+    for rank in (0, 1):
+        points = frameworks.losses(lines, rank)
+        assert [step for step, _ in points] == list(range(1, STEPS + 1)), rank
+        assert frameworks.falls(points), points
+    # Rank 0 saved with torch.save every 10 steps, the last three kept.
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        f"step-{step:08d}.pt" for step in (10, 20, 30)
+    ]
