@@ -230,7 +230,7 @@ class EventInline(admin.TabularInline):
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ("id", "name", "team", "user", "status", "gpus", "submitted_at")
+    list_display = ("id", "name", "team", "user", "status", "total_gpus", "submitted_at")
     list_filter = ("status", "team", "cluster")
     search_fields = ("name", "run_id")
     readonly_fields = [f.name for f in Job._meta.fields]

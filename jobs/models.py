@@ -15,6 +15,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from jobs.gpus import to_gpus_per_node
 from jobs.states import JobStatus
 
 # The longest time limit a job or a team's default may give: 30 days.
@@ -336,9 +337,9 @@ class Job(models.Model):
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs", db_index=False)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, db_index=False)
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, db_index=False)
-    # GPUs the job holds in all: nodes x GPUs per node. Every quota, share, capacity sum and
-    # meter counts this; `gpus_per_node` is what each rank gets.
-    gpus = models.PositiveIntegerField(default=1)
+    # GPUs the job holds in all: nodes x GPUs per node (jobs.gpus). Every quota, share,
+    # capacity sum and meter counts this; `gpus_per_node` is what each rank gets.
+    total_gpus = models.PositiveIntegerField(default=1)
     nodes = models.PositiveIntegerField(default=1, help_text="ranks, each on its own node")
     gpu_type = models.CharField(
         max_length=64, blank=True, help_text="GPU type every node must have; empty: any"
@@ -431,7 +432,7 @@ class Job(models.Model):
 
     @property
     def gpus_per_node(self) -> int:
-        return gpus_per_node(self.gpus, self.nodes)
+        return to_gpus_per_node(self.total_gpus, self.nodes)
 
 
 def virtual_gpus(kind: str, gpus_virtual: bool | None) -> bool:
@@ -454,11 +455,6 @@ def _normal_root(root: str) -> str:
     return str(PurePosixPath(root))
 
 
-def gpus_per_node(gpus: int, nodes: int) -> int:
-    """`Job.gpus_per_node` of a job's columns: `gpus` is the total over its nodes."""
-    return gpus // max(nodes, 1)
-
-
 def new_token_nonce() -> str:
     return secrets.token_hex(16)
 
@@ -469,7 +465,7 @@ class Attempt(models.Model):
     # one_attempt_number (job, number) leads with the job: no index of its own (see Job.team).
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts", db_index=False)
     number = models.PositiveIntegerField()
-    gpus = models.PositiveIntegerField()  # in all: nodes x GPUs per node
+    total_gpus = models.PositiveIntegerField()  # in all: nodes x GPUs per node
     nodes = models.PositiveIntegerField(default=1)
     # Each rank as the engine last reported it: {"rank", "node", "state", "exit_code"}.
     ranks = models.JSONField(default=list, blank=True)

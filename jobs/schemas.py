@@ -84,8 +84,20 @@ class JobIn(Schema):
     snapshot: Text | None = Field(
         None, max_length=64, description="sha256 of an uploaded working-directory snapshot"
     )
-    # Strict: a JSON boolean or string is a client bug, not a count.
-    gpus: int = Field(1, ge=0, le=1024, strict=True, description="GPUs per node")
+    # Strict: a JSON boolean or string is a client bug, not a count. Two names for one count:
+    # `gpus` is the name /api/v1 gave it first, kept so that every body it took still works;
+    # both at once must agree (`jobs.actions.submit.prepare` says which one counts).
+    gpus_per_node: int = Field(
+        1, ge=0, le=1024, strict=True, description="GPUs each node (each rank) gets (default 1)"
+    )
+    gpus: int = Field(
+        1,
+        ge=0,
+        le=1024,
+        strict=True,
+        description="the same as gpus_per_node, under its first name (per node, not in all; "
+        "an answer's `gpus` is in all); give either, or both alike",
+    )
     nodes: int = Field(
         1, ge=1, le=256, strict=True, description="ranks, each on its own node, started at once"
     )
@@ -176,9 +188,10 @@ class JobOut(Schema):
     status: str
     status_reason: str
     terminal: bool
-    gpus: int = Field(description="GPUs in all: nodes x gpus_per_node")
+    total_gpus: int = Field(description="GPUs the job holds in all: nodes x gpus_per_node")
+    gpus: int = Field(description="the same as total_gpus, under its first name in /api/v1")
     nodes: int
-    gpus_per_node: int
+    gpus_per_node: int = Field(description="GPUs each node (each rank) gets")
     gpu_type: str = Field(description="the GPU type asked for; empty: any")
     cpus: int | None = Field(description="CPUs per node asked for")
     memory_mb: int | None = Field(description="MiB per node asked for")
@@ -245,7 +258,8 @@ class JobOut(Schema):
 class AheadOut(Schema):
     id: int | None = Field(description="the job's id; null for another team's job")
     same_team: bool
-    gpus: int
+    total_gpus: int = Field(description="the GPUs it asks for in all")
+    gpus: int = Field(description="the same as total_gpus, under its first name in /api/v1")
 
 
 class RankOut(Schema):
@@ -279,7 +293,8 @@ class AttemptOut(Schema):
     number: int
     backend_name: str
     job_ref: str
-    gpus: int
+    total_gpus: int = Field(description="GPUs the attempt holds in all: nodes x GPUs per node")
+    gpus: int = Field(description="the same as total_gpus, under its first name in /api/v1")
     nodes: int
     ranks: list[RankOut]
     submitted_at: dt.datetime

@@ -69,12 +69,12 @@ def _metered_totals() -> tuple[dict[Key, int], dict[Key, int], int]:
     borrowed: dict[Key, int] = defaultdict(int)
     count = 0
     rows = Attempt.objects.filter(metered=True).values_list(
-        "job__team_id", "job__user_id", "job__cluster_id", "start_time", "end_time", "gpus",
+        "job__team_id", "job__user_id", "job__cluster_id", "start_time", "end_time", "total_gpus",
         "borrowed_from_id",
     )  # fmt: skip
-    for team, user, cluster, start, end, gpus, lender in rows.iterator(chunk_size=5000):
+    for team, user, cluster, start, end, total_gpus, lender in rows.iterator(chunk_size=5000):
         count += 1
-        for day, gpu_us in day_pieces(start, end, gpus, end):
+        for day, gpu_us in day_pieces(start, end, total_gpus, end):
             totals[(day, team, user, cluster)] += gpu_us
             if lender is not None:
                 borrowed[(day, team, user, cluster)] += gpu_us

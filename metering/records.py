@@ -25,18 +25,18 @@ Key = tuple[dt.date, int, int, int]  # day, team_id, user_id, cluster_id
 
 
 def day_pieces(
-    start: dt.datetime | None, end: dt.datetime | None, gpus: int, now: dt.datetime | None
+    start: dt.datetime | None, end: dt.datetime | None, total_gpus: int, now: dt.datetime | None
 ) -> Iterator[tuple[dt.date, int]]:
     """(UTC day, GPU-µs) pieces of one attempt's running time up to its end, or `now` while it
     runs; nothing if it never ran."""
     stop = end or now
-    if start is None or stop is None or gpus == 0:
+    if start is None or stop is None or total_gpus == 0:
         return
     lo, hi = start.astimezone(dt.UTC), stop.astimezone(dt.UTC)
     while lo < hi:
         midnight = dt.datetime.combine(lo.date() + dt.timedelta(days=1), dt.time(), dt.UTC)
         piece_end = min(hi, midnight)
-        yield lo.date(), (piece_end - lo) // ONE_US * gpus
+        yield lo.date(), (piece_end - lo) // ONE_US * total_gpus
         lo = piece_end
 
 
@@ -57,15 +57,15 @@ def meter_ended(job_ids: Iterable[int] | None = None) -> int:
             batch = list(
                 rows.values_list(
                     "pk", "job__team_id", "job__user_id", "job__cluster_id",
-                    "start_time", "end_time", "gpus", "borrowed_from_id",
+                    "start_time", "end_time", "total_gpus", "borrowed_from_id",
                 )[:SWEEP_BATCH]
             )  # fmt: skip
             if not batch:
                 return added
             totals: dict[Key, int] = defaultdict(int)
             borrowed: dict[Key, int] = defaultdict(int)
-            for _, team, user, cluster, start, end, gpus, lender in batch:
-                for day, gpu_us in day_pieces(start, end, gpus, end):
+            for _, team, user, cluster, start, end, total_gpus, lender in batch:
+                for day, gpu_us in day_pieces(start, end, total_gpus, end):
                     totals[(day, team, user, cluster)] += gpu_us
                     if lender is not None:
                         borrowed[(day, team, user, cluster)] += gpu_us
@@ -117,10 +117,10 @@ def forget_deleted(job_id: int) -> None:
     meter_ended([job_id])
     totals: dict[Key, int] = defaultdict(int)
     rows = Attempt.objects.filter(job_id=job_id, metered=True).values_list(
-        "job__team_id", "job__user_id", "job__cluster_id", "start_time", "end_time", "gpus"
+        "job__team_id", "job__user_id", "job__cluster_id", "start_time", "end_time", "total_gpus"
     )
-    for team, user, cluster, start, end, gpus in rows:
-        for day, gpu_us in day_pieces(start, end, gpus, end):
+    for team, user, cluster, start, end, total_gpus in rows:
+        for day, gpu_us in day_pieces(start, end, total_gpus, end):
             totals[(day, team, user, cluster)] += gpu_us
     _add(totals, column="deleted_gpu_us")
 
@@ -169,8 +169,8 @@ def usage_totals(
         totals[(day, team, user, cluster)] += gpu_us
         if lent:
             borrowed[(day, team, user, cluster)] += lent
-    for team, user, cluster, start, end, gpus, lender in running:
-        for day, gpu_us in day_pieces(start, end, gpus, now):
+    for team, user, cluster, start, end, total_gpus, lender in running:
+        for day, gpu_us in day_pieces(start, end, total_gpus, now):
             if since <= day < until:
                 totals[(day, team, user, cluster)] += gpu_us
                 if lender is not None:
@@ -201,7 +201,7 @@ def _narrowed(rows: QuerySet, shape: tuple, ids: dict[str, int], *fields: str) -
 
 UNRECORDED_COLUMNS = (
     "pk", "job__team_id", "job__user_id", "job__cluster_id",
-    "start_time", "end_time", "gpus", "borrowed_from_id",
+    "start_time", "end_time", "total_gpus", "borrowed_from_id",
 )  # fmt: skip
 RECORDS = Prepared(_records)
 UNRECORDED = Prepared(_unrecorded_of)
@@ -216,8 +216,8 @@ def team_gpu_us(since: dt.date, now: dt.datetime) -> dict[int, int]:
     totals: dict[int, int] = defaultdict(int)
     for team, gpu_us in recorded:
         totals[team] += gpu_us or 0
-    for team, _, _, start, end, gpus, _ in running:
-        for day, gpu_us in day_pieces(start, end, gpus, now):
+    for team, _, _, start, end, total_gpus, _ in running:
+        for day, gpu_us in day_pieces(start, end, total_gpus, now):
             if day >= since:
                 totals[team] += gpu_us
     return totals

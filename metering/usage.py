@@ -1,8 +1,10 @@
 """GPU-seconds of attempts, and usage answers for people: the console page, the API, the CLI.
 
-GPU-seconds = (end − start_time) × GPUs per attempt, from the moment the process is up.
-Queued and pending time is never billed (docs/ARCHITECTURE.md, invariant 5): an attempt without a
-`start_time` contributes nothing, and a running attempt accrues up to `now`.
+GPU-seconds = (end − start_time) × the attempt's GPUs in all (`total_gpus`), from the moment
+the process is up. Queued and pending time is never billed (docs/ARCHITECTURE.md, invariant 5):
+an attempt without a `start_time` contributes nothing, and a running attempt accrues up to
+`now`. Metering alone computes them (this module, and `metering.records` in GPU-µs per day);
+every other reader asks here (tests/structure/test_gpu_seconds_have_one_owner.py).
 
 Usage answers read only `metering.records.usage_totals` (records plus the attempts not recorded
 yet), restricted to the teams the caller may see, and name teams, users and clusters for display.
@@ -14,11 +16,11 @@ from collections.abc import Iterable
 from typing import Literal, NamedTuple
 
 from django.contrib.auth.models import User
-from django.db.models import QuerySet
+from django.db.models import DurationField, ExpressionWrapper, F, QuerySet, Sum
 from django.utils import timezone
 
 from jobs.errors import NotFound
-from jobs.models import Cluster
+from jobs.models import Attempt, Cluster
 from jobs.reads.prepared import Prepared, reader
 from jobs.reads.teams import visible_teams
 from metering.records import usage_totals
@@ -31,18 +33,49 @@ Dimension = Literal["team", "user", "cluster", "day"]
 def attempt_gpu_seconds(
     start_time: dt.datetime | None,
     end_time: dt.datetime | None,
-    gpus: int,
+    total_gpus: int,
     now: dt.datetime | None = None,
 ) -> float:
+    """One attempt's GPU-seconds: up to its end, or to `now` while it runs."""
     if start_time is None:
         return 0.0
     end = end_time or now or timezone.now()
-    return max(0.0, (end - start_time).total_seconds()) * gpus
+    return max(0.0, (end - start_time).total_seconds()) * total_gpus
 
 
 def job_gpu_seconds(attempts: Iterable, now: dt.datetime | None = None) -> float:
+    """The GPU-seconds of `attempts` (rows with `start_time`, `end_time`, `total_gpus`)."""
     now = now or timezone.now()
-    return sum(attempt_gpu_seconds(a.start_time, a.end_time, a.gpus, now) for a in attempts)
+    return sum(attempt_gpu_seconds(a.start_time, a.end_time, a.total_gpus, now) for a in attempts)
+
+
+def gpu_seconds_by_team(now: dt.datetime) -> dict[str, float]:
+    """Σ (end or now − start_time) × GPUs over every attempt in the ledger, per team name, in
+    two queries (`/metrics`' counter: unlike the usage records, the attempts of a deleted job
+    leave it).
+
+    Closed attempts are summed in SQL per (team, GPUs), durations as a DurationField so the
+    same query runs on PostgreSQL (interval) and SQLite (microseconds); only the attempts still
+    running are read one by one, and there are never more of them than running jobs.
+    """
+    totals: dict[str, float] = defaultdict(float)
+    closed = (
+        Attempt.objects.filter(start_time__isnull=False, end_time__gte=F("start_time"))
+        .values("job__team__name", "total_gpus")
+        .annotate(
+            ran=Sum(
+                ExpressionWrapper(F("end_time") - F("start_time"), output_field=DurationField())
+            )
+        )
+    )
+    for row in closed:
+        totals[row["job__team__name"]] += row["ran"].total_seconds() * row["total_gpus"]
+    running = Attempt.objects.filter(start_time__isnull=False, end_time__isnull=True)
+    for team, began, total_gpus in running.values_list(
+        "job__team__name", "start_time", "total_gpus"
+    ):
+        totals[team] += attempt_gpu_seconds(began, None, total_gpus, now)
+    return totals
 
 
 class UsageLine(NamedTuple):

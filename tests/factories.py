@@ -10,7 +10,7 @@ from jobs.models import Attempt, ClusterGrant, Job
 _runs = itertools.count(1)
 
 
-def queued_job(team, user, gpus: int = 1, **fields) -> Job:
+def queued_job(team, user, total_gpus: int = 1, **fields) -> Job:
     """A QUEUED job as a submit would have made it: on a cluster its team may use (granted
     here when it is not the team's default), so the scheduler admits it rather than stop it."""
     cluster = fields.pop("cluster", team.default_cluster)
@@ -20,7 +20,7 @@ def queued_job(team, user, gpus: int = 1, **fields) -> Job:
         team=team,
         user=user,
         cluster=cluster,
-        gpus=gpus,
+        total_gpus=total_gpus,
         entrypoint=fields.pop("entrypoint", ["true"]),
         **fields,
     )
@@ -38,7 +38,7 @@ def with_attempt(job: Job, status: str, **attempt_fields) -> Attempt:
     attempt = Attempt.objects.create(
         job=job,
         number=number,
-        gpus=job.gpus,
+        total_gpus=job.total_gpus,
         backend_name=f"sf-{job.run_id}-a{number}",
         **attempt_fields,
     )

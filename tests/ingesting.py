@@ -18,7 +18,7 @@ T0 = 1_700_000_000.0
 def attach_attempt(job_id: int, number: int, status: str = "RUNNING") -> Attempt:
     """Test setup: the job's current attempt is `number`, in `status`, as the launcher leaves it."""
     attempt = Attempt.objects.create(
-        job_id=job_id, number=number, gpus=1, backend_name=f"b-{job_id}-{number}"
+        job_id=job_id, number=number, total_gpus=1, backend_name=f"b-{job_id}-{number}"
     )
     Job.objects.filter(pk=job_id).update(
         current_attempt=attempt, attempt_count=number, status=status, status_changed_at=now()

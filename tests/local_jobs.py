@@ -107,8 +107,8 @@ def local_jobs(live_server, settings, job_dirs):
     request_finished.disconnect(in_flight.finished)
 
 
-def python_job(team, user, code: str, gpus: int = 1) -> Job:
-    return queued_job(team, user, gpus=gpus, entrypoint=[sys.executable, "-c", code])
+def python_job(team, user, code: str, total_gpus: int = 1) -> Job:
+    return queued_job(team, user, total_gpus=total_gpus, entrypoint=[sys.executable, "-c", code])
 
 
 def start(*jobs: Job) -> list[Attempt]:

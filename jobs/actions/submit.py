@@ -19,6 +19,7 @@ from jobs import grants
 from jobs.errors import BadRequest, Forbidden, NotFound
 from jobs.executors import Capacity, executor_for, gpu_type_matches
 from jobs.executors.base import ENV_NAME, GPU_VISIBILITY_VARS, check_request
+from jobs.gpus import to_total_gpus
 from jobs.ledger import creation
 from jobs.models import Cluster, Job, Membership, ScheduleWindow, Snapshot, Team
 from jobs.reads import prepared, teams
@@ -50,6 +51,7 @@ def parse_memory(text: str) -> int:
 class Prepared:
     """What a submission resolved and checked before its transaction."""
 
+    gpus_per_node: int
     team: Team
     cluster: Cluster
     capacity: Capacity
@@ -73,6 +75,7 @@ def submit_job(user: User, data: JobIn) -> Job:
 def prepare(user: User, data: JobIn) -> Prepared:
     """Every check of a submission that needs no lock: team and role, cluster and what it
     could ever hold, priority, environment, window."""
+    gpus_per_node = asked_gpus_per_node(data)
     membership = _resolve_membership(user, data.team)
     team = membership.team
     cluster = _resolve_cluster(team, data.cluster)
@@ -82,8 +85,8 @@ def prepare(user: User, data: JobIn) -> Prepared:
         check_request(cluster, nodes=data.nodes, image=data.image or "")
     except ValueError as exc:
         raise BadRequest(str(exc)) from exc
-    _check_fits(team, cluster, capacity, data.gpus * data.nodes)
-    _check_gang(cluster, capacity, data.nodes, data.gpus, data.gpu_type or "")
+    _check_fits(team, cluster, capacity, to_total_gpus(gpus_per_node, data.nodes))
+    _check_gang(cluster, capacity, data.nodes, gpus_per_node, data.gpu_type or "")
     memory_mb = parse_memory(data.memory) if data.memory is not None else None
     _check_priority(user, membership, data.priority)
     _check_env(data.env)
@@ -95,7 +98,20 @@ def prepare(user: User, data: JobIn) -> Prepared:
             "--window-policy pause needs a window: pass --window NAME, or use a team or "
             "cluster that has one"
         )
-    return Prepared(team, cluster, capacity, memory_mb, window)
+    return Prepared(gpus_per_node, team, cluster, capacity, memory_mb, window)
+
+
+def asked_gpus_per_node(data: JobIn) -> int:
+    """The GPUs per node a body asks for: its `gpus_per_node`, or `gpus` (the same count under
+    its first name in /api/v1), or 1; both given must agree."""
+    named = [name for name in ("gpus_per_node", "gpus") if name in data.model_fields_set]
+    given = {name: getattr(data, name) for name in named}
+    if len(set(given.values())) > 1:
+        raise BadRequest(
+            f"gpus_per_node is {data.gpus_per_node} but gpus is {data.gpus}: both are the GPUs "
+            "per node (gpus is its older name), so give one of them, or both alike"
+        )
+    return next(iter(given.values()), data.gpus_per_node)
 
 
 def job_fields(user: User, data: JobIn, prepared: Prepared) -> dict:
@@ -109,7 +125,7 @@ def job_fields(user: User, data: JobIn, prepared: Prepared) -> dict:
         "team": team,
         "user": user,
         "cluster": cluster,
-        "gpus": data.gpus * data.nodes,
+        "total_gpus": to_total_gpus(prepared.gpus_per_node, data.nodes),
         "nodes": data.nodes,
         "gpu_type": data.gpu_type or "",
         "cpus": data.cpus,
@@ -182,27 +198,27 @@ def _resolve_cluster(team: Team, name: str | None) -> Cluster:
     return cluster
 
 
-def _check_fits(team: Team, cluster: Cluster, capacity: Capacity, gpus: int) -> None:
+def _check_fits(team: Team, cluster: Cluster, capacity: Capacity, total_gpus: int) -> None:
     # Past its quota a job may start only on borrowed GPUs, all of them, within the cap.
-    if gpus > max(team.gpu_quota, team.borrow_cap or 0):
+    if total_gpus > max(team.gpu_quota, team.borrow_cap or 0):
         may_borrow = f" and it may borrow at most {team.borrow_cap}" if team.borrow_cap else ""
         raise BadRequest(
-            f"this job asks for {gpus} GPUs but team {team.name}'s quota is "
+            f"this job asks for {total_gpus} GPUs but team {team.name}'s quota is "
             f"{team.gpu_quota}{may_borrow}; it could never start"
         )
-    if team.max_gpus_per_job is not None and gpus > team.max_gpus_per_job:
+    if team.max_gpus_per_job is not None and total_gpus > team.max_gpus_per_job:
         raise BadRequest(
-            f"this job asks for {gpus} GPUs but team {team.name} allows at most "
+            f"this job asks for {total_gpus} GPUs but team {team.name} allows at most "
             f"{team.max_gpus_per_job} per job"
         )
-    if team.user_gpu_cap is not None and gpus > team.user_gpu_cap:
+    if team.user_gpu_cap is not None and total_gpus > team.user_gpu_cap:
         raise BadRequest(
-            f"this job asks for {gpus} GPUs but team {team.name} caps each member at "
+            f"this job asks for {total_gpus} GPUs but team {team.name} caps each member at "
             f"{team.user_gpu_cap} GPUs at once; it could never start"
         )
-    if capacity.reachable and gpus > capacity.total_gpus:
+    if capacity.reachable and total_gpus > capacity.total_gpus:
         raise BadRequest(
-            f"this job asks for {gpus} GPUs but cluster {cluster.name} has "
+            f"this job asks for {total_gpus} GPUs but cluster {cluster.name} has "
             f"{capacity.total_gpus}; it could never start"
         )
 
@@ -293,6 +309,7 @@ def _check_follow_on(prepared: Prepared, name: str, spec: dict, gpu_type: str) -
             f"[then.{name}] in starforge.toml needs an entrypoint: a command string "
             "or a list of non-empty strings, without NUL characters and with balanced quotes"
         )
+    # A follow-on runs on one node: its `gpus` are per node and in all alike.
     gpus = spec.get("gpus", 0)
     if type(gpus) is not int or not 0 <= gpus <= team.gpu_quota:
         raise BadRequest(

@@ -43,7 +43,8 @@ from metering.usage import attempt_gpu_seconds
 # The CLI sends a token; the console its session (CSRF-checked on POST and DELETE).
 router = Router(auth=[UserToken(), ConsoleSession()], tags=["jobs"])
 DOWNLOAD_PAGE_LINES = 10_000
-COMPUTED = ("gpu_seconds", "ranks")  # attempt fields not read straight off the row
+# AttemptOut's fields not read straight off the row
+COMPUTED = ("gpu_seconds", "ranks", "gpus")
 LOG_FOLLOW_STEP_S = 0.25  # a held follow looks for new lines this often
 FOLLOW_POLL_S = 1.0  # and a follow not held (SF_LOG_FOLLOW_HOLD_S) is asked again after this
 CONTENT_TYPE = f"{RENDERER.media_type}; charset={RENDERER.charset}"
@@ -219,7 +220,8 @@ def job_attempts(request, job_id: int):
         {
             **{f: getattr(a, f) for f in AttemptOut.model_fields if f not in COMPUTED},
             "ranks": rank_rows(a.ranks),
-            "gpu_seconds": attempt_gpu_seconds(a.start_time, a.end_time, a.gpus, now),
+            "gpus": a.total_gpus,  # /api/v1's first name for it
+            "gpu_seconds": attempt_gpu_seconds(a.start_time, a.end_time, a.total_gpus, now),
         }
         for a in job.attempts.order_by("number")
     ]

@@ -7,12 +7,11 @@ The exposition is written by hand (format 0.0.4) so the server needs no client l
 
 import datetime as dt
 import hmac
-from collections import defaultdict
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Sum
+from django.db.models import Count, Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
@@ -21,10 +20,10 @@ from jobs.addresses import client_address, in_networks
 from jobs.auth import UserToken
 from jobs.errors import ApiError
 from jobs.loops import tickstats
-from jobs.models import Attempt, Cluster, Job, Team
+from jobs.models import Cluster, Job, Team
 from jobs.states import JobStatus
 from jobs.throttle import Throttled
-from metering.usage import attempt_gpu_seconds
+from metering.usage import gpu_seconds_by_team
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 Labels = dict[str, str]
@@ -152,38 +151,13 @@ def _gpus_in_use() -> list[Sample]:
     rows = (
         Job.objects.filter(status__in=JobStatus.holds_gpus())
         .values("team__name", "cluster__name")
-        .annotate(gpus=Sum("gpus"))
+        .annotate(held=Sum("total_gpus"))
         .order_by("team__name", "cluster__name")
     )
     return [
-        ("", {"team": row["team__name"], "cluster": row["cluster__name"]}, row["gpus"])
+        ("", {"team": row["team__name"], "cluster": row["cluster__name"]}, row["held"])
         for row in rows
     ]
-
-
-def gpu_seconds_by_team(now: dt.datetime) -> dict[str, float]:
-    """Σ (end or now − start_time) × GPUs over every attempt, per team, in two queries.
-
-    Closed attempts are summed in SQL per (team, GPUs), durations as a DurationField so the
-    same query runs on PostgreSQL (interval) and SQLite (microseconds); only the attempts still
-    running are read one by one, and there are never more of them than running jobs.
-    """
-    totals: dict[str, float] = defaultdict(float)
-    closed = (
-        Attempt.objects.filter(start_time__isnull=False, end_time__gte=F("start_time"))
-        .values("job__team__name", "gpus")
-        .annotate(
-            ran=Sum(
-                ExpressionWrapper(F("end_time") - F("start_time"), output_field=DurationField())
-            )
-        )
-    )
-    for row in closed:
-        totals[row["job__team__name"]] += row["ran"].total_seconds() * row["gpus"]
-    running = Attempt.objects.filter(start_time__isnull=False, end_time__isnull=True)
-    for team, began, gpus in running.values_list("job__team__name", "start_time", "gpus"):
-        totals[team] += attempt_gpu_seconds(began, None, gpus, now)
-    return totals
 
 
 def _gpu_seconds(teams: list[str], now: dt.datetime) -> list[Sample]:

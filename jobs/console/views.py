@@ -115,11 +115,11 @@ def _run_columns(page: list, now) -> None:
     the first attempt's start to the last attempt's end, gaps between attempts included, as a
     run's wall clock) or "none" (never started). `gpu_seconds` is what the meter bills: each
     attempt's (end, or now while up, − start) × its GPUs (`metering.usage.job_gpu_seconds`);
-    `gpu_seconds_ended` leaves out the attempt that is up (`open_start`; `open_gpus` are its
-    GPUs, else the job's), so the page can count it on (static/js/durations.js)."""
+    `gpu_seconds_ended` leaves out the attempt that is up (`open_start`; `open_total_gpus` are
+    its GPUs in all, else the job's), so the page can count it on (static/js/durations.js)."""
     attempts = defaultdict(list)
     rows = Attempt.objects.filter(job_id__in=[job.pk for job in page]).only(
-        "job_id", "start_time", "end_time", "gpus"
+        "job_id", "start_time", "end_time", "total_gpus"
     )
     for attempt in rows:
         attempts[attempt.job_id].append(attempt)
@@ -143,7 +143,7 @@ def _run_columns(page: list, now) -> None:
             "gpu_seconds": job_gpu_seconds(mine, now),
             "gpu_seconds_ended": job_gpu_seconds([a for a in mine if a is not up], now),
             "open_start": up.start_time if up else None,
-            "open_gpus": up.gpus if up else job.gpus,
+            "open_total_gpus": up.total_gpus if up else job.total_gpus,
         }
         if job.status == JobStatus.QUEUED:
             since = job.status_changed_at
@@ -160,7 +160,7 @@ def job_detail(request, job_id: int):
     job = _visible(request, job_id)
     now = timezone.now()
     attempts = [
-        {"a": a, "gpu_seconds": attempt_gpu_seconds(a.start_time, a.end_time, a.gpus, now)}
+        {"a": a, "gpu_seconds": attempt_gpu_seconds(a.start_time, a.end_time, a.total_gpus, now)}
         for a in job.attempts.order_by("number")
     ]
     attempt = current_attempt(job)

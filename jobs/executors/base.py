@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from sf.contract import RUNNER_SECRETS, read_json, record_mac
 
+from jobs.gpus import to_gpus_per_node
 from jobs.states import JobStatus
 
 if TYPE_CHECKING:
@@ -41,12 +42,12 @@ class LaunchSpec:
     job_id: int
     run_id: str
     attempt: int
-    gpus: int
+    total_gpus: int  # the sum over its ranks: nodes x gpus_per_node
     entrypoint: list[str]
     env: dict[str, str]  # user env plus the SF_* contract with the runner
     team: str = ""
     team_id: int = 0  # the local executor runs each team's jobs under its own uid (run_as "team")
-    # What each of the `nodes` ranks needs: `gpus` is the sum over the ranks.
+    # What each of the `nodes` ranks needs (`gpus_per_node` of its GPUs).
     nodes: int = 1
     gpu_type: str = ""  # empty: any type
     cpus: int | None = None  # per node; None: the engine's default
@@ -59,7 +60,7 @@ class LaunchSpec:
 
     @property
     def gpus_per_node(self) -> int:
-        return self.gpus // max(self.nodes, 1)
+        return to_gpus_per_node(self.total_gpus, self.nodes)
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,7 @@ class LocalExecutor:
                 self._open_to(identity)
                 if sandbox.wanted(self.cluster.settings):
                     confine = sandbox.prepare_launch(self.cluster.name)
-            slots = self._free_slots(spec.gpus)
+            slots = self._free_slots(spec.total_gpus)
             attempt_dir.mkdir(parents=True)
             attempt_dir.chmod(0o711)  # the job may pass through to work/, not list or write
             _write_json(attempt_dir / SLOTS_FILE, {"gpus": slots})

@@ -321,7 +321,7 @@ class RayExecutor:
                 f"mkdir -p {attempt_dir} && cd {attempt_dir} && "
                 f"exec {shlex.quote(self.python)} -c {shlex.quote(EXEC_CLEAN)}"
             ),
-            "entrypoint_num_gpus": spec.gpus,
+            "entrypoint_num_gpus": spec.total_gpus,
             **self._accelerator(spec.gpu_type),
             "runtime_env": {"env_vars": env_vars},
             "metadata": {
@@ -330,7 +330,8 @@ class RayExecutor:
                 "sf_attempt": str(spec.attempt),
                 "sf_job_id": str(spec.job_id),
                 "sf_team": spec.team,
-                "sf_gpus": str(spec.gpus),
+                # GPUs in all, under the key the jobs already on Ray carry (`_gpus_held`)
+                "sf_gpus": str(spec.total_gpus),
             },
         }
 

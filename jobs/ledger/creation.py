@@ -15,6 +15,7 @@ from typing import Any
 from django.db import transaction
 
 from jobs import kick
+from jobs.gpus import to_total_gpus
 from jobs.models import Job, JobEvent
 from jobs.states import JobStatus
 
@@ -56,7 +57,7 @@ def follow_on(parent: Job, name: str, spec: dict) -> Job:
         **{field: getattr(parent, field) for field in INHERITED},
         name=f"{parent.name[:150]} → {name}",
         entrypoint=spec["entrypoint"],
-        gpus=spec["gpus"],
+        total_gpus=to_total_gpus(spec["gpus"], nodes=1),  # `[then.NAME] gpus` are per node
         gpu_type=parent.gpu_type if spec["gpus"] else "",
         parent=parent,
         follow_on_name=name,

@@ -79,19 +79,19 @@ def _victim_note(victim: Borrower, grace: int) -> JobEvent:
     # Short enough for the Events tab's column (160 characters); the lender unnamed, as
     # everywhere the borrower reads.
     reason = (
-        f"preemption notice: the lending team needs back the {victim.gpus} GPUs this job "
+        f"preemption notice: the lending team needs back the {victim.total_gpus} GPUs this job "
         f"borrowed; SIGTERM now, SIGKILL in {say(grace)}; then PAUSED and queued again"
     )
-    return _note(victim.job, reason, gpus=victim.gpus, grace_s=grace)
+    return _note(victim.job, reason, gpus=victim.total_gpus, grace_s=grace)
 
 
 def _lender_note(notice: Notice) -> JobEvent:
-    gpus = sum(v.gpus for v in notice.victims)
+    total_gpus = sum(v.total_gpus for v in notice.victims)
     reason = (
-        f"preempting {len(notice.victims)} job(s) on {gpus} GPUs that other teams borrowed "
+        f"preempting {len(notice.victims)} job(s) on {total_gpus} GPUs that other teams borrowed "
         f"from team {notice.lender}: this job needs them back"
     )
-    return _note(notice.job, reason, victims=len(notice.victims), gpus=gpus)
+    return _note(notice.job, reason, victims=len(notice.victims), gpus=total_gpus)
 
 
 def _note(job_id: int, reason: str, **data: int) -> JobEvent:

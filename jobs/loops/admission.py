@@ -39,7 +39,9 @@ class Decided:
             self.reasons[reason].append(job.id)
         blocked = "" if isinstance(reason, Planned) else reason
         self.waiting.append(
-            queueplan.Waiting(job.id, job.team, job.cluster, job.gpus, job.time_limit_s, blocked)
+            queueplan.Waiting(
+                job.id, job.team, job.cluster, job.total_gpus, job.time_limit_s, blocked
+            )
         )
 
 
@@ -49,7 +51,7 @@ def decide(snap: Snapshot, limit: int) -> Decided:
     tally = Tally.start(snap)
     decided = Decided(snap, tally)
     queue = {team: deque(jobs) for team, jobs in snap.queue.items()}
-    held = {team: tally.held.team[team].gpus for team in queue}
+    held = {team: tally.held.team[team].total_gpus for team in queue}
     turn = fairshare.order(list(queue), snap.recent_us, held, snap.teams)
     while turn:
         score, team_id = heapq.heappop(turn)
@@ -61,8 +63,8 @@ def decide(snap: Snapshot, limit: int) -> Decided:
                 break
             lender = tally.take(job, placed)
             record = admission_record(snap, tally, job, lender)
-            decided.admit.append((job.id, job.gpus, lender, record))
-            score = fairshare.charged(score, job.gpus, snap.teams[team_id])
+            decided.admit.append((job.id, job.total_gpus, lender, record))
+            score = fairshare.charged(score, job.total_gpus, snap.teams[team_id])
         else:
             decided.wait(job, reason)
         if queue[team_id]:
@@ -77,7 +79,7 @@ def _verdict(snap: Snapshot, tally: Tally, job: Queued) -> tuple[str | None, lis
     if reason is None:
         reason = tally.backfill.reserved_for_another(job)
     elif isinstance(reason, NoRoom):
-        tally.backfill.reserve(job, tally.held.cluster[job.cluster].gpus)
+        tally.backfill.reserve(job, tally.held.cluster[job.cluster].total_gpus)
     return reason, placed
 
 
@@ -98,9 +100,9 @@ def admission_record(snap: Snapshot, tally: Tally, job: Queued, lender: int | No
         }
     return {
         **borrowed,
-        "team_gpus": held.gpus,
+        "team_gpus": held.total_gpus,
         "team_jobs": held.jobs,
-        "member_gpus": member.gpus,
+        "member_gpus": member.total_gpus,
         "gpu_quota": team.gpu_quota,
         "max_jobs": team.max_jobs,
         "user_gpu_cap": team.user_gpu_cap,

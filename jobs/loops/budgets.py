@@ -32,10 +32,10 @@ def budget_us(team: Team) -> int:
     return int(Decimal(team.gpu_hours_per_month or 0) * US_PER_HOUR)
 
 
-def held_back(team: Team, gpus: int, used_us: int, now: dt.datetime) -> str | None:
-    """Why the team's budget keeps a job of `gpus` GPUs queued (None: it does not): GPU-hours
+def held_back(team: Team, total_gpus: int, used_us: int, now: dt.datetime) -> str | None:
+    """Why the team's budget keeps a job of `total_gpus` GPUs queued (None: it does not): GPU-hours
     are what it counts, so a job without GPUs passes."""
-    if not gpus or team.gpu_hours_per_month is None or used_us < budget_us(team):
+    if not total_gpus or team.gpu_hours_per_month is None or used_us < budget_us(team):
         return None
     renews = (now.astimezone(dt.UTC).replace(day=1) + dt.timedelta(days=32)).replace(day=1)
     return (
@@ -68,7 +68,7 @@ def apply_budget_stops(
     stopped = []
     for team in over:
         ids = list(
-            Job.objects.filter(team=team, status__in=S.active(), gpus__gt=0).values_list(
+            Job.objects.filter(team=team, status__in=S.active(), total_gpus__gt=0).values_list(
                 "pk", flat=True
             )
         )

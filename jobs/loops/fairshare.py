@@ -41,6 +41,6 @@ def order(
     return heap
 
 
-def charged(score: float, gpus: int, team: Team) -> float:
-    """A team's score once it placed a job of `gpus` GPUs."""
-    return score + gpus / max(team.gpu_quota, 1)
+def charged(score: float, total_gpus: int, team: Team) -> float:
+    """A team's score once it placed a job of `total_gpus` GPUs."""
+    return score + total_gpus / max(team.gpu_quota, 1)

@@ -58,12 +58,12 @@ def _rules_gate(snap: Snapshot, team: Team, job: Queued) -> str | None:
     )
     if closed is not None:
         return closed.describe_wait(snap.now)
-    if team.max_gpus_per_job is not None and job.gpus > team.max_gpus_per_job:
+    if team.max_gpus_per_job is not None and job.total_gpus > team.max_gpus_per_job:
         return (
             f"waiting for quota: team {team.name} allows at most {team.max_gpus_per_job} "
-            f"GPUs per job; this job needs {job.gpus}"
+            f"GPUs per job; this job needs {job.total_gpus}"
         )
-    return budgets.held_back(team, job.gpus, snap.month_us.get(team.pk, 0), snap.now)
+    return budgets.held_back(team, job.total_gpus, snap.month_us.get(team.pk, 0), snap.now)
 
 
 def _quota_gate(snap: Snapshot, tally: Tally, team: Team, job: Queued) -> str | None:
@@ -75,23 +75,23 @@ def _quota_gate(snap: Snapshot, tally: Tally, team: Team, job: Queued) -> str | 
             f"waiting for a slot: team {team.name} runs {held.jobs} of the "
             f"{team.max_jobs} jobs it may run at once"
         )
-    if held.gpus + job.gpus > team.gpu_quota:
+    if held.total_gpus + job.total_gpus > team.gpu_quota:
         past = _past_quota(tally, team, job)
         if past is not None:
             return past
     member = tally.held.member[(team.pk, job.user)]
-    if team.user_gpu_cap is not None and member.gpus + job.gpus > team.user_gpu_cap:
+    if team.user_gpu_cap is not None and member.total_gpus + job.total_gpus > team.user_gpu_cap:
         return (
-            f"waiting for quota: {job.username} uses {member.gpus} of the "
+            f"waiting for quota: {job.username} uses {member.total_gpus} of the "
             f"{team.user_gpu_cap} GPUs team {team.name} allows one member; "
-            f"this job needs {job.gpus}"
+            f"this job needs {job.total_gpus}"
         )
     for cap in tally.placement.caps_matching(team.pk, job.gpu_type):
         used, limit = tally.placement.type_use(team.pk, cap), snap.type_caps[team.pk][cap]
-        if used + job.gpus > limit:
+        if used + job.total_gpus > limit:
             return (
                 f"waiting for quota: team {team.name} uses {used} of its {limit} {cap} GPUs; "
-                f"this job needs {job.gpus}"
+                f"this job needs {job.total_gpus}"
             )
     return None
 
@@ -99,18 +99,18 @@ def _quota_gate(snap: Snapshot, tally: Tally, team: Team, job: Queued) -> str | 
 def _past_quota(tally: Tally, team: Team, job: Queued) -> str | None:
     """A job past its team's quota borrows (None: the lender is noted for the tick), or waits:
     for lent GPUs to come back (a lender's job, its borrowers told), or for quota."""
-    lender = lending.lender(tally.lending, tally.held, team, job.gpus)
+    lender = lending.lender(tally.lending, tally.held, team, job.total_gpus)
     if lender is not None:
         tally.lending.borrowing[job.id] = lender.pk
         return None
-    taking = lending.take_back(tally.lending, tally.held, team, job.id, job.user, job.gpus)
+    taking = lending.take_back(tally.lending, tally.held, team, job.id, job.user, job.total_gpus)
     if taking is not None:
         return Planned(taking)
     held = tally.held.team[team.pk]
     return Planned(
-        f"waiting for quota: team {team.name} uses {held.gpus} of "
-        f"{team.gpu_quota} GPUs; this job needs {job.gpus}"
-        + lending.borrow_words(tally.held, team, job.gpus)
+        f"waiting for quota: team {team.name} uses {held.total_gpus} of "
+        f"{team.gpu_quota} GPUs; this job needs {job.total_gpus}"
+        + lending.borrow_words(tally.held, team, job.total_gpus)
     )
 
 
@@ -123,13 +123,13 @@ def _cluster_gate(snap: Snapshot, tally: Tally, team: Team, job: Queued) -> str 
     if not capacity.reachable:
         return f"waiting for cluster {cluster.name}: it cannot be reached ({capacity.message})"
     used = tally.held.cluster[cluster.pk]
-    free = capacity.total_gpus - used.gpus
+    free = capacity.total_gpus - used.total_gpus
     kind = "virtual GPU slots" if capacity.virtual else "GPUs"
-    if job.gpus > free:
+    if job.total_gpus > free:
         why = f" ({capacity.message})" if capacity.message else ""  # e.g. every node drained
         return NoRoom(
             f"waiting for capacity: cluster {cluster.name} has {max(free, 0)} of "
-            f"{capacity.total_gpus} {kind} free{why}; this job needs {job.gpus}"
+            f"{capacity.total_gpus} {kind} free{why}; this job needs {job.total_gpus}"
         )
     if capacity.max_jobs is not None and used.jobs >= capacity.max_jobs:
         return (
@@ -137,14 +137,14 @@ def _cluster_gate(snap: Snapshot, tally: Tally, team: Team, job: Queued) -> str 
             f"{capacity.max_jobs} jobs it allows at once"
         )
     percent = snap.shares.get((team.pk, cluster.pk))
-    if percent is not None and job.gpus:
+    if percent is not None and job.total_gpus:
         limit = capacity.total_gpus * percent // 100
-        mine = tally.held.team_cluster[(team.pk, cluster.pk)].gpus
-        if mine + job.gpus > limit:
+        mine = tally.held.team_cluster[(team.pk, cluster.pk)].total_gpus
+        if mine + job.total_gpus > limit:
             return (
                 f"waiting for share: team {team.name} holds {mine} of its {limit} {kind} "
                 f"on cluster {cluster.name} ({percent}% of {capacity.total_gpus}); "
-                f"this job needs {job.gpus}"
+                f"this job needs {job.total_gpus}"
             )
     return None
 

@@ -13,9 +13,9 @@ from jobs.loops.snapshot import Active
 
 @dataclass
 class Held:
-    """GPUs and jobs held by one team, member, cluster or team on a cluster."""
+    """GPUs (in all) and jobs held by one team, member, cluster or team on a cluster."""
 
-    gpus: int = 0
+    total_gpus: int = 0
     jobs: int = 0
 
 
@@ -30,31 +30,31 @@ class Holdings:
     borrowed: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # by borrower
     lent: dict[int, int] = field(default_factory=lambda: defaultdict(int))  # by lender
 
-    def add(self, team: int, user: int, cluster: int, gpus: int) -> None:
-        """One more job of `team`'s `user` on `cluster`, holding `gpus`."""
+    def add(self, team: int, user: int, cluster: int, total_gpus: int) -> None:
+        """One more job of `team`'s `user` on `cluster`, holding `total_gpus`."""
         for held in (
             self.team[team],
             self.member[(team, user)],
             self.cluster[cluster],
             self.team_cluster[(team, cluster)],
         ):
-            held.gpus += gpus
+            held.total_gpus += total_gpus
             held.jobs += 1
 
-    def lend(self, team: int, lender: int, gpus: int) -> None:
+    def lend(self, team: int, lender: int, total_gpus: int) -> None:
         """GPUs `team` holds on `lender`'s idle quota: they count against the lender's quota
         (its own jobs' room), and against `team`'s borrow cap instead of its quota."""
-        self.team[team].gpus -= gpus
-        self.team[lender].gpus += gpus
-        self.borrowed[team] += gpus
-        self.lent[lender] += gpus
+        self.team[team].total_gpus -= total_gpus
+        self.team[lender].total_gpus += total_gpus
+        self.borrowed[team] += total_gpus
+        self.lent[lender] += total_gpus
 
 
 def holdings_of(active: Iterable[Active]) -> Holdings:
     """What these SUBMITTED+PENDING+RUNNING jobs hold."""
     holdings = Holdings()
     for job in active:
-        holdings.add(job.team, job.user, job.cluster, job.gpus)
+        holdings.add(job.team, job.user, job.cluster, job.total_gpus)
         if job.lender is not None:
-            holdings.lend(job.team, job.lender, job.gpus)
+            holdings.lend(job.team, job.lender, job.total_gpus)
     return holdings

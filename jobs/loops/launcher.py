@@ -305,7 +305,7 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
         job_id=job.pk,
         run_id=job.run_id,
         attempt=attempt.number,
-        gpus=attempt.gpus,
+        total_gpus=attempt.total_gpus,
         entrypoint=list(job.entrypoint),
         env=env,
         team=job.team.name,

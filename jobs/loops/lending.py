@@ -64,53 +64,53 @@ class Lending:
                 for row in rows:
                     if row.preempted_at is not None:
                         self.coming_back[row.lender] = (
-                            self.coming_back.get(row.lender, 0) + row.gpus
+                            self.coming_back.get(row.lender, 0) + row.total_gpus
                         )
         return self.borrowers.get(lender, [])
 
 
-def lender(tick: Lending, held: Holdings, team: Team, gpus: int) -> Team | None:
-    """The lendable team whose idle quota a job of `team` asking for `gpus`, past its own
-    team's quota, may borrow them all from; None: it may not borrow."""
-    if team.borrow_cap is None or not gpus:
+def lender(tick: Lending, held: Holdings, team: Team, total_gpus: int) -> Team | None:
+    """The lendable team whose idle quota a job of `team` asking for `total_gpus`, past its
+    own team's quota, may borrow them all from; None: it may not borrow."""
+    if team.borrow_cap is None or not total_gpus:
         return None
-    if held.borrowed[team.pk] + gpus > team.borrow_cap:
+    if held.borrowed[team.pk] + total_gpus > team.borrow_cap:
         return None
     room = {
-        t.pk: t.gpu_quota - held.team[t.pk].gpus
+        t.pk: t.gpu_quota - held.team[t.pk].total_gpus
         for t in tick.teams.values()
         if t.lendable and t.pk != team.pk and t.pk not in tick.wanting
     }
-    fits = [pk for pk, free in room.items() if free >= gpus]
+    fits = [pk for pk, free in room.items() if free >= total_gpus]
     if not fits:
         return None
     return tick.teams[max(fits, key=lambda pk: (room[pk], -pk))]
 
 
-def borrow_words(held: Holdings, team: Team, gpus: int) -> str:
+def borrow_words(held: Holdings, team: Team, total_gpus: int) -> str:
     """Why a team that may borrow does not, for the waiting reason."""
-    if team.borrow_cap is None or not gpus:
+    if team.borrow_cap is None or not total_gpus:
         return ""
     borrowed = held.borrowed[team.pk]
-    if borrowed + gpus > team.borrow_cap:
+    if borrowed + total_gpus > team.borrow_cap:
         return f" (it borrows {borrowed} of the {team.borrow_cap} GPUs it may borrow)"
     return " (no lendable team has that many idle GPUs)"
 
 
 def take_back(
-    tick: Lending, held: Holdings, team: Team, job: int, user: int, gpus: int
+    tick: Lending, held: Holdings, team: Team, job: int, user: int, total_gpus: int
 ) -> str | None:
-    """For a lendable team's job (`job` of `user`, asking for `gpus`) that its own quota has
+    """For a lendable team's job (`job` of `user`, asking for `total_gpus`) that its quota has
     room for but that lent GPUs keep out: borrowers of those GPUs get a notice (this tick's
     `tick.notices`), enough of them for the job, or none while too few may be preempted yet.
     The job's waiting reason, or None when lending is not what holds it back."""
-    mine, lent = held.team[team.pk].gpus, held.lent[team.pk]
-    if not team.lendable or not lent or not gpus or mine - lent + gpus > team.gpu_quota:
+    mine, lent = held.team[team.pk].total_gpus, held.lent[team.pk]
+    if not team.lendable or not lent or not total_gpus or mine - lent + total_gpus > team.gpu_quota:
         return None
     member = held.member[(team.pk, user)]
-    if team.user_gpu_cap is not None and member.gpus + gpus > team.user_gpu_cap:
+    if team.user_gpu_cap is not None and member.total_gpus + total_gpus > team.user_gpu_cap:
         return None  # the member's cap holds it back whatever comes back
-    short = mine + gpus - team.gpu_quota
+    short = mine + total_gpus - team.gpu_quota
     borrowing = tick.borrowers_of(team.pk)  # the first read also counts what is coming back
     coming = tick.coming_back.get(team.pk, 0)
     counted = min(coming, short)
@@ -175,7 +175,7 @@ def _victims(
         if freed >= short:
             break
         victims.append(borrower)
-        freed += borrower.gpus
+        freed += borrower.total_gpus
     young = [started[b.attempt] + dt.timedelta(seconds=floor) for b in free if b not in ripe]
     return victims, freed, young
 

@@ -38,37 +38,37 @@ class Nodes:
         self.where: dict[int, list[str]] = {}  # active job -> the nodes its ranks hold
 
     def place(
-        self, ranks: int, gpus: int, gpu_type: str, avoid: frozenset[str] = frozenset()
+        self, ranks: int, gpus_per_node: int, gpu_type: str, avoid: frozenset[str] = frozenset()
     ) -> list[str] | None:
-        """The nodes (one per rank) a gang of `ranks` x `gpus` would take now, or None; never
-        a node whose type matches one in `avoid`. Best fit, as the module says."""
-        shape = (ranks, gpus, gpu_type, avoid)
+        """The nodes (one per rank) a gang of `ranks` x `gpus_per_node` would take now, or None;
+        never a node whose type matches one in `avoid`. Best fit, as the module says."""
+        shape = (ranks, gpus_per_node, gpu_type, avoid)
         if shape in self.misses:
             return None
         fits = [
             (free, name)
             for name, free in self.free.items()
-            if free >= gpus
+            if free >= gpus_per_node
             and gpu_type_matches(gpu_type, self.types[name])
             and not any(gpu_type_matches(a, self.types[name]) for a in avoid)
         ]
         chosen: list[str] = []
         for free, name in heapq.nsmallest(ranks, fits) if not self.share else sorted(fits):
-            room = (free // gpus if gpus else ranks) if self.share else 1
+            room = (free // gpus_per_node if gpus_per_node else ranks) if self.share else 1
             chosen += [name] * min(room, ranks - len(chosen))
             if len(chosen) == ranks:
                 return chosen
         self.misses[shape] = len(chosen) if self.share else len(fits)
         return None
 
-    def room(self, ranks: int, gpus: int, gpu_type: str, avoid: frozenset[str]) -> int:
+    def room(self, ranks: int, gpus_per_node: int, gpu_type: str, avoid: frozenset[str]) -> int:
         """How many ranks of that shape had room when `place` last found too few."""
-        return self.misses.get((ranks, gpus, gpu_type, avoid), 0)
+        return self.misses.get((ranks, gpus_per_node, gpu_type, avoid), 0)
 
-    def take(self, names: list[str], gpus: int) -> None:
+    def take(self, names: list[str], gpus_per_node: int) -> None:
         for name in names:
             if name in self.free:
-                self.free[name] -= gpus
+                self.free[name] -= gpus_per_node
 
 
 def held_nodes(capacity: Capacity, active: list[Active]) -> Nodes:
@@ -101,7 +101,7 @@ class Placement:
     def nodes_of(self, cluster: int) -> Nodes:
         if cluster not in self.nodes:
             capacity = self.snap.capacities[cluster][1]
-            mine = [a for a in self.snap.active if a.cluster == cluster and a.gpus > 0]
+            mine = [a for a in self.snap.active if a.cluster == cluster and a.total_gpus > 0]
             self.nodes[cluster] = held_nodes(capacity, mine)
         return self.nodes[cluster]
 
@@ -119,7 +119,7 @@ class Placement:
         """The capped types a job that asks for no type must keep off: those without room."""
         caps = self.snap.type_caps.get(job.team, {})
         return frozenset(
-            c for c, limit in caps.items() if self.type_use(job.team, c) + job.gpus > limit
+            c for c, limit in caps.items() if self.type_use(job.team, c) + job.total_gpus > limit
         )
 
     def hold(self, job: Queued, placed: list[str] | None) -> None:
@@ -131,7 +131,7 @@ class Placement:
         if job.team not in self.snap.type_caps:
             return
         if job.gpu_type:
-            self._count(job.team, job.gpu_type, job.gpus)
+            self._count(job.team, job.gpu_type, job.total_gpus)
         elif placed is not None:
             for name in placed:
                 self._count(job.team, nodes.types[name], job.gpus_per_node)
@@ -151,11 +151,11 @@ class Placement:
         counts)."""
         used: dict[tuple[int, str], int] = {}
         for job in self.snap.active:
-            if job.team not in self.snap.type_caps or not job.gpus:
+            if job.team not in self.snap.type_caps or not job.total_gpus:
                 continue
             kinds = [job.gpu_type] if job.gpu_type else self._node_types(job)
             for kind in kinds:
-                share = job.gpus if job.gpu_type else job.gpus_per_node
+                share = job.total_gpus if job.gpu_type else job.gpus_per_node
                 for cap in self.caps_matching(job.team, kind):
                     used[(job.team, cap)] = used.get((job.team, cap), 0) + share
         return used

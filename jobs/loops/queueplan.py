@@ -43,7 +43,7 @@ class Waiting:
     id: int
     team: int
     cluster: int
-    gpus: int
+    total_gpus: int
     time_limit_s: int | None
     # Why no estimate can be given whatever the GPUs do ("" when one can be): a closed
     # window, a used-up budget, an unreachable cluster.
@@ -56,7 +56,7 @@ class Holding:
 
     team: int
     cluster: int
-    gpus: int
+    total_gpus: int
     until: float | None
 
 
@@ -148,7 +148,7 @@ def plan(
             if held.until is None:
                 profile.unbounded += 1
             else:
-                profile.add(max(held.until, now), held.gpus)
+                profile.add(max(held.until, now), held.total_gpus)
     entries: dict[int, Entry] = {}
     seen: dict[int, int] = defaultdict(int)  # cluster -> waiting jobs so far
     gpus_seen: dict[int, int] = defaultdict(int)
@@ -177,8 +177,8 @@ def plan(
             estimated_start=start,
             no_estimate=why,
         )
-        nearest[c].append((job.id, job.team, job.gpus))
-        gpus_seen[c] += job.gpus
+        nearest[c].append((job.id, job.team, job.total_gpus))
+        gpus_seen[c] += job.total_gpus
     return entries, dict(seen)
 
 
@@ -191,34 +191,34 @@ def _place(
     now: float,
 ) -> tuple[float | None, str]:
     """The job's earliest start, taken from both profiles, or why there is none."""
-    if job.gpus == 0:
+    if job.total_gpus == 0:
         return now, ""
-    if total is not None and job.gpus > total:
-        return None, f"cluster {name} has {total} GPUs; this job needs {job.gpus}"
+    if total is not None and job.total_gpus > total:
+        return None, f"cluster {name} has {total} GPUs; this job needs {job.total_gpus}"
     duration = float(job.time_limit_s) if job.time_limit_s else None
     start = now
     for _ in range(100):  # each round moves `start` later; a handful suffices in practice
-        on_cluster = cluster.earliest(job.gpus, duration, start)
+        on_cluster = cluster.earliest(job.total_gpus, duration, start)
         if on_cluster is None:
-            return None, _never(f"cluster {name}'s GPUs", cluster, job.gpus)
-        in_quota = team.earliest(job.gpus, duration, on_cluster) if team else on_cluster
+            return None, _never(f"cluster {name}'s GPUs", cluster, job.total_gpus)
+        in_quota = team.earliest(job.total_gpus, duration, on_cluster) if team else on_cluster
         if in_quota is None:
-            return None, _never("its team's quota", team, job.gpus)  # type: ignore[arg-type]
+            return None, _never("its team's quota", team, job.total_gpus)  # type: ignore[arg-type]
         if in_quota == on_cluster:
             until = on_cluster + duration if duration is not None else None
             for profile in (cluster, team):
                 if profile is not None:
-                    profile.add(on_cluster, -job.gpus, until)
+                    profile.add(on_cluster, -job.total_gpus, until)
                     profile.unbounded += until is None
             return on_cluster, ""
         start = in_quota
     return None, "the plan found no time when both its cluster and its team have room"
 
 
-def _never(what: str, profile: Profile, gpus: int) -> str:
+def _never(what: str, profile: Profile, total_gpus: int) -> str:
     held = profile.unbounded
     if not held:
-        return f"{what} never have room for its {gpus} GPUs"
+        return f"{what} never have room for its {total_gpus} GPUs"
     return (
         f"{what} it needs are held by {held} running or earlier job{'s' if held != 1 else ''} "
         "without a time limit, so when they come back is unknown"

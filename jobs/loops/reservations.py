@@ -44,7 +44,7 @@ def active_holdings(snap: Snapshot, told: Collection[int] = ()) -> list[Holding]
     holdings = []
     now = snap.now.timestamp()
     for job in snap.active:
-        if not job.gpus:
+        if not job.total_gpus:
             continue
         # Not started yet: counted from its admission, a time that does not move, so a
         # reservation's start does not slide later tick after tick.
@@ -55,7 +55,7 @@ def active_holdings(snap: Snapshot, told: Collection[int] = ()) -> list[Holding]
         if preempted is not None:
             killed = preempted.timestamp() + snap.grace_s(job.cluster)
             until = killed if until is None else min(until, killed)
-        holdings.append(Holding(job.lender or job.team, job.cluster, job.gpus, until))
+        holdings.append(Holding(job.lender or job.team, job.cluster, job.total_gpus, until))
     return holdings
 
 
@@ -72,7 +72,7 @@ class Backfill:
         """Reserve for `job`, which found no room on a cluster whose active jobs hold
         `held_gpus`, the GPUs it will have first, as the plan says; only the first such job of
         each cluster."""
-        if job.cluster in self.reservations or not job.gpus:
+        if job.cluster in self.reservations or not job.total_gpus:
             return
         capacity = self.snap.capacities[job.cluster][1]
         now = self.snap.now.timestamp()
@@ -81,9 +81,9 @@ class Backfill:
             self._held = active_holdings(self.snap)
         for held in self._held + self.admitted:
             if held.cluster == job.cluster and held.until is not None:
-                free.add(max(held.until, now), held.gpus)
+                free.add(max(held.until, now), held.total_gpus)
         duration = float(job.time_limit_s) if job.time_limit_s else None
-        start = free.earliest(job.gpus, duration, now)
+        start = free.earliest(job.total_gpus, duration, now)
         waited = (self.snap.now - (job.queued_at or self.snap.now)).total_seconds()
         self.reservations[job.cluster] = Reservation(
             job, start, waited > settings.SF_RESERVE_AGE_S, free
@@ -93,19 +93,19 @@ class Backfill:
         """Why a job that fits now must not start: it would take GPUs reserved for a job ahead
         of it, past the time they are reserved from. None: it may start (backfill)."""
         held = self.reservations.get(job.cluster)
-        if held is None or not job.gpus:
+        if held is None or not job.total_gpus:
             return None
         now = self.snap.now.timestamp()
         end = now + job.time_limit_s if job.time_limit_s else None
         if end is not None and (held.start is None or end <= held.start):
             return None  # done before the reserved job can start
-        if held.start is not None and _room_left(held, job.gpus):
+        if held.start is not None and _room_left(held, job.total_gpus):
             return None  # the reserved job still has its GPUs at its start
         if end is None and not held.old:
             return None  # a young reservation: jobs without a time limit may still pass it
         cluster = self.snap.capacities[job.cluster][0].name
         when = f"from {_clock(held.start)} UTC" if held.start is not None else "as they come back"
-        ahead = f"a job that waited longer ({held.job.gpus} GPUs)"
+        ahead = f"a job that waited longer ({held.job.total_gpus} GPUs)"
         if end is None:
             return NoRoom(
                 f"waiting for reserved GPUs: cluster {cluster}'s GPUs are reserved {when} for "
@@ -120,24 +120,24 @@ class Backfill:
     def took(self, job: Queued, lender: int | None) -> None:
         """An admission of this tick (on `lender`'s GPUs, or its own team's): it holds its GPUs
         until its time limit runs out."""
-        if not job.gpus:
+        if not job.total_gpus:
             return
         now = self.snap.now.timestamp()
         until = now + job.time_limit_s if job.time_limit_s else None
-        self.admitted.append(Holding(lender or job.team, job.cluster, job.gpus, until))
+        self.admitted.append(Holding(lender or job.team, job.cluster, job.total_gpus, until))
         held = self.reservations.get(job.cluster)
         if held is not None:
-            held.free.add(now, -job.gpus, until)
+            held.free.add(now, -job.total_gpus, until)
 
 
-def _room_left(held: Reservation, gpus: int) -> bool:
-    """The reserved job would still find its GPUs at its start with `gpus` more taken for
+def _room_left(held: Reservation, total_gpus: int) -> bool:
+    """The reserved job would still find its GPUs at its start with `total_gpus` more taken for
     good from now."""
     if held.start is None:
         return False
     free = held.free
     k = bisect.bisect_right(free.times, held.start) - 1
-    return min(free.free[k:]) - gpus >= held.job.gpus
+    return min(free.free[k:]) - total_gpus >= held.job.total_gpus
 
 
 def _clock(epoch: float) -> str:

@@ -185,7 +185,7 @@ def _submit(admit: list[Admission], now: dt.datetime) -> list[int]:
     """The admitted jobs SUBMITTED, each with its new attempt opened; returns the attempts."""
     if not admit:
         return []
-    gpus_by_job = {job_id: gpus for job_id, gpus, _, _ in admit}
+    total_gpus_by_job = {job_id: total_gpus for job_id, total_gpus, _, _ in admit}
     lender_by_job = {job_id: lender for job_id, _, lender, _ in admit}
     changes = [
         Change(
@@ -204,7 +204,7 @@ def _submit(admit: list[Admission], now: dt.datetime) -> list[int]:
         Attempt(
             job_id=job.pk,
             number=job.attempt_count + 1,
-            gpus=gpus_by_job[job.pk],
+            total_gpus=total_gpus_by_job[job.pk],
             nodes=job.nodes,
             backend_name=backend_name(job.run_id, job.attempt_count + 1),
             borrowed_from_id=lender_by_job[job.pk],
@@ -231,8 +231,8 @@ def _planner(decided: Decided) -> Callable[[], tuple]:
     for pk, (cluster, cap) in snap.capacities.items():
         names[pk] = cluster.name
         capacity[pk] = cap.total_gpus if cap.reachable else None
-        free[pk] = cap.total_gpus - tally.held.cluster[pk].gpus
-    room = {pk: team.gpu_quota - tally.held.team[pk].gpus for pk, team in snap.teams.items()}
+        free[pk] = cap.total_gpus - tally.held.cluster[pk].total_gpus
+    room = {pk: team.gpu_quota - tally.held.team[pk].total_gpus for pk, team in snap.teams.items()}
     told, admitted, waiting = tally.lending.notified, tally.backfill.admitted, decided.waiting
 
     def plan() -> tuple:

@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from jobs.executors import Capacity, executor_for
 from jobs.executors.base import preempt_grace_s
+from jobs.gpus import to_gpus_per_node
 from jobs.loops.budgets import month_usage
 from jobs.loops.fairshare import recent_usage
 from jobs.loops.windows import read_windows
@@ -50,7 +51,7 @@ class Queued(NamedTuple):
     user: int
     username: str
     cluster: int
-    gpus: int
+    total_gpus: int
     window: int | None
     old_reason: str
     nodes: int = 1
@@ -62,7 +63,7 @@ class Queued(NamedTuple):
 
     @property
     def gpus_per_node(self) -> int:
-        return self.gpus // max(self.nodes, 1)
+        return to_gpus_per_node(self.total_gpus, self.nodes)
 
 
 class Active(NamedTuple):
@@ -73,7 +74,7 @@ class Active(NamedTuple):
     team: int
     user: int
     cluster: int
-    gpus: int
+    total_gpus: int
     nodes: int
     gpu_type: str
     array: int | None
@@ -87,7 +88,7 @@ class Active(NamedTuple):
 
     @property
     def gpus_per_node(self) -> int:
-        return self.gpus // max(self.nodes, 1)
+        return to_gpus_per_node(self.total_gpus, self.nodes)
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ def read_queue() -> dict[int, list[Queued]]:
         Job.objects.filter(status=S.QUEUED)
         .order_by("-priority", "submitted_at", "id")
         .values_list(
-            "id", "team_id", "user_id", "user__username", "cluster_id", "gpus", "window_id",
+            "id", "team_id", "user_id", "user__username", "cluster_id", "total_gpus", "window_id",
             "status_reason", "nodes", "gpu_type", "time_limit_s", "status_changed_at",
             "array_id", "array__max_parallel",
         )
@@ -175,7 +176,7 @@ def read_active(ranks: bool) -> list[Active]:
     """Every active job in one query; with `ranks`, the nodes its ranks were seen on too (read
     only where some cluster reports its nodes: they are a list per job)."""
     columns = [
-        "pk", "team_id", "user_id", "cluster_id", "gpus", "nodes", "gpu_type", "array_id",
+        "pk", "team_id", "user_id", "cluster_id", "total_gpus", "nodes", "gpu_type", "array_id",
         "time_limit_s", "current_attempt_id", "current_attempt__start_time",
         "current_attempt__submitted_at", "current_attempt__preempted_at",
         "current_attempt__borrowed_from",

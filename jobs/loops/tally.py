@@ -28,7 +28,9 @@ class Tally:
     def start(cls, snap: Snapshot) -> "Tally":
         lending = Lending(snap.now, snap.teams, snap.grace_s, set(snap.capacities))
         # Teams with a GPU job of their own waiting lend nothing this tick.
-        lending.wanting = {team for team, jobs in snap.queue.items() if any(j.gpus for j in jobs)}
+        lending.wanting = {
+            team for team, jobs in snap.queue.items() if any(j.total_gpus for j in jobs)
+        }
         return cls(
             held=holdings_of(snap.active),
             lending=lending,
@@ -46,7 +48,7 @@ class Tally:
         self.backfill.took(job, lender)
         if job.array_cap is not None and job.array is not None:
             self.array_tasks[job.array] = self.array_tasks.get(job.array, 0) + 1
-        self.held.add(job.team, job.user, job.cluster, job.gpus)
+        self.held.add(job.team, job.user, job.cluster, job.total_gpus)
         if lender is not None:
-            self.held.lend(job.team, lender, job.gpus)
+            self.held.lend(job.team, lender, job.total_gpus)
         return lender

@@ -91,8 +91,8 @@ def _preemption(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str
             then = f"attempt {job.attempt_count} resumed it from its checkpoint"
         sentences.append(
             f"Attempt {last.number} was preempted at {last.preempted_at:%H:%M:%S} UTC: the "
-            f"lending team took back the {last.gpus} GPUs it had borrowed. It ran {ran} (billed as "
-            f"run) and ended at {end:%H:%M:%S} UTC{_checkpoint(last)}; {then}. "
+            f"lending team took back the {last.total_gpus} GPUs it had borrowed. It ran {ran} "
+            f"(billed as run) and ended at {end:%H:%M:%S} UTC{_checkpoint(last)}; {then}. "
             "A resume after a preemption spends no retry."
         )
     return sentences
@@ -127,7 +127,7 @@ def _by_status(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str]
     if status == S.PENDING and attempt is not None:
         return _pending(job, attempt, now)
     if status == S.RUNNING and attempt is not None and attempt.start_time:
-        used = attempt_gpu_seconds(attempt.start_time, None, attempt.gpus, now)
+        used = attempt_gpu_seconds(attempt.start_time, None, attempt.total_gpus, now)
         return [
             f"Running since {attempt.start_time:%Y-%m-%d %H:%M:%S} UTC on {_gpus(job)} "
             f"of {job.cluster.name} as {attempt.job_ref}; {used:.0f} GPU-seconds so far.",
@@ -154,9 +154,9 @@ def _queue_place(job: Job) -> list[str]:
     )
     if place["ahead_jobs"]:
         nearest = ", ".join(
-            f"job {a['id']} ({_n(a['gpus'], 'GPU')})"
+            f"job {a['id']} ({_n(a['total_gpus'], 'GPU')})"
             if a["id"] is not None
-            else f"another team's job ({_n(a['gpus'], 'GPU')})"
+            else f"another team's job ({_n(a['total_gpus'], 'GPU')})"
             for a in place["ahead"]
         )
         text += (
@@ -196,9 +196,9 @@ def _time_limit(job: Job, start: dt.datetime, now: dt.datetime) -> str:
 def _gpus(job: Job) -> str:
     """What the job holds, in words: "2 GPU(s)", or "8 GPUs (2 nodes x 4 a100)"."""
     if job.nodes < 2:
-        return f"{job.gpus} GPU(s)" + (f" ({job.gpu_type})" if job.gpu_type else "")
+        return f"{job.total_gpus} GPU(s)" + (f" ({job.gpu_type})" if job.gpu_type else "")
     kind = f" {job.gpu_type}" if job.gpu_type else ""
-    return f"{job.gpus} GPUs ({job.nodes} nodes x {job.gpus_per_node}{kind})"
+    return f"{job.total_gpus} GPUs ({job.nodes} nodes x {job.gpus_per_node}{kind})"
 
 
 def _ranks(job: Job, attempt: Attempt | None) -> list[str]:

@@ -13,13 +13,15 @@ import datetime as dt
 from django.core.serializers.json import DjangoJSONEncoder
 
 from jobs.executors.base import PREEMPT_GRACE, preempt_grace_s
-from jobs.models import gpus_per_node, run_output_dir, virtual_gpus
+from jobs.gpus import to_gpus_per_node
+from jobs.models import run_output_dir, virtual_gpus
 from jobs.reads.visible import retry_refusal
 from jobs.states import JobStatus
 from metering.usage import attempt_gpu_seconds
 
 RANK_KEYS = frozenset(("rank", "node", "state", "exit_code"))
-Started = tuple[dt.datetime, dt.datetime | None, int]  # start, end, GPUs of a started attempt
+# start, end, GPUs in all of a started attempt
+Started = tuple[dt.datetime, dt.datetime | None, int]
 _written = DjangoJSONEncoder().default
 
 
@@ -43,7 +45,9 @@ def job_out(
     why_not_retry = retry_refusal(
         job["status"], job["snapshot_id"], job["snapshot__deleted_reason"] or ""
     )
-    gpu_seconds = sum(attempt_gpu_seconds(start, end, gpus, now) for start, end, gpus in started)
+    gpu_seconds = sum(
+        attempt_gpu_seconds(start, end, total_gpus, now) for start, end, total_gpus in started
+    )
     return {
         **shown,
         "gpu_seconds": float(round(gpu_seconds, 3)),
@@ -70,9 +74,10 @@ def shown_of(job: dict) -> dict:
         "status": job["status"],
         "status_reason": job["status_reason"],
         "terminal": job["status"] in JobStatus.terminal(),
-        "gpus": job["gpus"],
+        "total_gpus": job["total_gpus"],
+        "gpus": job["total_gpus"],  # /api/v1's first name for it (JobOut)
         "nodes": job["nodes"],
-        "gpus_per_node": gpus_per_node(job["gpus"], job["nodes"]),
+        "gpus_per_node": to_gpus_per_node(job["total_gpus"], job["nodes"]),
         "gpu_type": job["gpu_type"],
         "cpus": job["cpus"],
         "memory_mb": job["memory_mb"],

@@ -35,7 +35,7 @@ JOB_COLUMNS = (
     "cluster__settings__output_root",
     "status",
     "status_reason",
-    "gpus",
+    "total_gpus",
     "nodes",
     "gpu_type",
     "cpus",
@@ -124,7 +124,7 @@ def _started_attempts(shape: tuple, job_id: int) -> QuerySet:
 def _billable(attempts: QuerySet) -> QuerySet:
     """What a job's GPU-seconds are summed from: its attempts that started."""
     return attempts.filter(start_time__isnull=False).values_list(
-        "job_id", "start_time", "end_time", "gpus"
+        "job_id", "start_time", "end_time", "total_gpus"
     )
 
 

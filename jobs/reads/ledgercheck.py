@@ -66,13 +66,13 @@ def quotas_now(now: dt.datetime) -> Iterator[str]:
     borrowed: dict[int, int] = defaultdict(int)
     jobs: dict[int, int] = defaultdict(int)
     rows = active.values("team_id", "current_attempt__borrowed_from").annotate(
-        gpus=Sum("gpus"), jobs=Count("id")
+        held=Sum("total_gpus"), jobs=Count("id")
     )
     for row in rows:
         lender = row["current_attempt__borrowed_from"]
-        on_quota[lender or row["team_id"]] += row["gpus"] or 0
+        on_quota[lender or row["team_id"]] += row["held"] or 0
         if lender is not None:
-            borrowed[row["team_id"]] += row["gpus"] or 0
+            borrowed[row["team_id"]] += row["held"] or 0
         jobs[row["team_id"]] += row["jobs"]
     for pk, gpus in on_quota.items():
         team = teams[pk]
@@ -86,7 +86,7 @@ def quotas_now(now: dt.datetime) -> Iterator[str]:
         team = teams[pk]
         if team.max_jobs is not None and count > team.max_jobs:
             yield f"team {team.name}: runs {count} jobs, slots {team.max_jobs}"
-    by_member = active.values("team_id", "user__username").annotate(held=Sum("gpus"))
+    by_member = active.values("team_id", "user__username").annotate(held=Sum("total_gpus"))
     for member in by_member:
         team = teams[member["team_id"]]
         if team.user_gpu_cap is not None and member["held"] > team.user_gpu_cap:
@@ -100,7 +100,7 @@ def admissions(now: dt.datetime) -> Iterator[str]:
     """Replay every status event in order: at each admission the team held no more than the
     quotas recorded in that admission event, and a lender no more than its quota (as recorded
     by events written before lenders went unnamed, else its quota now)."""
-    gpus = dict(Job.objects.values_list("pk", "gpus"))
+    total_gpus = dict(Job.objects.values_list("pk", "total_gpus"))
     owner = {pk: (team, user) for pk, team, user in Job.objects.values_list("pk", "team", "user")}
     quota_now = dict(Team.objects.values_list("pk", "gpu_quota"))
     team_gpus: dict[int, int] = defaultdict(int)  # on each team's quota (lent GPUs included)
@@ -127,11 +127,11 @@ def admissions(now: dt.datetime) -> Iterator[str]:
                 lender[job_id] = lenders[(job_id, admitted_times[job_id])]
         sign = (dst in holding) - (src in holding)
         on = lender.get(job_id, team)
-        team_gpus[on] += sign * gpus[job_id]
+        team_gpus[on] += sign * total_gpus[job_id]
         if on != team:
-            borrowed[team] += sign * gpus[job_id]
+            borrowed[team] += sign * total_gpus[job_id]
         team_jobs[team] += sign
-        member_gpus[(team, user)] += sign * gpus[job_id]
+        member_gpus[(team, user)] += sign * total_gpus[job_id]
         if not admitted or not data:
             continue
         limits = [

@@ -34,7 +34,7 @@ class Borrower:
     job: int
     lender: int
     cluster: int
-    gpus: int
+    total_gpus: int
     priority: int
     job_ref: str
     started: dt.datetime | None
@@ -57,7 +57,7 @@ def borrowers() -> dict[int, list[Borrower]]:
         job__status__in=S.active(),
         job__current_attempt=F("pk"),
     ).values_list(
-        "pk", "job_id", "borrowed_from_id", "job__cluster_id", "gpus", "job__priority",
+        "pk", "job_id", "borrowed_from_id", "job__cluster_id", "total_gpus", "job__priority",
         "job_ref", "start_time", "checkpoint_at", "preempted_at",
     )  # fmt: skip
     found: dict[int, list[Borrower]] = defaultdict(list)

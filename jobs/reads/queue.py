@@ -71,9 +71,10 @@ def _place(packed: queueplan.Packed, team_id: int, staff: bool, at: float | None
         {
             "id": job if staff or team == team_id else None,
             "same_team": team == team_id,
-            "gpus": gpus,
+            "total_gpus": total_gpus,
+            "gpus": total_gpus,  # /api/v1's first name for it (AheadOut)
         }
-        for job, team, gpus in entry["a"]
+        for job, team, total_gpus in entry["a"]
     ]
     start = entry["e"]
     return {

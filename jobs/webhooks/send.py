@@ -59,7 +59,9 @@ def payload(delivery: WebhookDelivery, now: dt.datetime) -> dict:
         "status": job.status,
         "reason": job.status_reason[:2000],
         "attempt": job.attempt_count,
-        "gpus": job.gpus,
+        "gpus": job.total_gpus,  # in all, as ever: a payload's fields are a contract
+        "total_gpus": job.total_gpus,
+        "gpus_per_node": job.gpus_per_node,
         "gpu_seconds": round(job_gpu_seconds(Attempt.objects.filter(job=job), now), 3),
         "submitted_at": _iso(job.submitted_at),
         "status_changed_at": _iso(job.status_changed_at),

@@ -4,8 +4,9 @@
 // Each Duration cell carries `data-state` (waiting, running, ran, none), `data-start` (the
 // first attempt's start), `data-end` (the last end) and `data-since` (when it entered the
 // queue); each GPU-hours cell the GPU-seconds of its ended attempts (`data-gpu-seconds`), the
-// start of the attempt that is up (`data-open-start`) and its GPUs (`data-gpus`). The server
-// writes the same text (jobs/console/views.py `_run_columns`); this only keeps it current.
+// start of the attempt that is up (`data-open-start`) and its GPUs in all (`data-total-gpus`).
+// The server writes the same text (jobs/console/views.py `_run_columns`, from metering's
+// figures); this only keeps it current, by metering's rule: seconds up × GPUs in all.
 (function () {
   "use strict";
   const utc = (date) => window.StarforgeTime.utc(date);
@@ -43,7 +44,7 @@
   function drawGpuHours(cell, now) {
     let total = parseFloat(cell.dataset.gpuSeconds) || 0;
     if (cell.dataset.openStart) {
-      total += seconds(at(cell, "open-start"), now) * (parseInt(cell.dataset.gpus, 10) || 0);
+      total += seconds(at(cell, "open-start"), now) * (parseInt(cell.dataset.totalGpus, 10) || 0);
     }
     const started = cell.closest("tr").querySelector("td.duration")?.dataset.start;
     cell.textContent = started ? gpuHours(total) : "—";
@@ -79,7 +80,7 @@
       duration.dataset.state = duration.dataset.start ? "ran" : "none";
     }
     if (status !== "RUNNING" && hours.dataset.openStart) {
-      const ran = seconds(at(hours, "open-start"), when) * (parseInt(hours.dataset.gpus, 10) || 0);
+      const ran = seconds(at(hours, "open-start"), when) * (parseInt(hours.dataset.totalGpus, 10) || 0);
       hours.dataset.gpuSeconds = String((parseFloat(hours.dataset.gpuSeconds) || 0) + ran);
       delete hours.dataset.openStart;
     }

@@ -103,7 +103,7 @@ def test_an_array_file_gives_each_task_its_parameters_and_the_runner_its_variabl
     assert answer.json()["spec"] == "file"
     second = Job.objects.get(array_index=1)
     assert second.entrypoint == ["python", "train.py", "--lr", "0.01"]
-    attempt = Attempt.objects.create(job=second, number=1, gpus=1, backend_name="sf-x-a1")
+    attempt = Attempt.objects.create(job=second, number=1, total_gpus=1, backend_name="sf-x-a1")
     env = launch_spec(second, attempt).env
     assert env["SF_ARRAY_INDEX"] == "1" and env["SF_ARRAY_ID"] == str(second.array_id)
     assert json.loads(env["SF_ARRAY_PARAMS"]) == {"lr": 0.01, "depth": 8}
@@ -204,7 +204,7 @@ def test_an_array_reads_with_its_tasks_and_their_latest_metrics(api):
 
     array = submit(api, array="0-2").json()
     first = Job.objects.get(array_index=0)
-    Attempt.objects.create(job=first, number=1, gpus=1, backend_name="sf-a-a1")
+    Attempt.objects.create(job=first, number=1, total_gpus=1, backend_name="sf-a-a1")
     now = timezone.now().timestamp()
     append(
         first.pk,

@@ -24,7 +24,7 @@ def ledger() -> tuple[list, list, list]:
 
 def start_attempt(job_id: int, status: str = "RUNNING") -> Attempt:
     attempt = Attempt.objects.create(
-        job_id=job_id, number=1, gpus=1, backend_name="a-1", job_ref="ref-1"
+        job_id=job_id, number=1, total_gpus=1, backend_name="a-1", job_ref="ref-1"
     )
     Job.objects.filter(pk=job_id).update(current_attempt=attempt, attempt_count=1)
     put_in(job_id, status)

@@ -50,7 +50,7 @@ def _whole_seconds(value):
 @pytest.fixture
 def jobs(team, alice):
     """Jobs in several states, two with attempts that ran, one with ranks."""
-    made = [queued_job(team, alice, gpus=1) for _ in range(5)]
+    made = [queued_job(team, alice, total_gpus=1) for _ in range(5)]
     start = timezone.now() - dt.timedelta(hours=1)
     with_attempt(made[0], "SUCCEEDED", start_time=start, end_time=start + dt.timedelta(seconds=90))
     ranks = [{"rank": 0, "node": "n0", "state": "running", "exit_code": None}]
@@ -79,7 +79,7 @@ def test_a_page_of_jobs_is_three_queries_however_many_it_holds(api, team, alice,
 
 
 def test_a_retried_job_bills_its_earlier_attempts_while_its_current_one_waits(api, team, alice):
-    job = queued_job(team, alice, gpus=2)
+    job = queued_job(team, alice, total_gpus=2)
     start = timezone.now() - dt.timedelta(hours=1)
     with_attempt(job, "FAILED", start_time=start, end_time=start + dt.timedelta(seconds=90))
     job.refresh_from_db()

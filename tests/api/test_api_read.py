@@ -103,7 +103,9 @@ def test_events_are_the_timeline_in_order(api):
 def test_attempts_are_listed_by_number(api):
     job_id = submit(api)
     for number in (2, 1):
-        Attempt.objects.create(job_id=job_id, number=number, gpus=1, backend_name=f"b-{number}")
+        Attempt.objects.create(
+            job_id=job_id, number=number, total_gpus=1, backend_name=f"b-{number}"
+        )
     attempts = api.get(f"/jobs/{job_id}/attempts").json()
     assert [(a["number"], a["backend_name"], a["gpu_seconds"]) for a in attempts] == [
         (1, "b-1", 0.0),
@@ -247,7 +249,7 @@ def test_a_page_read_while_jobs_are_submitted_bills_every_job_it_shows(api, monk
     start = timezone.now() - dt.timedelta(seconds=100)
     for job_id in jobs:  # each ran 100 s on one GPU
         attempt = Attempt.objects.create(
-            job_id=job_id, number=1, gpus=1, backend_name=f"b{job_id}", start_time=start,
+            job_id=job_id, number=1, total_gpus=1, backend_name=f"b{job_id}", start_time=start,
             end_time=start + dt.timedelta(seconds=100),
         )  # fmt: skip
         Job.objects.filter(pk=job_id).update(current_attempt=attempt, attempt_count=1)

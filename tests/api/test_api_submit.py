@@ -63,7 +63,7 @@ def test_zero_gpus_is_a_valid_request(api):
     response = api.post("/jobs", {"entrypoint": ["python", "cpu.py"], "gpus": 0})
     assert response.status_code == 201
     assert response.json()["gpus"] == 0
-    assert Job.objects.get().gpus == 0
+    assert Job.objects.get().total_gpus == 0
 
 
 def test_without_a_cluster_the_job_goes_to_the_team_default_cluster(api, team):

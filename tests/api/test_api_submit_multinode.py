@@ -51,7 +51,13 @@ def test_a_gang_job_is_stored_with_nodes_times_gpus_and_what_each_node_needs(api
     assert (out["nodes"], out["gpus_per_node"], out["gpus"]) == (2, 4, 8)
     assert (out["gpu_type"], out["cpus"], out["memory_mb"], out["image"]) == ("a100", 16, 65536, "")
     job = Job.objects.get()
-    assert (job.nodes, job.gpus, job.gpu_type, job.cpus, job.memory_mb) == (2, 8, "a100", 16, 65536)
+    assert (job.nodes, job.total_gpus, job.gpu_type, job.cpus, job.memory_mb) == (
+        2,
+        8,
+        "a100",
+        16,
+        65536,
+    )
 
 
 @pytest.mark.parametrize(

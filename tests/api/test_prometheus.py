@@ -86,7 +86,7 @@ def test_jobs_are_counted_by_status_and_team(redis_db, team, alice, make_team, m
     for _ in range(3):
         queued_job(team, alice)
     place(queued_job(team, alice), S.FAILED)
-    with_attempt(queued_job(other, bob, gpus=2), S.RUNNING, start_time=NOW)
+    with_attempt(queued_job(other, bob, total_gpus=2), S.RUNNING, start_time=NOW)
     samples = parse(render(NOW))
     assert value(samples, "starforge_jobs", status="QUEUED", team="vision") == 3
     assert value(samples, "starforge_jobs", status="FAILED", team="vision") == 1
@@ -96,11 +96,13 @@ def test_jobs_are_counted_by_status_and_team(redis_db, team, alice, make_team, m
 
 def test_gpus_in_use_count_pending_and_running_jobs(redis_db, team, alice, local_cluster):
     other_cluster = Cluster.objects.create(name="gpu-farm", kind="noop", settings={"gpus": 64})
-    with_attempt(queued_job(team, alice, gpus=2), S.PENDING)
-    with_attempt(queued_job(team, alice, gpus=3), S.RUNNING, start_time=NOW)
-    with_attempt(queued_job(team, alice, gpus=4, cluster=other_cluster), S.RUNNING, start_time=NOW)
-    with_attempt(queued_job(team, alice, gpus=8), S.SUBMITTED)  # quota, but no GPUs yet
-    place(queued_job(team, alice, gpus=16), S.QUEUED)
+    with_attempt(queued_job(team, alice, total_gpus=2), S.PENDING)
+    with_attempt(queued_job(team, alice, total_gpus=3), S.RUNNING, start_time=NOW)
+    with_attempt(
+        queued_job(team, alice, total_gpus=4, cluster=other_cluster), S.RUNNING, start_time=NOW
+    )
+    with_attempt(queued_job(team, alice, total_gpus=8), S.SUBMITTED)  # quota, but no GPUs yet
+    place(queued_job(team, alice, total_gpus=16), S.QUEUED)
     samples = parse(render(NOW))
     assert value(samples, "starforge_gpus_in_use", team="vision", cluster="local") == 5
     assert value(samples, "starforge_gpus_in_use", team="vision", cluster="gpu-farm") == 4
@@ -112,11 +114,14 @@ def test_gpu_seconds_equal_metering_for_closed_and_running_attempts(
     other = make_team("nlp")
     bob = make_user("bob", other)
     s = dt.timedelta(seconds=1)
-    job = queued_job(team, alice, gpus=2)
+    job = queued_job(team, alice, total_gpus=2)
     with_attempt(job, S.FAILED, start_time=NOW - 500.25 * s, end_time=NOW - 400 * s)
     with_attempt(job, S.RUNNING, start_time=NOW - 30.5 * s)
     with_attempt(
-        queued_job(team, alice, gpus=4), S.SUCCEEDED, start_time=NOW - 90 * s, end_time=NOW - 60 * s
+        queued_job(team, alice, total_gpus=4),
+        S.SUCCEEDED,
+        start_time=NOW - 90 * s,
+        end_time=NOW - 60 * s,
     )
     with_attempt(queued_job(other, bob), S.PENDING)  # never started: not billed
     expected = job_gpu_seconds(Attempt.objects.filter(job__team=team), NOW)
@@ -131,7 +136,7 @@ def test_gpu_seconds_never_go_down_when_an_attempt_closes_before_the_last_scrape
     redis_db, team, alice
 ):
     start = NOW - dt.timedelta(seconds=100)
-    attempt = with_attempt(queued_job(team, alice, gpus=2), S.RUNNING, start_time=start)
+    attempt = with_attempt(queued_job(team, alice, total_gpus=2), S.RUNNING, start_time=start)
     assert value(parse(render(NOW)), "starforge_gpu_seconds_total", team="vision") == 200
     # The backend reports the end ten seconds before the scrape that counted up to NOW.
     Attempt.objects.filter(pk=attempt.pk).update(end_time=NOW - dt.timedelta(seconds=10))

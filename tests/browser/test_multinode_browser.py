@@ -49,13 +49,13 @@ Membership.objects.create(team=team, user=dana)
 gangs = Cluster.objects.create(name="gangs", kind="noop", enabled=False)
 now = timezone.now()
 job = Job.objects.create(
-    run_id="gang000001", name="allreduce", team=team, user=dana, cluster=gangs, gpus=8,
+    run_id="gang000001", name="allreduce", team=team, user=dana, cluster=gangs, total_gpus=8,
     nodes=2, gpu_type="a100", entrypoint=["python", "allreduce.py"], status="FAILED",
     status_reason="rank 1 failed with exit code 3", status_changed_at=now,
     submitted_at=now - dt.timedelta(minutes=2), attempt_count=1,
 )
 attempt = Attempt.objects.create(
-    job=job, number=1, gpus=8, nodes=2, ranks=spec["ranks"], backend_name="sf-gang000001-a1",
+    job=job, number=1, total_gpus=8, nodes=2, ranks=spec["ranks"], backend_name="sf-gang000001-a1",
     submitted_at=now - dt.timedelta(minutes=2), start_time=now - dt.timedelta(minutes=1),
     end_time=now, exit_code=3, failure="exit", end_reason="rank 1 failed with exit code 3",
 )

@@ -204,7 +204,7 @@ def check(rnd: Round, plan: Plan, final: dict[int, dict]) -> Result:
     if checked.returncode != 0 and not violations:
         violations = [checked.stderr.strip() or "check_ledger failed"]
     figures = Figures()
-    ledger = Ledger.read(stack)
+    ledger = Ledger.read(stack, final)
     violations += invariants.preemptions(ledger, figures)
     violations += invariants.journals(ledger, final, plan.of_kind("ckpt"), figures)
     violations += invariants.billing(ledger)

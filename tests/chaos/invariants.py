@@ -36,7 +36,7 @@ print(json.dumps({
     "teams": rows(Team.objects.all(), "name", "gpu_quota", "borrow_cap"),
     "attempts": rows(
         Attempt.objects.order_by("job_id", "number"), "job_id", "number", "job__team__name",
-        "borrowed_from__name", "gpus", "submitted_at", "start_time", "end_time",
+        "borrowed_from__name", "submitted_at", "start_time", "end_time",
         "preempted_at", "end_reason", "metered"),
     "events": rows(
         JobEvent.objects.filter(job_id__in=preempted, kind__in=["status", "note"])
@@ -90,10 +90,13 @@ class Ledger:
     usage: list[dict] = field(default_factory=list)
 
     @classmethod
-    def read(cls, stack: ChaosStack) -> Ledger:
+    def read(cls, stack: ChaosStack, api_jobs: dict[int, dict]) -> Ledger:
+        """The dump, each attempt with its job's GPUs in all as the API answers them (`gpus`:
+        every attempt of a job holds the same)."""
         raw = json.loads(stack.manage("shell", "-c", LEDGER).stdout.strip().splitlines()[-1])
         attempts: dict[int, list[dict]] = defaultdict(list)
         for row in raw["attempts"]:
+            row["gpus"] = api_jobs[row["job_id"]]["gpus"]
             attempts[row["job_id"]].append(_times(row))
         events: dict[int, list[dict]] = defaultdict(list)
         for row in raw["events"]:
@@ -153,6 +156,7 @@ def _preempted_attempt(
     events: list[dict],
     figures: Figures,
 ) -> list[str]:
+    """One preempted attempt: see `preemptions`."""
     where = f"job {job_id} attempt {attempt['number']}"
     told, start, end = attempt["preempted_at"], attempt["start_time"], attempt["end_time"]
     found = []
@@ -163,32 +167,41 @@ def _preempted_attempt(
         found.append(f"{where}: preempted at {told:%H:%M:%S.%f} but it {ran}, under the minimum")
     if end is None:
         return [*found, f"{where}: preempted at {told:%H:%M:%S} and never ended"]
+    ended, paused = _how_it_ended(where, attempt, events, figures)
+    later = [a for a in attempts if a["number"] == attempt["number"] + 1]
+    if later:
+        figures.resumed += paused
+        if later[0]["submitted_at"] < end:
+            found.append(f"{where}: attempt {later[0]['number']} was admitted before it ended")
+    return found + ended
+
+
+def _how_it_ended(
+    where: str, attempt: dict, events: list[dict], figures: Figures
+) -> tuple[list[str], bool]:
+    """The status event that ended a preempted attempt, against the rules; whether it was the
+    preemption's PAUSED."""
+    told, end = attempt["preempted_at"], attempt["end_time"]
     after = [e for e in events if e["kind"] == "status" and e["time"] >= told]
     ending = next((e for e in after if e["to_status"] in ENDS), None)
     if ending is None:
-        return [*found, f"{where}: ended at {end:%H:%M:%S} with no status event ending it"]
+        return [f"{where}: ended at {end:%H:%M:%S} with no status event ending it"], False
     status, reason = ending["to_status"], ending["reason"]
     if status == "PAUSED" and reason.startswith(PREEMPTED):
         figures.paused += 1
         then = next((e for e in after if e["time"] > ending["time"]), None)
         if then is None:
-            found.append(f"{where}: PAUSED by its preemption and never queued again")
-        elif then["to_status"] not in ("QUEUED", "STOPPED") or not then["reason"]:
-            found.append(f"{where}: after its preemption's PAUSED, {then['to_status']} {reason!r}")
-    elif status == "SUCCEEDED" and end > told:
-        found.append(f"{where}: SUCCEEDED at {end:%H:%M:%S.%f}, after its notice: not PAUSED")
-    elif status == "SUCCEEDED":
+            return [f"{where}: PAUSED by its preemption and never queued again"], True
+        if then["to_status"] not in ("QUEUED", "STOPPED") or not then["reason"]:
+            return [f"{where}: after its preemption, {then['to_status']} {then['reason']!r}"], True
+        return [], True
+    if status == "SUCCEEDED" and end > told:
+        return [f"{where}: SUCCEEDED at {end:%H:%M:%S.%f}, after its notice: not PAUSED"], False
+    if status == "SUCCEEDED":
         figures.before_notice += 1
-    elif status != "SUCCEEDED":
-        figures.ended_otherwise += 1
-        if not reason:
-            found.append(f"{where}: preempted, then {status} with no reason")
-    later = [a for a in attempts if a["number"] == attempt["number"] + 1]
-    if later:
-        figures.resumed += status == "PAUSED" and reason.startswith(PREEMPTED)
-        if later[0]["submitted_at"] < end:
-            found.append(f"{where}: attempt {later[0]['number']} was admitted before it ended")
-    return found
+        return [], False
+    figures.ended_otherwise += 1
+    return ([] if reason else [f"{where}: preempted, then {status} with no reason"]), False
 
 
 # -- billing and quotas over time --------------------------------------------------------------

@@ -29,6 +29,7 @@ PG_ADMIN = os.environ.get("SF_CHAOS_PG") or (
     else "postgres://postgres@127.0.0.1:5432/postgres"
 )
 SLURM_SCRIPT = ROOT / ".ci" / "slurm.sh"
+GPUS = 6  # the local executor's slots and the Slurm node's GPUs: fewer than the quotas add up to
 
 
 def say(message: str) -> None:
@@ -62,7 +63,14 @@ class Slurm:
     def __init__(self, state_dir: Path) -> None:
         self.dir = state_dir
         self.port = 7817 + os.getpid() % 500 * 4  # the slurmds take port + 1 to port + 3
-        self.env = {**os.environ, "SF_SLURM_DIR": str(state_dir), "SF_SLURM_PORT": str(self.port)}
+        # As many GPUs as the local round's slots: a lender's job waits for its GPUs to come
+        # back, not for a cluster too small for the teams' quotas.
+        self.env = {
+            **os.environ,
+            "SF_SLURM_DIR": str(state_dir),
+            "SF_SLURM_PORT": str(self.port),
+            "SF_SLURM_GPUS": str(GPUS),
+        }
         self.conf = str(state_dir / "etc" / "slurm.conf")
 
     def _script(self, action: str, timeout: float = 120) -> str:
@@ -152,7 +160,7 @@ class ChaosStack(Stack):
         super().__init__(
             var,
             REDIS_URL=redis_url,
-            SF_LOCAL_GPU_SLOTS="6",  # the quotas (1 + 1 + 3) and gold's 2 to lend
+            SF_LOCAL_GPU_SLOTS=str(GPUS),
             SF_LAUNCH_CLAIM_S="15",
             SF_PREEMPT_MIN_RUNTIME_S="2",
             SF_PREEMPT_GRACE_S="20",

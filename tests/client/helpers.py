@@ -100,6 +100,7 @@ JOB = {
     "attempt": 1,
     "retry_count": 0,
     "job_ref": "pid 1",
+    "total_gpus": 2,
     "gpus": 2,
     "virtual_gpus": True,
 }

@@ -104,7 +104,7 @@ def test_submit_uploads_snapshot_then_creates_job(
     body = create.json()
     assert body["team"] == "vision"
     assert body["entrypoint"] == ["python", "train.py", "--steps", "3"]
-    assert body["env"] == {"A": "1", "B": "x=y"} and body["gpus"] == 0
+    assert body["env"] == {"A": "1", "B": "x=y"} and body["gpus_per_node"] == 0
     assert body["pending_deadline_s"] == 60 and body["cluster"] is None
     import hashlib
 
@@ -254,6 +254,7 @@ def test_why_prints_the_jobs_diagnostics(
 
 MULTI = {
     **JOB,
+    "total_gpus": 8,
     "gpus": 8,
     "nodes": 2,
     "gpus_per_node": 4,

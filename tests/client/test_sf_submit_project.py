@@ -70,9 +70,11 @@ def test_the_job_table_gives_every_field_and_its_entrypoint_runs(api: Any, tmp_p
     upload = api.requests[0]
     assert upload.path == "/api/v1/snapshots" and upload.query == {"team": "vision"}  # no /me
     assert body["entrypoint"] == ["python", "train.py", "--data", "my set"]
-    assert {k: body[k] for k in ("nodes", "gpus", "gpu_type", "cpus", "memory", "image")} == {
+    assert {
+        k: body[k] for k in ("nodes", "gpus_per_node", "gpu_type", "cpus", "memory", "image")
+    } == {
         "nodes": 2,
-        "gpus": 4,
+        "gpus_per_node": 4,
         "gpu_type": "a100",
         "cpus": 16,
         "memory": "64G",
@@ -104,7 +106,12 @@ def test_options_override_the_table_and_env_merges_over_it(api: Any, tmp_path: P
     ]
     body = submitted(api, project(tmp_path, FULL), *argv)
     assert body["entrypoint"] == ["python", "other.py"]
-    assert (body["nodes"], body["gpus"], body["gpu_type"], body["cpus"]) == (3, 0, "h100", 4)
+    assert (body["nodes"], body["gpus_per_node"], body["gpu_type"], body["cpus"]) == (
+        3,
+        0,
+        "h100",
+        4,
+    )
     assert (body["memory"], body["image"], body["team"]) == ("512M", "repo:tag", "nlp")
     # Zero and "wait" are values given, not "not given": they override the file's 5 and pause.
     assert (body["priority"], body["window_policy"], body["max_retries"]) == (0, "wait", 0)
@@ -115,7 +122,7 @@ def test_options_override_the_table_and_env_merges_over_it(api: Any, tmp_path: P
 
 def test_without_file_or_options_the_defaults_are_todays(api: Any, tmp_path: Path):
     body = submitted(api, project(tmp_path, None), "--", "python", "train.py")
-    assert (body["nodes"], body["gpus"], body["priority"]) == (1, 1, 0)
+    assert (body["nodes"], body["gpus_per_node"], body["priority"]) == (1, 1, 0)
     assert (body["window_policy"], body["then"], body["env"]) == ("wait", [], {})
     fields = ("gpu_type", "cpus", "memory", "image", "cluster", "name", "max_retries")
     for field in (*fields, "time_limit_s"):
@@ -126,13 +133,13 @@ def test_an_entrypoint_may_be_a_list_of_strings(api: Any, tmp_path: Path):
     toml = '[job]\nentrypoint = ["python", "train.py", "--name", "a b"]\n'
     body = submitted(api, project(tmp_path, toml))
     assert body["entrypoint"] == ["python", "train.py", "--name", "a b"]
-    assert (body["nodes"], body["gpus"]) == (1, 1)
+    assert (body["nodes"], body["gpus_per_node"]) == (1, 1)
 
 
 def test_the_allreduce_example_needs_no_argument(api: Any):
     body = submitted(api, ROOT / "examples" / "allreduce")
     assert body["entrypoint"] == ["python", "train.py"]
-    assert (body["nodes"], body["gpus"], body["name"]) == (2, 0, "allreduce")
+    assert (body["nodes"], body["gpus_per_node"], body["name"]) == (2, 0, "allreduce")
 
 
 def refused(api: Any, folder: Path, capsys: pytest.CaptureFixture, *argv: str) -> str:

@@ -17,7 +17,7 @@ from sf.commands import listing
 
 from tests.client.helpers import run_cli
 
-JOB = {"id": 7, "name": "demo", "team": "vision", "user": "ada", "gpus": 1, "attempt": 1}
+JOB = {"id": 7, "name": "demo", "team": "vision", "user": "ada", "total_gpus": 1, "attempt": 1}
 
 
 @pytest.fixture

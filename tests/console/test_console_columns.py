@@ -67,14 +67,14 @@ def signed_in(user) -> Client:
 
 def finished_job(team, user, now):
     """Two attempts on 2 GPUs: 3 h to 2 h ago, then 90 min to 30 min ago (a pause between)."""
-    job = queued_job(team, user, gpus=2, name="finished")
+    job = queued_job(team, user, total_gpus=2, name="finished")
     with_attempt(job, "PAUSED", start_time=now - 3 * HOUR, end_time=now - 2 * HOUR)
     with_attempt(job, "SUCCEEDED", start_time=now - 1.5 * HOUR, end_time=now - 0.5 * HOUR)
     return Job.objects.get(pk=job.pk)
 
 
 def running_job(team, user, now):
-    job = queued_job(team, user, gpus=1, name="running")
+    job = queued_job(team, user, total_gpus=1, name="running")
     with_attempt(job, "RUNNING", start_time=now - HOUR)
     return job
 
@@ -109,7 +109,7 @@ def test_a_running_job_counts_to_now_and_the_page_gets_what_to_count_on_from(tea
     assert re.fullmatch(r"1\.00", hours[1]), hours  # 1 GPU for an hour
     # The running attempt is left out of data-gpu-seconds: durations.js adds it on.
     assert float(hours[0]["data-gpu-seconds"]) == 0.0
-    assert hours[0]["data-open-start"] and hours[0]["data-gpus"] == "1"
+    assert hours[0]["data-open-start"] and hours[0]["data-total-gpus"] == "1"
 
 
 def test_a_queued_job_shows_the_time_it_has_waited_and_no_gpu_hours(team, alice):

@@ -44,7 +44,7 @@ def test_submit_dir_allreduce_runs_two_ranks_that_sum_over_tcp(sf):
     code, out = sf("submit", "--dir", str(EXAMPLE))
     assert code == 0, out
     job = Job.objects.get()
-    assert (job.nodes, job.gpus, job.entrypoint) == (2, 0, ["python", "train.py"])
+    assert (job.nodes, job.total_gpus, job.entrypoint) == (2, 0, ["python", "train.py"])
     start(job)
     run_until(lambda: finished(job), timeout=60)
     job.refresh_from_db()

@@ -73,7 +73,10 @@ def test_missing_snapshot_is_an_ingest_failure_not_a_user_error(team, alice):
 def test_each_job_gets_its_own_gpu_slots(team, alice):
     # Each lives a few seconds, so the two hold their slots at the same time.
     code = "import os, time; print(os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(3)"
-    jobs = [python_job(team, alice, code, gpus=2), python_job(team, alice, code, gpus=2)]
+    jobs = [
+        python_job(team, alice, code, total_gpus=2),
+        python_job(team, alice, code, total_gpus=2),
+    ]
     start(*jobs)
     run_until(lambda: all(finished(j) for j in jobs))
     slots = [texts(j)[0] for j in jobs]
@@ -120,7 +123,7 @@ def test_runner_killed_without_exit_status_fails_the_job(team, alice, local_clus
 
 def test_python_on_the_path_is_the_servers_interpreter(team, alice):
     job = queued_job(
-        team, alice, gpus=0, entrypoint=["python", "-c", "import sys; print(sys.executable)"]
+        team, alice, total_gpus=0, entrypoint=["python", "-c", "import sys; print(sys.executable)"]
     )
     start(job)
     run_until(lambda: finished(job))
@@ -130,7 +133,7 @@ def test_python_on_the_path_is_the_servers_interpreter(team, alice):
 def test_directory_abandoned_before_the_runner_started_is_launched_not_adopted(
     team, alice, local_cluster
 ):
-    job = python_job(team, alice, "print('ran')", gpus=0)
+    job = python_job(team, alice, "print('ran')", total_gpus=0)
     [attempt_id] = admit_queued_jobs().admitted
     attempt = Attempt.objects.get(pk=attempt_id)
     executor = LocalExecutor(local_cluster)
@@ -144,7 +147,7 @@ def test_directory_abandoned_before_the_runner_started_is_launched_not_adopted(
 def test_live_runner_not_yet_recorded_is_adopted_not_launched_twice(team, alice, local_cluster):
     import subprocess
 
-    job = python_job(team, alice, "print('never')", gpus=0)
+    job = python_job(team, alice, "print('never')", total_gpus=0)
     [attempt_id] = admit_queued_jobs().admitted
     attempt = Attempt.objects.get(pk=attempt_id)
     attempt_dir = LocalExecutor(local_cluster).root / attempt.backend_name

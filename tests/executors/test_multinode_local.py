@@ -44,7 +44,7 @@ def gang_job(team, user, code: str, nodes: int = 2, gpus_per_node: int = 2) -> J
     return queued_job(
         team,
         user,
-        gpus=nodes * gpus_per_node,
+        total_gpus=nodes * gpus_per_node,
         nodes=nodes,
         entrypoint=[sys.executable, "-c", code],
     )
@@ -140,7 +140,7 @@ def test_gpu_seconds_count_every_node(team, alice):
     job.refresh_from_db()
     attempt = job.current_attempt
     ran = (attempt.end_time - attempt.start_time).total_seconds()
-    assert attempt.gpus == 4 and attempt.nodes == 2
+    assert attempt.total_gpus == 4 and attempt.nodes == 2
     assert job_gpu_seconds(job.attempts.all()) == pytest.approx(ran * 4, abs=1e-3)
 
 

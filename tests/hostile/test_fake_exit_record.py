@@ -54,7 +54,7 @@ def status(job: Job) -> str:
 
 
 def test_a_job_that_fakes_its_exit_stays_running_and_is_billed_until_it_really_ends(team, alice):
-    job = python_job(team, alice, FAKE_EXIT + "time.sleep(6)\n", gpus=1)
+    job = python_job(team, alice, FAKE_EXIT + "time.sleep(6)\n", total_gpus=1)
     started = time.monotonic()
     start(job)
     run_until(lambda: status(job) == JobStatus.RUNNING)
@@ -72,7 +72,7 @@ def test_a_job_that_fakes_its_exit_stays_running_and_is_billed_until_it_really_e
 def test_stop_ends_a_job_that_faked_its_exit_and_hid_a_process(team, alice, local_cluster):
     marker = f"sf-hostile-{uuid.uuid4().hex}"
     code = DETACHED + FAKE_EXIT + "time.sleep(120)\n"
-    job = python_job(team, alice, code, gpus=0)
+    job = python_job(team, alice, code, total_gpus=0)
     job.entrypoint = [*job.entrypoint, marker]
     job.save(update_fields=["entrypoint"])
     [attempt] = start(job)

@@ -58,7 +58,7 @@ def _planted_in_the_worker(monkeypatch):
 
 def run_looking_around(team, alice, needles: list[str]) -> dict:
     code = f"NEEDLES = {needles!r}\n" + LOOK_AROUND
-    job = python_job(team, alice, code, gpus=1)
+    job = python_job(team, alice, code, total_gpus=1)
     Job.objects.filter(pk=job.pk).update(env={"MY_SETTING": "mine"})
     start(job)
     run_until(lambda: finished(job))

@@ -68,7 +68,7 @@ PG_SOCKET = "/var/run/postgresql/.s.PGSQL.5432"
 
 def probe(team, user, targets: dict) -> dict:
     job = queued_job(
-        team, user, gpus=0, entrypoint=[sys.executable, "-c", PROBE, json.dumps(targets)]
+        team, user, total_gpus=0, entrypoint=[sys.executable, "-c", PROBE, json.dumps(targets)]
     )
     start(job)
     run_until(lambda: finished(job), timeout=60)
@@ -96,7 +96,7 @@ def test_a_job_reaches_nothing_of_the_control_plane_or_another_team(
 ):
     audio = make_team("audio")
     bob = make_user("bob", audio)
-    theirs = queued_job(audio, bob, gpus=0, entrypoint=[sys.executable, "-c", RENDEZVOUS])
+    theirs = queued_job(audio, bob, total_gpus=0, entrypoint=[sys.executable, "-c", RENDEZVOUS])
     start(theirs)
     redis = urlparse(settings.REDIS_URL)
     web = urlparse(live_server.url)

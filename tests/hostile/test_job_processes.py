@@ -40,11 +40,14 @@ def test_a_job_lists_only_its_own_processes(make_team, make_user, team, alice):
     bob = make_user("bob", audio)
     secret = "--api-key=hunter2-of-audio"
     theirs = queued_job(
-        audio, bob, gpus=0, entrypoint=[sys.executable, "-c", "import time; time.sleep(60)", secret]
+        audio,
+        bob,
+        total_gpus=0,
+        entrypoint=[sys.executable, "-c", "import time; time.sleep(60)", secret],
     )
     start(theirs)
     run_until(lambda: open_cmdline_contains(secret))
-    mine = queued_job(team, alice, gpus=0, entrypoint=[sys.executable, "-c", LIST_PROCESSES])
+    mine = queued_job(team, alice, total_gpus=0, entrypoint=[sys.executable, "-c", LIST_PROCESSES])
     start(mine)
     run_until(lambda: finished(mine), timeout=60)
     listing = json.loads(texts(mine)[0])

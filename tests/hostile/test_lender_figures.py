@@ -105,7 +105,12 @@ def test_a_preempted_borrower_is_not_told_who_took_its_gpus_back(
         vision, vic, django_capture_on_commit_callbacks, (8, 0, T0 - 60 * MIN, None)
     )
     mine = Job.objects.create(
-        run_id="lender-own", team=lender, user=lea, cluster=job.cluster, gpus=8, entrypoint=["x"]
+        run_id="lender-own",
+        team=lender,
+        user=lea,
+        cluster=job.cluster,
+        total_gpus=8,
+        entrypoint=["x"],
     )
     tick(T0, django_capture_on_commit_callbacks)
     note = JobEvent.objects.get(job=job, kind=JobEvent.Kind.NOTE)
@@ -130,7 +135,7 @@ def test_events_written_before_lenders_went_unnamed_show_none_of_their_figures(w
         team=vision,
         user=vic,
         cluster=vision.default_cluster,
-        gpus=2,
+        total_gpus=2,
         entrypoint=["x"],
     )
     old = {

@@ -90,7 +90,7 @@ def test_a_job_as_its_team_reaches_nothing_of_the_server_or_of_another_team(
         "own exit record": ("write", "../exit.json"),
         "own started record": ("write", "../started.json"),
     }
-    job = python_job(team, alice, TRY_EVERYTHING, gpus=0)
+    job = python_job(team, alice, TRY_EVERYTHING, total_gpus=0)
     job.entrypoint = [*job.entrypoint, json.dumps(targets)]
     job.save(update_fields=["entrypoint"])
     start(job)
@@ -114,13 +114,13 @@ def test_a_job_as_its_team_reaches_nothing_of_the_server_or_of_another_team(
 def test_a_named_account_and_none_are_honoured(team, alice, local_cluster):
     local_cluster.settings = {**local_cluster.settings, "run_as": "nobody"}
     local_cluster.save()
-    job = python_job(team, alice, "import os; print(os.getuid())", gpus=0)
+    job = python_job(team, alice, "import os; print(os.getuid())", total_gpus=0)
     start(job)
     run_until(lambda: finished(job))
     assert texts(job) == [str(pwd.getpwnam("nobody").pw_uid)]
     local_cluster.settings = {**local_cluster.settings, "run_as": "none"}
     local_cluster.save()
-    job = python_job(team, alice, "import os; print(os.getuid())", gpus=0)
+    job = python_job(team, alice, "import os; print(os.getuid())", total_gpus=0)
     start(job)
     run_until(lambda: finished(job))
     assert texts(job) == ["0"]
@@ -158,7 +158,7 @@ def test_the_runner_left_by_a_job_of_another_uid_cannot_be_signalled(
         "try:\n    os.kill(os.getppid() or 1, signal.SIGKILL)\n    print('killed')\n"
         "except PermissionError:\n    print('refused')\n"
     )
-    job = python_job(team, alice, code, gpus=0)
+    job = python_job(team, alice, code, total_gpus=0)
     start(job)
     run_until(lambda: finished(job))
     time.sleep(0.1)

@@ -31,7 +31,7 @@ def gang_attempt(api) -> Attempt:
     job_id = submit(api)
     attempt = attach_attempt(job_id, 1)
     Attempt.objects.filter(pk=attempt.pk).update(nodes=2)
-    Job.objects.filter(pk=job_id).update(nodes=2, gpus=2)
+    Job.objects.filter(pk=job_id).update(nodes=2, total_gpus=2)
     return attempt
 
 

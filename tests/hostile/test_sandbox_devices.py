@@ -54,7 +54,7 @@ def fake_gpus(settings):
 
 
 def test_a_job_gets_the_gpu_device_nodes_and_a_minimal_dev(fake_gpus, team, alice):
-    job = queued_job(team, alice, gpus=2, entrypoint=[sys.executable, "-c", LOOK])
+    job = queued_job(team, alice, total_gpus=2, entrypoint=[sys.executable, "-c", LOOK])
     start(job)
     run_until(lambda: finished(job), timeout=60)
     job.refresh_from_db()

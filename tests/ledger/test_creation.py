@@ -19,7 +19,7 @@ def parent(team, alice) -> Job:
     return queued_job(
         team,
         alice,
-        gpus=8,
+        total_gpus=8,
         nodes=2,
         name="train",
         gpu_type="a100",
@@ -65,7 +65,7 @@ def test_a_follow_on_asks_for_what_its_parent_asked_for(parent):
 
 def test_a_follow_on_runs_its_own_command_on_its_own_gpus_on_one_node(parent):
     child = creation.follow_on(parent, "eval", parent.follow_on_specs["eval"])
-    assert (child.entrypoint, child.gpus, child.nodes) == (["python", "eval.py"], 2, 1)
+    assert (child.entrypoint, child.total_gpus, child.nodes) == (["python", "eval.py"], 2, 1)
     assert (child.parent, child.follow_on_name, child.name) == (parent, "eval", "train → eval")
     assert (child.then, child.follow_on_specs) == ([], {})
     assert child.run_id != parent.run_id
@@ -73,7 +73,7 @@ def test_a_follow_on_runs_its_own_command_on_its_own_gpus_on_one_node(parent):
 
 def test_a_follow_on_without_gpus_asks_for_no_gpu_type(parent):
     child = creation.follow_on(parent, "eval", {"entrypoint": ["python", "eval.py"], "gpus": 0})
-    assert (child.gpus, child.gpu_type, child.cpus) == (0, "", 16)
+    assert (child.total_gpus, child.gpu_type, child.cpus) == (0, "", 16)
 
 
 def test_queue_writes_each_job_with_its_first_queued_event(team, alice):

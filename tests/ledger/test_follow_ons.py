@@ -280,7 +280,7 @@ def test_a_string_entrypoint_is_split_like_a_shell_would(parent, backend):
 def test_each_child_takes_its_gpus_from_its_spec(parent, backend):
     end(backend, "OK", 0)
     made = children(parent)
-    assert (made["eval"].gpus, made["export"].gpus) == (1, 0)
+    assert (made["eval"].total_gpus, made["export"].total_gpus) == (1, 0)
 
 
 def test_children_share_the_parents_snapshot_team_user_and_settings(parent, backend):

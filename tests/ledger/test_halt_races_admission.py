@@ -24,7 +24,7 @@ def test_a_halt_that_races_admission_closes_the_new_attempt(
 ):
     team = make_team("nlp", gpu_quota=4, cluster=noop_cluster)
     ann = make_user("ann", team, role="admin")
-    job = queued_job(team, ann, gpus=1)
+    job = queued_job(team, ann, total_gpus=1)
     checked = control._controllable
 
     def admitted_meanwhile(user, job_id):

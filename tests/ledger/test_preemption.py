@@ -50,7 +50,7 @@ def cluster(db, use_executor):
 def borrower(cluster, make_team, make_user):
     """A job of team vision running on 4 GPUs borrowed from team lab, up since T0."""
     lab, vision = make_team("lab", cluster=cluster), make_team("vision", cluster=cluster)
-    job = queued_job(vision, make_user("vic", vision), gpus=4)
+    job = queued_job(vision, make_user("vic", vision), total_gpus=4)
     attempt = with_attempt(
         job, S.RUNNING, submitted_at=T0, start_time=T0, job_ref="ref-1", borrowed_from=lab
     )
@@ -66,7 +66,7 @@ def victim(attempt: Attempt) -> Borrower:
 
 def notice_for(attempt: Attempt, make_user) -> preemption.Notice:
     lab = attempt.borrowed_from
-    mine = queued_job(lab, make_user("lea", lab), gpus=4)
+    mine = queued_job(lab, make_user("lea", lab), total_gpus=4)
     return preemption.Notice(mine.pk, lab.name, [victim(attempt)])
 
 

@@ -54,7 +54,7 @@ class SubmitsBetweenBatches:
     def __call__(self, items: Sequence) -> Iterator[Sequence]:
         for number, batch in enumerate(batches.write_batches(items)):
             if number:
-                self.submits.append(SubmitMeanwhile(self.team, self.user, gpus=0))
+                self.submits.append(SubmitMeanwhile(self.team, self.user, total_gpus=0))
             self.batch_sizes.append(len(batch))
             yield batch
 

@@ -64,7 +64,7 @@ def tick(at: dt.datetime, capture) -> None:
 def run_borrowers(team, user, capture, *specs) -> list[Job]:
     """Admit one job per (gpus, priority, started at, checkpoint at) on borrowed GPUs, and
     put each RUNNING since its start time (test setup, as the reconciler would)."""
-    jobs = [queued_job(team, user, gpus=g, priority=p) for g, p, _, _ in specs]
+    jobs = [queued_job(team, user, total_gpus=g, priority=p) for g, p, _, _ in specs]
     tick(T0 - dt.timedelta(hours=2), capture)
     for job, (_, _, started, saved) in zip(jobs, specs, strict=True):
         job.refresh_from_db()

@@ -29,18 +29,18 @@ def nodes(*spec: tuple[str, int, str], pk: int = CLUSTER) -> tuple:
     return cluster(sum(n.gpus for n in made), pk=pk, nodes=made)
 
 
-def queued(pk: int, team: Team, gpus: int = 1, user: int = 1, **fields) -> Queued:
+def queued(pk: int, team: Team, total_gpus: int = 1, user: int = 1, **fields) -> Queued:
     row = {"username": f"user{user}", "cluster": CLUSTER, "window": None, "old_reason": ""}
-    return Queued(id=pk, team=team.pk, user=user, gpus=gpus, **(row | fields))
+    return Queued(id=pk, team=team.pk, user=user, total_gpus=total_gpus, **(row | fields))
 
 
-def active(pk: int, team: Team, gpus: int = 1, user: int = 1, **fields) -> Active:
+def active(pk: int, team: Team, total_gpus: int = 1, user: int = 1, **fields) -> Active:
     row = {
         "cluster": CLUSTER, "nodes": 1, "gpu_type": "", "array": None, "time_limit_s": None,
         "attempt": 1000 + pk, "started": NOW - dt.timedelta(hours=1), "admitted": None,
         "preempted": None, "lender": None,
     }  # fmt: skip
-    return Active(id=pk, team=team.pk, user=user, gpus=gpus, **(row | fields))
+    return Active(id=pk, team=team.pk, user=user, total_gpus=total_gpus, **(row | fields))
 
 
 def snapshot(

@@ -16,8 +16,12 @@ S = JobStatus
 
 
 def _usage() -> dict[str, int]:
-    rows = Job.objects.filter(status__in=S.active()).values("team__name").annotate(gpus=Sum("gpus"))
-    return {r["team__name"]: r["gpus"] for r in rows}
+    rows = (
+        Job.objects.filter(status__in=S.active())
+        .values("team__name")
+        .annotate(held=Sum("total_gpus"))
+    )
+    return {r["team__name"]: r["held"] for r in rows}
 
 
 def _finish_some():
@@ -36,7 +40,7 @@ def race_two_schedulers(make_team, make_user, quotas: dict[str, int], jobs_per_t
         team = make_team(name, gpu_quota=quota)
         user = make_user(f"user-{name}", team)
         for n in range(jobs_per_team):
-            queued_job(team, user, gpus=1 + n % 2)
+            queued_job(team, user, total_gpus=1 + n % 2)
     samples = []
 
     def sample():

@@ -33,7 +33,7 @@ def test_the_team_that_used_less_is_offered_the_gpus_first():
 def test_a_reason_that_did_not_change_is_not_written_again():
     old = "waiting for quota: team vision uses 2 of 2 GPUs; this job needs 1"
     waiting = queued(10, VISION, old_reason=old)
-    decided = decide(snapshot([VISION], [waiting], [active(1, VISION, gpus=2)]), limit=100)
+    decided = decide(snapshot([VISION], [waiting], [active(1, VISION, total_gpus=2)]), limit=100)
     assert decided.admit == [] and dict(decided.reasons) == {}
     assert [w.id for w in decided.waiting] == [10]  # still planned
 
@@ -47,8 +47,8 @@ def test_a_tick_stops_at_its_bound_and_leaves_the_plan_to_the_next():
 
 def test_the_admission_event_keeps_the_teams_own_figures_with_the_job():
     decided = decide(snapshot([VISION], [queued(10, VISION)], [active(1, VISION)]), limit=100)
-    [(_, gpus, lender, record)] = decided.admit
-    assert (gpus, lender) == (1, None)
+    [(_, total_gpus, lender, record)] = decided.admit
+    assert (total_gpus, lender) == (1, None)
     assert record == {
         "team_gpus": 2,
         "team_jobs": 2,
@@ -62,7 +62,7 @@ def test_the_admission_event_keeps_the_teams_own_figures_with_the_job():
 def test_a_job_past_its_quota_borrows_a_lendable_teams_idle_gpus_and_says_so():
     lab = team(3, "lab", quota=8, lendable=True)
     borrower = team(4, "vision", quota=0, borrow_cap=4)
-    decided = decide(snapshot([lab, borrower], [queued(10, borrower, gpus=2)]), limit=100)
+    decided = decide(snapshot([lab, borrower], [queued(10, borrower, total_gpus=2)]), limit=100)
     [(_, _, lender, record)] = decided.admit
     assert lender == lab.pk
     assert record["borrowed"] is True and record["borrowed_gpus"] == 2

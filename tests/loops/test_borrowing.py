@@ -53,7 +53,7 @@ def lender_of(job) -> str | None:
 @pytest.mark.django_db
 def test_past_its_quota_a_team_borrows_idle_gpus_within_its_cap(teams):
     lab, _, vision, vic = teams
-    jobs = [queued_job(vision, vic, gpus=2) for _ in range(4)]
+    jobs = [queued_job(vision, vic, total_gpus=2) for _ in range(4)]
     admit_queued_jobs()
     assert [state(j)[0] for j in jobs] == [S.SUBMITTED] * 3 + [S.QUEUED]
     assert [lender_of(j) for j in jobs[:3]] == [None, "lab", "lab"]
@@ -71,9 +71,9 @@ def test_past_its_quota_a_team_borrows_idle_gpus_within_its_cap(teams):
 def test_lent_gpus_count_against_the_lenders_quota(teams):
     lab, lea, vision, vic = teams
     for _ in range(3):
-        queued_job(vision, vic, gpus=2)
+        queued_job(vision, vic, total_gpus=2)
     admit_queued_jobs()  # 4 of lab's 8 lent
-    mine = queued_job(lab, lea, gpus=6)
+    mine = queued_job(lab, lea, total_gpus=6)
     admit_queued_jobs()
     assert state(mine) == (  # and takes them back once they have run their minimum
         S.QUEUED,
@@ -87,8 +87,8 @@ def test_lent_gpus_count_against_the_lenders_quota(teams):
 def test_a_lender_with_a_gpu_job_of_its_own_waiting_lends_nothing(teams):
     lab, lea, vision, vic = teams
     ScheduleWindow.objects.create(name="never", spec="mon 00:00-00:01")
-    waiting = queued_job(lab, lea, gpus=1, window=ScheduleWindow.objects.get())
-    first, second = queued_job(vision, vic, gpus=2), queued_job(vision, vic, gpus=2)
+    waiting = queued_job(lab, lea, total_gpus=1, window=ScheduleWindow.objects.get())
+    first, second = queued_job(vision, vic, total_gpus=2), queued_job(vision, vic, total_gpus=2)
     admit_queued_jobs()
     assert state(waiting)[0] == S.QUEUED and state(first)[0] == S.SUBMITTED
     assert state(second) == (
@@ -103,7 +103,7 @@ def test_no_team_lends_unless_marked_lendable_and_none_borrows_without_a_cap(tea
     lab, _, vision, vic = teams
     lab.lendable = False
     lab.save()
-    first, second = queued_job(vision, vic, gpus=2), queued_job(vision, vic, gpus=2)
+    first, second = queued_job(vision, vic, total_gpus=2), queued_job(vision, vic, total_gpus=2)
     admit_queued_jobs()
     assert [state(j)[0] for j in (first, second)] == [S.SUBMITTED, S.QUEUED]
     lab.lendable, vision.borrow_cap = True, None
@@ -119,7 +119,7 @@ def test_no_team_lends_unless_marked_lendable_and_none_borrows_without_a_cap(tea
 @pytest.mark.django_db
 def test_a_borrowed_job_says_so_in_the_api_diagnostics_and_the_list(teams, api_as):
     lab, _, vision, vic = teams
-    own, borrowed = queued_job(vision, vic, gpus=2), queued_job(vision, vic, gpus=2)
+    own, borrowed = queued_job(vision, vic, total_gpus=2), queued_job(vision, vic, total_gpus=2)
     admit_queued_jobs()
     api = api_as(vic)
     assert api.get(f"/jobs/{own.pk}").json()["borrowed"] is False
@@ -154,7 +154,7 @@ def test_two_schedulers_at_once_never_over_lend_or_over_borrow(make_team, make_u
         team.save()
         user = make_user(f"u-{team.name}", team)
         for _ in range(40):
-            queued_job(team, user, gpus=1)
+            queued_job(team, user, total_gpus=1)
     found: list[str] = []
 
     def check():

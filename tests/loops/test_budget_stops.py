@@ -26,15 +26,15 @@ def nlp(make_team, noop_cluster):
     return team
 
 
-def running(team, user, gpus: int):
-    job = queued_job(team, user, gpus=gpus)
+def running(team, user, total_gpus: int):
+    job = queued_job(team, user, total_gpus=total_gpus)
     with_attempt(job, S.RUNNING, start_time=AN_HOUR_AGO)
     return job
 
 
 def test_a_used_up_budget_stops_the_running_gpu_jobs_and_says_which(nlp, make_user):
     ann = make_user("ann", nlp)
-    gpu_job, cpu_job = running(nlp, ann, gpus=1), running(nlp, ann, gpus=0)
+    gpu_job, cpu_job = running(nlp, ann, total_gpus=1), running(nlp, ann, total_gpus=0)
     assert apply_budget_stops(MONDAY_NOON) == [gpu_job.pk]
     gpu_job.refresh_from_db()
     assert (gpu_job.status, gpu_job.status_reason) == (
@@ -47,14 +47,14 @@ def test_a_used_up_budget_stops_the_running_gpu_jobs_and_says_which(nlp, make_us
 
 
 def test_the_step_stops_nothing_the_second_time(nlp, make_user):
-    running(nlp, make_user("ann", nlp), gpus=1)
+    running(nlp, make_user("ann", nlp), total_gpus=1)
     assert len(apply_budget_stops(MONDAY_NOON)) == 1
     assert apply_budget_stops(MONDAY_NOON) == []
 
 
 def test_a_budget_with_room_left_or_without_a_hard_stop_stops_nothing(nlp, make_user):
     ann = make_user("ann", nlp)
-    job = running(nlp, ann, gpus=1)
+    job = running(nlp, ann, total_gpus=1)
     assert apply_budget_stops(MONDAY_NOON - dt.timedelta(minutes=30)) == []  # half an hour used
     nlp.budget_hard_stop = False
     nlp.save()
@@ -64,7 +64,7 @@ def test_a_budget_with_room_left_or_without_a_hard_stop_stops_nothing(nlp, make_
 
 
 def test_a_tick_passes_the_teams_and_usage_it_read(nlp, make_user):
-    job = running(nlp, make_user("ann", nlp), gpus=1)
+    job = running(nlp, make_user("ann", nlp), total_gpus=1)
     teams = {nlp.pk: nlp}
     assert apply_budget_stops(MONDAY_NOON, teams, month_us={}) == []  # as read: none used
     assert apply_budget_stops(MONDAY_NOON, teams, month_us={nlp.pk: 3600 * 10**6}) == [job.pk]

@@ -23,7 +23,7 @@ def test_the_capacity_wait_carries_the_executors_message(
     use_executor, make_team, make_user, monkeypatch
 ):
     team = make_team("vision", gpu_quota=4)
-    job = queued_job(team, make_user("bob", team), gpus=1)
+    job = queued_job(team, make_user("bob", team), total_gpus=1)
     use_executor(lambda cluster: NoNodes())
     admit_queued_jobs()
     job.refresh_from_db()

@@ -36,7 +36,7 @@ def gang(make_team, make_user):
 
     def make(nodes: int, gpus_per_node: int, gpu_type: str = "", **fields) -> Job:
         return queued_job(
-            team, user, gpus=nodes * gpus_per_node, nodes=nodes, gpu_type=gpu_type, **fields
+            team, user, total_gpus=nodes * gpus_per_node, nodes=nodes, gpu_type=gpu_type, **fields
         )
 
     make.team, make.user = team, user
@@ -73,7 +73,7 @@ def test_it_starts_when_every_node_has_room_and_its_attempt_has_the_nodes(use_ex
     admitted = admit_queued_jobs().admitted
     attempt = Attempt.objects.get(pk__in=admitted)
     assert status(job)[0] == S.SUBMITTED
-    assert (attempt.job_id, attempt.gpus, attempt.nodes) == (job.pk, 8, 2)
+    assert (attempt.job_id, attempt.total_gpus, attempt.nodes) == (job.pk, 8, 2)
 
 
 def test_one_tick_never_places_two_gangs_on_the_same_gpus(use_executor, gang):

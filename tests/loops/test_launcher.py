@@ -106,7 +106,7 @@ def test_a_long_batch_is_recorded_as_it_goes(backend, team, alice, monkeypatch):
     from jobs.loops import launcher
 
     for _ in range(30):
-        queued_job(team, alice, gpus=0)
+        queued_job(team, alice, total_gpus=0)
     attempt_ids = admit_queued_jobs().admitted
     slow = Attempt.objects.get(pk=attempt_ids[0]).backend_name
     others_recorded = threading.Event()
@@ -136,7 +136,7 @@ def test_a_batch_calls_the_engine_launch_threads_at_once(backend, team, alice, m
     from jobs.loops import launcher
 
     for _ in range(2 * launcher.LAUNCH_THREADS):
-        queued_job(team, alice, gpus=0)
+        queued_job(team, alice, total_gpus=0)
     attempt_ids = admit_queued_jobs().admitted
     # Every call waits for LAUNCH_THREADS calls in flight: one after another, none would pass.
     all_in_flight = threading.Barrier(launcher.LAUNCH_THREADS, timeout=10)

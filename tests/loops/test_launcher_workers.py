@@ -19,7 +19,7 @@ def test_workers_launching_the_same_attempts_at_once_submit_each_once(
     backend, team, alice, monkeypatch
 ):
     for _ in range(40):
-        queued_job(team, alice, gpus=0)
+        queued_job(team, alice, total_gpus=0)
     attempt_ids = admit_queued_jobs().admitted
     submit = backend.submit
 

@@ -34,19 +34,19 @@ def tick(borrowers: list[Borrower] | None = None, **fields) -> lending.Lending:
     for row in borrowers or []:
         made.borrowers.setdefault(row.lender, []).append(row)
         if row.preempted_at is not None:
-            made.coming_back[row.lender] = made.coming_back.get(row.lender, 0) + row.gpus
+            made.coming_back[row.lender] = made.coming_back.get(row.lender, 0) + row.total_gpus
     return made
 
 
 def lent(*borrowers: Borrower) -> Holdings:
     held = Holdings()
     for row in borrowers:
-        held.add(VISION.pk, 9, 7, row.gpus)
-        held.lend(VISION.pk, row.lender, row.gpus)
+        held.add(VISION.pk, 9, 7, row.total_gpus)
+        held.lend(VISION.pk, row.lender, row.total_gpus)
     return held
 
 
-def borrower(attempt: int, gpus: int, priority: int = 0, **fields) -> Borrower:
+def borrower(attempt: int, total_gpus: int, priority: int = 0, **fields) -> Borrower:
     row = {
         "job": 100 + attempt,
         "lender": LAB.pk,
@@ -56,7 +56,7 @@ def borrower(attempt: int, gpus: int, priority: int = 0, **fields) -> Borrower:
         "checkpoint_at": None,
         "preempted_at": None,
     } | fields
-    return Borrower(attempt=attempt, gpus=gpus, priority=priority, **row)
+    return Borrower(attempt=attempt, total_gpus=total_gpus, priority=priority, **row)
 
 
 def test_a_job_borrows_from_the_lender_with_the_most_room_that_wants_none_itself():
@@ -77,7 +77,7 @@ def test_a_job_borrows_no_more_than_its_teams_cap():
 def test_the_lowest_priority_borrowers_go_first_and_only_as_many_as_needed():
     rows = [borrower(1, 2, priority=5), borrower(2, 2, priority=-1), borrower(3, 2)]
     made = tick(rows)
-    why = lending.take_back(made, lent(*rows), LAB, job=50, user=1, gpus=4)
+    why = lending.take_back(made, lent(*rows), LAB, job=50, user=1, total_gpus=4)
     assert why == (
         "waiting for lent GPUs: 6 of team lab's 8 GPUs are lent to other teams; preempting "
         "1 job(s) on them (2 GPUs), which have 1 min 30 s to checkpoint"
@@ -91,7 +91,7 @@ def test_the_lowest_priority_borrowers_go_first_and_only_as_many_as_needed():
 def test_gpus_already_coming_back_are_counted_before_another_notice(settings):
     rows = [borrower(1, 4, preempted_at=T0 - MIN), borrower(2, 4)]
     made = tick(rows)
-    why = lending.take_back(made, lent(*rows), LAB, job=50, user=1, gpus=4)
+    why = lending.take_back(made, lent(*rows), LAB, job=50, user=1, total_gpus=4)
     assert why == (
         "waiting for lent GPUs: 8 of team lab's 8 GPUs are lent to other teams; the jobs on "
         "them have been preempted and give them back by 12:00:30 UTC at the latest"
@@ -103,7 +103,7 @@ def test_no_borrower_is_told_before_its_minimum_runtime(settings):
     settings.SF_PREEMPT_MIN_RUNTIME_S = 600
     rows = [borrower(1, 8, started=T0 - 4 * MIN)]
     made = tick(rows)
-    why = lending.take_back(made, lent(*rows), LAB, job=50, user=1, gpus=1)
+    why = lending.take_back(made, lent(*rows), LAB, job=50, user=1, total_gpus=1)
     assert why is not None and why.endswith("the next may be preempted at 12:06:00 UTC")
     assert made.notices == []
 
@@ -111,13 +111,13 @@ def test_no_borrower_is_told_before_its_minimum_runtime(settings):
 def test_a_borrower_on_a_cluster_the_tick_cannot_reach_is_never_a_victim():
     rows = [borrower(1, 8, cluster=8)]
     made = tick(rows)
-    assert lending.take_back(made, lent(*rows), LAB, job=50, user=1, gpus=8) is not None
+    assert lending.take_back(made, lent(*rows), LAB, job=50, user=1, total_gpus=8) is not None
     assert made.notices == []
 
 
 def test_lending_is_not_what_holds_back_a_lender_past_its_own_quota():
     rows = [borrower(1, 4)]
-    assert lending.take_back(tick(rows), lent(*rows), LAB, job=50, user=1, gpus=9) is None
+    assert lending.take_back(tick(rows), lent(*rows), LAB, job=50, user=1, total_gpus=9) is None
 
 
 @pytest.mark.parametrize(

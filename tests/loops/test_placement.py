@@ -10,8 +10,8 @@ NLP = team(1, "nlp", quota=16)
 
 def test_active_jobs_hold_the_nodes_the_engine_saw_their_ranks_on():
     _, capacity = nodes(("a", 4, ""), ("b", 4, ""))
-    seen = active(1, NLP, gpus=4, nodes=2, ranks=[{"node": "b"}, {"node": "a"}])
-    unseen = active(2, NLP, gpus=1)  # best fit: the node with the least room that fits
+    seen = active(1, NLP, total_gpus=4, nodes=2, ranks=[{"node": "b"}, {"node": "a"}])
+    unseen = active(2, NLP, total_gpus=1)  # best fit: the node with the least room that fits
     held = held_nodes(capacity, [seen, unseen])
     assert held.free == {"a": 1, "b": 2}
     assert held.where == {1: ["b", "a"], 2: ["a"]}
@@ -28,20 +28,23 @@ def test_a_shape_that_did_not_fit_is_remembered_with_the_room_there_was():
 def test_a_typeless_job_counts_toward_the_capped_types_of_its_nodes():
     snap = snapshot(
         [NLP],
-        [queued(10, NLP, gpus=2)],
-        [active(1, NLP, gpus=2, ranks=[{"node": "a"}]), active(2, NLP, gpus=1, gpu_type="h100")],
+        [queued(10, NLP, total_gpus=2)],
+        [
+            active(1, NLP, total_gpus=2, ranks=[{"node": "a"}]),
+            active(2, NLP, total_gpus=1, gpu_type="h100"),
+        ],
         clusters=[nodes(("a", 4, "a100"), ("b", 4, "h100"))],
         type_caps={NLP.pk: {"a100": 2, "h100": 8}},
     )
     placement = Placement(snap)
     assert (placement.type_use(NLP.pk, "a100"), placement.type_use(NLP.pk, "h100")) == (2, 1)
-    assert placement.full_types(queued(10, NLP, gpus=2)) == frozenset({"a100"})
+    assert placement.full_types(queued(10, NLP, total_gpus=2)) == frozenset({"a100"})
 
 
 def test_an_admission_takes_its_nodes_and_its_type_for_the_rest_of_the_tick():
     snap = snapshot([NLP], clusters=[nodes(("a", 4, "a100"))], type_caps={NLP.pk: {"a100": 8}})
     placement = Placement(snap)
-    job = queued(10, NLP, gpus=3)
+    job = queued(10, NLP, total_gpus=3)
     placed = placement.nodes_of(job.cluster).place(1, 3, "")
     placement.hold(job, placed)
     assert placement.nodes_of(job.cluster).free == {"a": 1}

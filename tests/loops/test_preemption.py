@@ -49,7 +49,7 @@ def preempted_borrower(teams, capture) -> Job:
     """A borrower of all 8 of lab's GPUs, up for an hour, preempted at T0 for lab's job."""
     lab, lea, vision, vic = teams
     (victim,) = run_borrowers(vision, vic, capture, (8, 0, T0 - 60 * MIN, None))
-    queued_job(lab, lea, gpus=8)
+    queued_job(lab, lea, total_gpus=8)
     tick(T0, capture)
     return victim
 
@@ -76,7 +76,7 @@ def test_the_lowest_priority_borrower_goes_first_and_only_as_many_as_needed(
         (2, -1, T0 - 60 * MIN, None),
         (2, 0, T0 - 60 * MIN, None),
     )
-    mine = queued_job(lab, lea, gpus=4)  # lab: 6 of 8 lent, room for 2 of its own
+    mine = queued_job(lab, lea, total_gpus=4)  # lab: 6 of 8 lent, room for 2 of its own
     tick(T0, django_capture_on_commit_callbacks)
     assert preempted(high, low, mid) == [False, True, False]
     assert Engine.notices == [(f"ref-{low.current_attempt.backend_name}", 90)]
@@ -110,10 +110,10 @@ def test_among_equal_priorities_the_freshest_checkpoint_then_the_latest_start_go
         (2, 0, T0 - 20 * MIN, None),
         (2, 0, T0 - 80 * MIN, None),
     )
-    queued_job(lab, lea, gpus=2)
+    queued_job(lab, lea, total_gpus=2)
     tick(T0, django_capture_on_commit_callbacks)
     assert preempted(old, fresh, none_late, none_early) == [False, True, False, False]
-    queued_job(lab, lea, gpus=6)  # the rest: the old checkpoint, then the later start
+    queued_job(lab, lea, total_gpus=6)  # the rest: the old checkpoint, then the later start
     tick(T0 + MIN, django_capture_on_commit_callbacks)
     assert preempted(old, fresh, none_late, none_early) == [True, True, True, True]
     assert [ref for ref, _ in Engine.notices][1:] == [
@@ -130,7 +130,7 @@ def test_no_job_is_preempted_before_its_minimum_runtime(
     (young,) = run_borrowers(
         vision, vic, django_capture_on_commit_callbacks, (8, 0, T0 - 4 * MIN, None)
     )
-    mine = queued_job(lab, lea, gpus=1)
+    mine = queued_job(lab, lea, total_gpus=1)
     tick(T0, django_capture_on_commit_callbacks)
     assert preempted(young) == [False] and Engine.notices == []
     assert reason(mine) == (
@@ -150,16 +150,16 @@ def test_a_job_inside_its_own_teams_quota_is_never_a_victim(
     vision.gpu_quota = 2
     vision.save()
     own, borrowed = run_borrowers_own_first(vision, vic, django_capture_on_commit_callbacks)
-    queued_job(lab, lea, gpus=8)
+    queued_job(lab, lea, total_gpus=8)
     tick(T0, django_capture_on_commit_callbacks)
     assert preempted(own, borrowed) == [False, True]
 
 
 def run_borrowers_own_first(vision, vic, capture):
     """An own-quota job of the lowest priority, then a borrowing one of the highest."""
-    own = queued_job(vision, vic, gpus=2, priority=-50)
+    own = queued_job(vision, vic, total_gpus=2, priority=-50)
     tick(T0 - dt.timedelta(hours=3), capture)
-    borrowed = queued_job(vision, vic, gpus=2, priority=50)
+    borrowed = queued_job(vision, vic, total_gpus=2, priority=50)
     tick(T0 - dt.timedelta(hours=2), capture)
     for job in (own, borrowed):
         job.refresh_from_db()
@@ -178,7 +178,7 @@ def test_a_lender_past_its_own_quota_preempts_nobody(teams, django_capture_on_co
     (borrower,) = run_borrowers(
         vision, vic, django_capture_on_commit_callbacks, (4, 0, T0 - 60 * MIN, None)
     )
-    queued_job(lab, lea, gpus=9)  # more than lab's whole quota: nothing is owed to it
+    queued_job(lab, lea, total_gpus=9)  # more than lab's whole quota: nothing is owed to it
     tick(T0, django_capture_on_commit_callbacks)
     assert preempted(borrower) == [False]
 
@@ -195,7 +195,7 @@ def test_notices_already_sent_are_counted_before_more_are_sent(
         (4, -1, T0 - 60 * MIN, None),
         (4, 0, T0 - 60 * MIN, None),
     )
-    mine = queued_job(lab, lea, gpus=4)
+    mine = queued_job(lab, lea, total_gpus=4)
     tick(T0, django_capture_on_commit_callbacks)
     tick(T0 + MIN, django_capture_on_commit_callbacks)  # the victim is still in its grace
     assert preempted(first, second) == [True, False]
@@ -215,7 +215,7 @@ def test_a_preempted_job_pauses_resumes_without_a_retry_and_its_lender_starts(
         vision, vic, django_capture_on_commit_callbacks, (8, 0, T0 - 60 * MIN, None)
     )
     Job.objects.filter(pk=victim.pk).update(max_retries=1)
-    mine = queued_job(lab, lea, gpus=8)
+    mine = queued_job(lab, lea, total_gpus=8)
     tick(T0, django_capture_on_commit_callbacks)
     ref = f"ref-{victim.current_attempt.backend_name}"
     Attempt.objects.filter(pk=victim.current_attempt_id).update(checkpoint_at=T0 + MIN / 2)
@@ -303,7 +303,7 @@ def test_no_preemption_loop_a_resumed_job_runs_its_minimum_before_another_notice
     (victim,) = run_borrowers(
         vision, vic, django_capture_on_commit_callbacks, (4, 0, T0 - 60 * MIN, None)
     )
-    first = queued_job(lab, lea, gpus=8)
+    first = queued_job(lab, lea, total_gpus=8)
     tick(T0, django_capture_on_commit_callbacks)
     first_ref = f"ref-{victim.current_attempt.backend_name}"
     ends(victim, "FAILED", 143, at_s=30)
@@ -319,7 +319,7 @@ def test_no_preemption_loop_a_resumed_job_runs_its_minimum_before_another_notice
     )
     Job.objects.filter(pk=victim.pk).update(status=S.RUNNING)
     # ... and lab wants its GPUs again 5 min later: not before the minimum runtime.
-    queued_job(lab, lea, gpus=8)
+    queued_job(lab, lea, total_gpus=8)
     tick(T0 + 7 * MIN, django_capture_on_commit_callbacks)
     assert preempted(victim) == [False]
     tick(T0 + 12 * MIN + dt.timedelta(seconds=1), django_capture_on_commit_callbacks)

@@ -22,8 +22,10 @@ C, OTHER = 1, 2  # clusters
 A, B = 10, 20  # teams
 
 
-def waiting(job_id: int, gpus: int, limit: int | None = None, team: int = A, cluster: int = C):
-    return Waiting(job_id, team, cluster, gpus, limit)
+def waiting(
+    job_id: int, total_gpus: int, limit: int | None = None, team: int = A, cluster: int = C
+):
+    return Waiting(job_id, team, cluster, total_gpus, limit)
 
 
 def planned(jobs, holdings=(), free=None, room=None, total=8):
@@ -163,10 +165,10 @@ def test_a_tick_places_waiting_jobs_and_the_api_shows_it_to_each_reader_as_they_
     other = make_team("nlp", gpu_quota=8, cluster=cluster)
     bob = make_user("bob", other)
     started = timezone.now() - dt.timedelta(seconds=30)
-    runner = queued_job(other, bob, gpus=4, cluster=cluster, time_limit_s=90)
+    runner = queued_job(other, bob, total_gpus=4, cluster=cluster, time_limit_s=90)
     with_attempt(runner, "RUNNING", job_ref="r", pending_at=started, start_time=started)
-    theirs = queued_job(other, bob, gpus=2, cluster=cluster, time_limit_s=600)
-    mine = queued_job(team, alice, gpus=2, cluster=cluster, time_limit_s=600)
+    theirs = queued_job(other, bob, total_gpus=2, cluster=cluster, time_limit_s=600)
+    mine = queued_job(team, alice, total_gpus=2, cluster=cluster, time_limit_s=600)
     with django_capture_on_commit_callbacks(execute=True):
         admit_queued_jobs()
     # Fair share offers vision first: nlp holds 4 of its 8 GPUs, vision none.
@@ -177,7 +179,8 @@ def test_a_tick_places_waiting_jobs_and_the_api_shows_it_to_each_reader_as_they_
     assert at(body["estimated_start"]) == pytest.approx(release.timestamp(), abs=1e-3)
     seen = api_as(bob).get(f"/jobs/{theirs.pk}").json()
     assert (seen["queue_position"], seen["ahead_jobs"], seen["ahead_gpus"]) == (2, 1, 2)
-    assert seen["ahead"] == [{"id": None, "same_team": False, "gpus": 2}]  # vision's: not named
+    # vision's: not named
+    assert seen["ahead"] == [{"id": None, "same_team": False, "total_gpus": 2, "gpus": 2}]
     assert at(seen["estimated_start"]) == pytest.approx(release.timestamp(), abs=1e-3)
     assert api_as(bob).get(f"/jobs/{runner.pk}").json()["queue_position"] is None
     # The list carries the same places.
@@ -203,7 +206,7 @@ def test_a_tick_plans_again_only_once_the_kept_plan_is_old_enough(
     plan_key, team, alice, django_capture_on_commit_callbacks
 ):
     cluster = Cluster.objects.create(name="four", kind="noop", settings={"gpus": 4})
-    first = queued_job(team, alice, gpus=8, cluster=cluster)  # never fits: it waits
+    first = queued_job(team, alice, total_gpus=8, cluster=cluster)  # never fits: it waits
 
     def tick_and_read(after_s: float) -> tuple[set[int], float | None]:
         with django_capture_on_commit_callbacks(execute=True):
@@ -214,7 +217,7 @@ def test_a_tick_plans_again_only_once_the_kept_plan_is_old_enough(
     start = timezone.now()
     second = first
     assert tick_and_read(0) == ({first.pk}, start.timestamp())
-    second = queued_job(team, alice, gpus=8, cluster=cluster)
+    second = queued_job(team, alice, total_gpus=8, cluster=cluster)
     # A kicked tick soon after keeps the plan it finds: the new job is not placed yet.
     assert tick_and_read(QUEUE_PLAN_EVERY_S - 0.1) == ({first.pk}, start.timestamp())
     later = start.timestamp() + QUEUE_PLAN_EVERY_S

@@ -109,7 +109,7 @@ def _populate() -> dict[str, Team]:
                 team=team,
                 user=members[n % MEMBERS],
                 cluster=cluster,
-                gpus=n % (quota.largest_job + 1),
+                total_gpus=n % (quota.largest_job + 1),
                 priority=n % 3,
                 entrypoint=["train"],
             )
@@ -174,8 +174,8 @@ def _held_now() -> list[Row]:
     rows = (
         Job.objects.filter(status__in=S.active())
         .values("team_id", "user_id", "cluster_id")
-        .annotate(gpus=Sum("gpus"), jobs=Count("id"))
-        .values_list("team_id", "user_id", "cluster_id", "gpus", "jobs")
+        .annotate(held=Sum("total_gpus"), jobs=Count("id"))
+        .values_list("team_id", "user_id", "cluster_id", "held", "jobs")
     )
     return list(rows)
 
@@ -189,7 +189,7 @@ def _replay_timeline(limits: Limits) -> tuple[list[str], int, set[str]]:
     limits were ever reached, to show the quotas were really under pressure.
     """
     jobs = {pk: (t, u, c, g) for pk, t, u, c, g in Job.objects.values_list(
-        "pk", "team_id", "user_id", "cluster_id", "gpus"
+        "pk", "team_id", "user_id", "cluster_id", "total_gpus"
     )}  # fmt: skip
     status = dict.fromkeys(jobs, "")
     holding: set[int] = set()

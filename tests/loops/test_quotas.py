@@ -38,7 +38,7 @@ def test_slots_keep_the_next_job_queued_with_the_count(nlp, make_user):
     nlp.max_jobs = 2
     nlp.save()
     ann = make_user("ann", nlp)
-    jobs = [queued_job(nlp, ann, gpus=0) for _ in range(3)]
+    jobs = [queued_job(nlp, ann, total_gpus=0) for _ in range(3)]
     admit_queued_jobs()
     assert status_of(jobs[2]) == (
         S.QUEUED,
@@ -48,9 +48,9 @@ def test_slots_keep_the_next_job_queued_with_the_count(nlp, make_user):
 
 def test_quota_wait_reads_like_the_issue_example(nlp, make_user):
     ann = make_user("ann", nlp)
-    queued_job(nlp, ann, gpus=14)
+    queued_job(nlp, ann, total_gpus=14)
     admit_queued_jobs()
-    waiting = queued_job(nlp, ann, gpus=4)
+    waiting = queued_job(nlp, ann, total_gpus=4)
     admit_queued_jobs()
     assert status_of(waiting) == (
         S.QUEUED,
@@ -62,9 +62,9 @@ def test_a_member_cap_holds_one_member_and_lets_another_through(nlp, make_user):
     nlp.user_gpu_cap = 4
     nlp.save()
     ann, ben = make_user("ann", nlp), make_user("ben", nlp)
-    queued_job(nlp, ann, gpus=3)
-    second = queued_job(nlp, ann, gpus=2)
-    bens = queued_job(nlp, ben, gpus=2)
+    queued_job(nlp, ann, total_gpus=3)
+    second = queued_job(nlp, ann, total_gpus=2)
+    bens = queued_job(nlp, ben, total_gpus=2)
     admit_queued_jobs()
     assert status_of(second) == (
         S.QUEUED,
@@ -75,7 +75,7 @@ def test_a_member_cap_holds_one_member_and_lets_another_through(nlp, make_user):
 
 def test_max_gpus_per_job_is_refused_at_submit_and_holds_jobs_submitted_before(nlp, make_user):
     ann = make_user("ann", nlp)
-    before = queued_job(nlp, ann, gpus=8)
+    before = queued_job(nlp, ann, total_gpus=8)
     nlp.max_gpus_per_job = 4
     nlp.save()
     with pytest.raises(BadRequest, match="team nlp allows at most 4 per job"):
@@ -103,8 +103,8 @@ def test_an_admin_change_counts_at_the_next_tick(nlp, make_user):
 def test_a_cluster_share_caps_the_team_on_that_cluster(nlp, make_user, noop_cluster):
     ClusterShare.objects.create(cluster=noop_cluster, team=nlp, percent=1)  # 1% of 1000 = 10
     ann = make_user("ann", nlp)
-    queued_job(nlp, ann, gpus=8)
-    over = queued_job(nlp, ann, gpus=4)
+    queued_job(nlp, ann, total_gpus=8)
+    over = queued_job(nlp, ann, total_gpus=4)
     admit_queued_jobs()
     assert status_of(over) == (
         S.QUEUED,
@@ -113,18 +113,18 @@ def test_a_cluster_share_caps_the_team_on_that_cluster(nlp, make_user, noop_clus
     )
 
 
-def ran(job, start: dt.datetime, hours: float, gpus: int) -> None:
+def ran(job, start: dt.datetime, hours: float, total_gpus: int) -> None:
     with_attempt(job, S.SUCCEEDED, start_time=start, end_time=start + dt.timedelta(hours=hours))
-    Attempt.objects.filter(job=job).update(gpus=gpus)
+    Attempt.objects.filter(job=job).update(total_gpus=total_gpus)
 
 
 def test_a_used_up_budget_keeps_gpu_jobs_queued_until_next_month(nlp, make_user):
     nlp.gpu_hours_per_month = Decimal("10")
     nlp.save()
     ann = make_user("ann", nlp)
-    ran(queued_job(nlp, ann, gpus=2), MONDAY_NOON - dt.timedelta(hours=6), 5, gpus=2)
+    ran(queued_job(nlp, ann, total_gpus=2), MONDAY_NOON - dt.timedelta(hours=6), 5, total_gpus=2)
     meter_ended()
-    gpu_job, cpu_job = queued_job(nlp, ann, gpus=1), queued_job(nlp, ann, gpus=0)
+    gpu_job, cpu_job = queued_job(nlp, ann, total_gpus=1), queued_job(nlp, ann, total_gpus=0)
     admit_queued_jobs(MONDAY_NOON)
     assert status_of(gpu_job) == (
         S.QUEUED,
@@ -140,9 +140,9 @@ def test_running_time_counts_toward_the_budget_live(nlp, make_user):
     nlp.gpu_hours_per_month = Decimal("1")
     nlp.save()
     ann = make_user("ann", nlp)
-    running = queued_job(nlp, ann, gpus=2)
+    running = queued_job(nlp, ann, total_gpus=2)
     with_attempt(running, S.RUNNING, start_time=MONDAY_NOON - dt.timedelta(minutes=31))
-    waiting = queued_job(nlp, ann, gpus=1)
+    waiting = queued_job(nlp, ann, total_gpus=1)
     admit_queued_jobs(MONDAY_NOON)
     assert status_of(waiting)[1].startswith("waiting for budget: team nlp used 1.0 of its 1.00")
     assert status_of(running)[0] == S.RUNNING  # no hard stop asked for: it runs on
@@ -153,9 +153,9 @@ def test_a_hard_stop_stops_the_running_gpu_jobs(nlp, make_user):
     nlp.budget_hard_stop = True
     nlp.save()
     ann = make_user("ann", nlp)
-    running = queued_job(nlp, ann, gpus=2)
+    running = queued_job(nlp, ann, total_gpus=2)
     attempt = with_attempt(running, S.RUNNING, start_time=MONDAY_NOON - dt.timedelta(hours=1))
-    cpu_only = queued_job(nlp, ann, gpus=0)
+    cpu_only = queued_job(nlp, ann, total_gpus=0)
     with_attempt(cpu_only, S.RUNNING, start_time=MONDAY_NOON - dt.timedelta(hours=1))
     result = admit_queued_jobs(MONDAY_NOON)
     assert result.stopped == [running.pk]
@@ -174,11 +174,11 @@ def test_fair_share_offers_the_scarce_gpus_to_the_team_that_used_less(
     # The local cluster has 4 GPU slots; both teams want all of them.
     heavy, light = make_team("heavy", gpu_quota=8), make_team("light", gpu_quota=8)
     hal, lou = make_user("hal", heavy), make_user("lou", light)
-    ran(queued_job(heavy, hal, gpus=4), MONDAY_NOON - dt.timedelta(days=2), 10, gpus=4)
-    ran(queued_job(light, lou, gpus=4), MONDAY_NOON - dt.timedelta(days=2), 1, gpus=4)
+    ran(queued_job(heavy, hal, total_gpus=4), MONDAY_NOON - dt.timedelta(days=2), 10, total_gpus=4)
+    ran(queued_job(light, lou, total_gpus=4), MONDAY_NOON - dt.timedelta(days=2), 1, total_gpus=4)
     meter_ended()
-    heavy_jobs = [queued_job(heavy, hal, gpus=1, priority=50) for _ in range(4)]
-    light_jobs = [queued_job(light, lou, gpus=1) for _ in range(4)]
+    heavy_jobs = [queued_job(heavy, hal, total_gpus=1, priority=50) for _ in range(4)]
+    light_jobs = [queued_job(light, lou, total_gpus=1) for _ in range(4)]
     admit_queued_jobs(MONDAY_NOON)
     admitted = lambda jobs: sum(status_of(j)[0] == S.SUBMITTED for j in jobs)  # noqa: E731
     # light used 4 GPU-hours (0.5 per GPU of quota), heavy 40 (5 per GPU): light goes first,
@@ -189,8 +189,8 @@ def test_fair_share_offers_the_scarce_gpus_to_the_team_that_used_less(
 def test_fair_share_alternates_between_teams_with_equal_use(make_team, make_user):
     one, two = make_team("one", gpu_quota=8), make_team("two", gpu_quota=8)
     a, b = make_user("a", one), make_user("b", two)
-    ones = [queued_job(one, a, gpus=1) for _ in range(4)]
-    twos = [queued_job(two, b, gpus=1) for _ in range(4)]
+    ones = [queued_job(one, a, total_gpus=1) for _ in range(4)]
+    twos = [queued_job(two, b, total_gpus=1) for _ in range(4)]
     admit_queued_jobs(MONDAY_NOON)
     admitted = [sum(status_of(j)[0] == S.SUBMITTED for j in jobs) for jobs in (ones, twos)]
     assert admitted == [2, 2]

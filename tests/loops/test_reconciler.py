@@ -277,7 +277,7 @@ def test_a_tick_over_pending_jobs_costs_a_fixed_number_of_queries(
     backend, team, alice, django_assert_max_num_queries
 ):
     for i in range(30):
-        job = queued_job(team, alice, gpus=0)
+        job = queued_job(team, alice, total_gpus=0)
         with_attempt(job, S.PENDING, job_ref=f"ref-{i}", pending_at=timezone.now())
         backend.states[f"ref-{i}"] = Observation("QUEUED")
     with django_assert_max_num_queries(10):

@@ -25,7 +25,7 @@ def _jobs(team, user, n: int, status: str = S.SUBMITTED) -> list[tuple[Job, Atte
     admitted = timezone.now() - dt.timedelta(minutes=1)
     made = []
     for i in range(n):
-        job = queued_job(team, user, gpus=0)
+        job = queued_job(team, user, total_gpus=0)
         attempt = with_attempt(job, status, job_ref=f"ref-{i}", submitted_at=admitted)
         made.append((job, attempt))
     return made

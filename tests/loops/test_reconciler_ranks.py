@@ -25,7 +25,7 @@ def rank(index: int, state: str, code=None, node=None) -> dict:
 
 @pytest.fixture
 def gang(team, alice):
-    job = queued_job(team, alice, gpus=8, nodes=2, pending_deadline_s=60)
+    job = queued_job(team, alice, total_gpus=8, nodes=2, pending_deadline_s=60)
     attempt = with_attempt(job, S.PENDING, job_ref="ref-g", nodes=2, pending_at=timezone.now())
     return job, attempt
 

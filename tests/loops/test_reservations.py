@@ -25,16 +25,16 @@ def eight(make_team, make_user):
     team = make_team("vision", gpu_quota=100, cluster=cluster)
     user = make_user("bob", team)
     now = timezone.now()
-    running = queued_job(team, user, gpus=6, cluster=cluster, time_limit_s=100)
+    running = queued_job(team, user, total_gpus=6, cluster=cluster, time_limit_s=100)
     with_attempt(running, S.RUNNING, job_ref="r", pending_at=now, start_time=now)
-    big = queued_job(team, user, gpus=8, cluster=cluster, time_limit_s=3600)
+    big = queued_job(team, user, total_gpus=8, cluster=cluster, time_limit_s=3600)
     Job.objects.filter(pk=big.pk).update(status_changed_at=now - dt.timedelta(minutes=30))
     return team, user, cluster, now, big
 
 
 def small(eight, **fields):
     team, user, cluster, *_ = eight
-    return queued_job(team, user, gpus=1, cluster=cluster, **fields)
+    return queued_job(team, user, total_gpus=1, cluster=cluster, **fields)
 
 
 def status(job) -> tuple[str, str]:
@@ -85,14 +85,14 @@ def test_gpus_the_reserved_job_does_not_need_are_free_for_anyone(make_team, make
     team = make_team("vision", gpu_quota=100, cluster=cluster)
     user = make_user("bob", team)
     now = timezone.now()
-    running = queued_job(team, user, gpus=8, cluster=cluster, time_limit_s=100)
+    running = queued_job(team, user, total_gpus=8, cluster=cluster, time_limit_s=100)
     with_attempt(running, S.RUNNING, job_ref="r", pending_at=now, start_time=now)
-    big = queued_job(team, user, gpus=9, cluster=cluster)
+    big = queued_job(team, user, total_gpus=9, cluster=cluster)
     Job.objects.filter(pk=big.pk).update(status_changed_at=now - dt.timedelta(hours=2))
     # At +100 s ten are free and BIG needs nine: one job of one GPU, for good, leaves it room;
     # a second, for good as well, would not. A third that ends before +100 s takes the last.
-    first, second = (queued_job(team, user, gpus=1, cluster=cluster) for _ in range(2))
-    third = queued_job(team, user, gpus=1, cluster=cluster, time_limit_s=50)
+    first, second = (queued_job(team, user, total_gpus=1, cluster=cluster) for _ in range(2))
+    third = queued_job(team, user, total_gpus=1, cluster=cluster, time_limit_s=50)
     admit_queued_jobs(now=now)
     assert [status(j)[0] for j in (big, first, second, third)] == [
         S.QUEUED,

@@ -21,7 +21,7 @@ def statuses(*jobs) -> list[str]:
 
 
 def test_admits_every_job_that_fits_in_one_tick(team, alice):
-    jobs = [queued_job(team, alice, gpus=1) for _ in range(4)]
+    jobs = [queued_job(team, alice, total_gpus=1) for _ in range(4)]
     result = admit_queued_jobs()
     assert statuses(*jobs) == [S.SUBMITTED] * 4
     assert len(result.admitted) == 4
@@ -41,7 +41,7 @@ def test_admission_creates_attempt_with_deterministic_backend_name(team, alice):
 def test_quota_keeps_the_rest_queued_with_the_numbers(make_team, make_user):
     vision = make_team("vision", gpu_quota=4)
     bob = make_user("bob", vision)
-    first, second = queued_job(vision, bob, gpus=3), queued_job(vision, bob, gpus=2)
+    first, second = queued_job(vision, bob, total_gpus=3), queued_job(vision, bob, total_gpus=2)
     admit_queued_jobs()
     assert statuses(first, second) == [S.SUBMITTED, S.QUEUED]
     second.refresh_from_db()
@@ -53,7 +53,7 @@ def test_quota_keeps_the_rest_queued_with_the_numbers(make_team, make_user):
 def test_small_job_backfills_behind_a_big_one_that_does_not_fit(make_team, make_user):
     vision = make_team("vision", gpu_quota=4)
     bob = make_user("bob", vision)
-    running, big, small = (queued_job(vision, bob, gpus=g) for g in (3, 2, 1))
+    running, big, small = (queued_job(vision, bob, total_gpus=g) for g in (3, 2, 1))
     admit_queued_jobs()
     assert statuses(running, big, small) == [S.SUBMITTED, S.QUEUED, S.SUBMITTED]
 
@@ -78,7 +78,7 @@ def test_one_team_at_quota_does_not_block_another(make_team, make_user):
 def test_capacity_gate_names_the_cluster_and_free_slots(make_team, make_user, local_cluster):
     vision = make_team("vision", gpu_quota=16)  # local cluster has 4 virtual slots
     bob = make_user("bob", vision)
-    fits, too_many = queued_job(vision, bob, gpus=3), queued_job(vision, bob, gpus=2)
+    fits, too_many = queued_job(vision, bob, total_gpus=3), queued_job(vision, bob, total_gpus=2)
     admit_queued_jobs()
     too_many.refresh_from_db()
     assert statuses(fits, too_many) == [S.SUBMITTED, S.QUEUED]
@@ -152,7 +152,7 @@ def _tick_queries(count: int, make_team, make_user) -> int:
                 team=teams[n % 5],
                 user=users[n % 5],
                 cluster=teams[0].default_cluster,
-                gpus=1,
+                total_gpus=1,
                 entrypoint=["true"],
             )
             for n in range(count)

@@ -41,8 +41,8 @@ def test_a_due_retry_and_an_ended_attempt_are_the_ticks_first_steps(team, alice)
 def test_the_ticks_result_says_what_each_writing_step_did(team, alice):
     team.max_gpus_per_job = 4
     team.save()
-    queued_job(team, alice, gpus=6)  # submitted before the team's limit was set
-    fits = queued_job(team, alice, gpus=1)
+    queued_job(team, alice, total_gpus=6)  # submitted before the team's limit was set
+    fits = queued_job(team, alice, total_gpus=1)
     result = admit_queued_jobs(NOW)
     assert (result.stopped, result.paused, result.resumed, result.requeued) == ([], [], [], [])
     assert (result.outsiders, result.ungranted, result.preempted) == ([], [], [])

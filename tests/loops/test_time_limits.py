@@ -24,7 +24,7 @@ S = JobStatus
 @pytest.fixture
 def running(team, alice):
     """A 2-GPU job with a 60 s limit and three automatic retries, up since START."""
-    job = queued_job(team, alice, gpus=2, time_limit_s=60, max_retries=3)
+    job = queued_job(team, alice, total_gpus=2, time_limit_s=60, max_retries=3)
     start = timezone.now() - dt.timedelta(seconds=5)
     attempt = with_attempt(
         job, S.RUNNING, job_ref="ref-1", submitted_at=start, pending_at=start, start_time=start

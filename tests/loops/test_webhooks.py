@@ -57,7 +57,7 @@ def test_a_failed_job_is_posted_signed_with_its_gpu_seconds_and_link(
     settings.SF_CONSOLE_URL = "https://sf.example.com"
     r = receiver()
     hook = webhooks.create(alice, r.url, ["failed"])
-    job = queued_job(team, alice, gpus=2, name="resnet")
+    job = queued_job(team, alice, total_gpus=2, name="resnet")
     with django_capture_on_commit_callbacks():
         ended(job, S.FAILED, seconds=120)
     assert deliveries.deliver_due() == 1

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.django_db
 START = dt.datetime(2026, 11, 10, 8, 0, tzinfo=dt.UTC)
 
 
-def ended(team, user, hours=1.0, gpus=1, start=START):
-    job = queued_job(team, user, gpus=gpus)
+def ended(team, user, hours=1.0, total_gpus=1, start=START):
+    job = queued_job(team, user, total_gpus=total_gpus)
     with_attempt(job, "SUCCEEDED", start_time=start, end_time=start + dt.timedelta(hours=hours))
     return job
 
@@ -35,7 +35,7 @@ def check_usage() -> tuple[str, CommandError | None]:
 
 
 def test_the_check_passes_and_says_how_many_attempts_it_compared(team, alice):
-    ended(team, alice, gpus=2)
+    ended(team, alice, total_gpus=2)
     ended(team, alice, hours=30)  # spans three days
     meter_ended()
     out, error = check_usage()
@@ -44,7 +44,7 @@ def test_the_check_passes_and_says_how_many_attempts_it_compared(team, alice):
 
 
 def test_a_tampered_record_is_reported_with_exit_status_1(team, alice):
-    ended(team, alice, gpus=2)
+    ended(team, alice, total_gpus=2)
     meter_ended()
     UsageRecord.objects.update(gpu_us=F("gpu_us") + 1)
     out, error = check_usage()
@@ -66,7 +66,7 @@ def test_a_record_without_any_attempt_is_reported(team, alice):
 
 def test_a_deleted_job_stays_billed_and_the_check_still_passes(team, alice):
     keep = ended(team, alice, hours=1)
-    gone = ended(team, alice, hours=2, gpus=3)
+    gone = ended(team, alice, hours=2, total_gpus=3)
     meter_ended([keep.pk])  # the deleted job's attempt is metered by the delete itself
     since, until = START.date(), START.date() + dt.timedelta(days=1)
     before = usage_rows(since, until, now=START + dt.timedelta(days=1))
@@ -106,7 +106,7 @@ def test_an_attempt_left_unmetered_for_over_ten_minutes_means_the_sweep_is_stuck
 def test_gpu_time_on_borrowed_gpus_is_recorded_apart_and_checked(team, alice, make_team):
     lender = make_team("lab")
     ended(team, alice, hours=1)
-    job = queued_job(team, alice, gpus=2)
+    job = queued_job(team, alice, total_gpus=2)
     with_attempt(
         job,
         "SUCCEEDED",

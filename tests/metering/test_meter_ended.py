@@ -15,8 +15,8 @@ OCT31_23H = dt.datetime(2026, 10, 31, 23, 0, tzinfo=dt.UTC)
 OCT, NOV, DEC = dt.date(2026, 10, 1), dt.date(2026, 11, 1), dt.date(2026, 12, 1)
 
 
-def ended(team, user, start, hours, gpus=1):
-    job = queued_job(team, user, gpus=gpus)
+def ended(team, user, start, hours, total_gpus=1):
+    job = queued_job(team, user, total_gpus=total_gpus)
     return with_attempt(
         job, "SUCCEEDED", start_time=start, end_time=start + dt.timedelta(hours=hours)
     )
@@ -29,7 +29,7 @@ def recorded() -> dict:
 
 
 def test_an_attempt_across_the_month_boundary_bills_each_month_its_share(team, alice):
-    ended(team, alice, OCT31_23H, hours=2, gpus=2)
+    ended(team, alice, OCT31_23H, hours=2, total_gpus=2)
     assert meter_ended() == 1
     october = usage_rows(OCT, NOV, now=OCT31_23H + dt.timedelta(days=5))
     november = usage_rows(NOV, DEC, now=OCT31_23H + dt.timedelta(days=5))
@@ -39,7 +39,7 @@ def test_an_attempt_across_the_month_boundary_bills_each_month_its_share(team, a
 
 
 def test_metering_twice_adds_each_attempt_once(team, alice):
-    attempt = ended(team, alice, OCT31_23H, hours=1, gpus=3)
+    attempt = ended(team, alice, OCT31_23H, hours=1, total_gpus=3)
     assert meter_ended() == 1
     first = recorded()
     assert meter_ended() == 0
@@ -62,7 +62,7 @@ def test_an_attempt_is_counted_once_before_and_after_the_sweep(team, alice):
 
 
 def test_a_running_attempt_counts_live_up_to_now_and_is_not_metered(team, alice):
-    job = queued_job(team, alice, gpus=4)
+    job = queued_job(team, alice, total_gpus=4)
     with_attempt(job, "RUNNING", start_time=OCT31_23H)
     assert meter_ended() == 0
     rows = usage_rows(NOV, DEC, now=OCT31_23H + dt.timedelta(hours=1, minutes=30))
@@ -73,7 +73,7 @@ def test_a_running_attempt_counts_live_up_to_now_and_is_not_metered(team, alice)
 
 
 def test_an_attempt_that_never_ran_is_metered_as_nothing(team, alice):
-    job = queued_job(team, alice, gpus=8)
+    job = queued_job(team, alice, total_gpus=8)
     with_attempt(job, "FAILED", end_time=OCT31_23H)
     assert meter_ended() == 1
     assert recorded() == {}

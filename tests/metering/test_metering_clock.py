@@ -110,8 +110,8 @@ def test_queued_an_hour_pending_10_minutes_running_30_minutes_on_4_gpus_is_7200_
     engine, clock, vision
 ):
     team, alice, bob = vision
-    blocker = queued_job(team, bob, gpus=4, submitted_at=T0)
-    job = queued_job(team, alice, gpus=4, submitted_at=T0)
+    blocker = queued_job(team, bob, total_gpus=4, submitted_at=T0)
+    job = queued_job(team, alice, total_gpus=4, submitted_at=T0)
     tick(clock, T0)
     observe(engine, clock, T0 + minutes(1), blocker, "QUEUED")  # pending on the engine
     tick(clock, T0 + minutes(30))
@@ -145,7 +145,7 @@ def test_queued_an_hour_pending_10_minutes_running_30_minutes_on_4_gpus_is_7200_
 
 def test_an_end_observed_many_times_is_billed_once(engine, clock, vision):
     team, alice, _ = vision
-    job = queued_job(team, alice, gpus=2, submitted_at=T0)
+    job = queued_job(team, alice, total_gpus=2, submitted_at=T0)
     end = T0 + minutes(25)
     run_attempt(engine, clock, job, T0, T0 + minutes(5), end, exit_code=0)
     assert meter_ended() == 1  # no tick since the end: the sweep is the first to meter it
@@ -164,7 +164,7 @@ def test_an_end_observed_many_times_is_billed_once(engine, clock, vision):
 
 def test_pause_and_resume_bill_only_the_running_time_of_both_attempts(engine, clock, vision):
     team, alice, _ = vision
-    job = queued_job(team, alice, gpus=2, submitted_at=T0)
+    job = queued_job(team, alice, total_gpus=2, submitted_at=T0)
     assert len(tick(clock, T0 + minutes(5))) == 1
     observe(engine, clock, T0 + minutes(8), job, "RUN")
     paused_at = T0 + minutes(30)
@@ -196,7 +196,7 @@ def test_a_failed_attempt_and_its_retry_bill_only_their_running_time(engine, clo
     team, alice, _ = vision
     retries = 1 if how == "automatically" else 0
     job = queued_job(
-        team, alice, gpus=3, submitted_at=T0, max_retries=retries, retry_cooldown_s=3600
+        team, alice, total_gpus=3, submitted_at=T0, max_retries=retries, retry_cooldown_s=3600
     )
     failed_at = T0 + minutes(17)
     run_attempt(engine, clock, job, T0, T0 + minutes(2), failed_at, native="BAD", exit_code=1)
@@ -227,7 +227,7 @@ def test_an_attempt_across_a_month_boundary_is_split_between_the_months(engine, 
     oct31, nov1 = dt.date(2026, 10, 31), dt.date(2026, 11, 1)
     october, november = (dt.date(2026, 10, 1), nov1), (nov1, dt.date(2026, 12, 1))
     midnight = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
-    job = queued_job(team, alice, gpus=4, submitted_at=midnight - minutes(120))
+    job = queued_job(team, alice, total_gpus=4, submitted_at=midnight - minutes(120))
     assert len(tick(clock, midnight - minutes(60))) == 1
     observe(engine, clock, midnight - minutes(30), job, "RUN")
     cluster = team.default_cluster_id
@@ -248,7 +248,7 @@ def test_an_attempt_across_a_month_boundary_is_split_between_the_months(engine, 
 
 def test_a_start_learned_after_the_pause_and_a_tick_is_billed_in_the_records(engine, clock, vision):
     team, alice, _ = vision
-    job = queued_job(team, alice, gpus=2, submitted_at=T0)
+    job = queued_job(team, alice, total_gpus=2, submitted_at=T0)
     tick(clock, T0)
     observe(engine, clock, T0 + minutes(1), job, "QUEUED")
     clock.now = T0 + minutes(10)  # it started at T0+2 min, but no tick saw it run

@@ -18,8 +18,8 @@ def _frozen(monkeypatch):
     monkeypatch.setattr(timezone, "now", lambda: NOW)
 
 
-def ran(team, user, start, hours, gpus=1, cluster=None, running=False):
-    job = queued_job(team, user, gpus=gpus, cluster=cluster or team.default_cluster)
+def ran(team, user, start, hours, total_gpus=1, cluster=None, running=False):
+    job = queued_job(team, user, total_gpus=total_gpus, cluster=cluster or team.default_cluster)
     end = None if running else start + dt.timedelta(hours=hours)
     return with_attempt(job, "RUNNING" if running else "SUCCEEDED", start_time=start, end_time=end)
 
@@ -31,7 +31,7 @@ def usage(team, alice, make_team, make_user, noop_cluster):
     bob = make_user("bob", team)
     nlp = make_team("nlp")
     carol = make_user("carol", nlp)
-    ran(team, alice, dt.datetime(2026, 11, 10, 8, tzinfo=dt.UTC), hours=1, gpus=2)
+    ran(team, alice, dt.datetime(2026, 11, 10, 8, tzinfo=dt.UTC), hours=1, total_gpus=2)
     ran(team, alice, dt.datetime(2026, 10, 30, 8, tzinfo=dt.UTC), hours=7)
     ran(nlp, carol, dt.datetime(2026, 11, 12, 8, tzinfo=dt.UTC), hours=5)
     meter_ended()

@@ -23,8 +23,8 @@ def _frozen(monkeypatch):
     monkeypatch.setattr(timezone, "now", lambda: NOW)
 
 
-def ran(team, user, start, hours, gpus=1, running=False, borrowed_from=None):
-    job = queued_job(team, user, gpus=gpus)
+def ran(team, user, start, hours, total_gpus=1, running=False, borrowed_from=None):
+    job = queued_job(team, user, total_gpus=total_gpus)
     end = None if running else start + dt.timedelta(hours=hours)
     with_attempt(
         job,
@@ -43,7 +43,7 @@ def page(team, alice, make_team, make_user):
     nlp = make_team("nlp")
     nlp.membership_set.create(user=alice, role="viewer")
     ops = make_team("ops")
-    ran(team, alice, OCT31_23H, hours=2, gpus=2)
+    ran(team, alice, OCT31_23H, hours=2, total_gpus=2)
     ran(nlp, alice, dt.datetime(2026, 11, 5, 6, tzinfo=dt.UTC), hours=3)
     ran(ops, make_user("dan", ops), dt.datetime(2026, 11, 5, 6, tzinfo=dt.UTC), hours=9)
     meter_ended()
@@ -129,7 +129,7 @@ def test_gpu_hours_on_borrowed_gpus_are_shown_per_team(page, team, make_user, ap
     carl = make_user("carl", team)
     ran(team, carl, dt.datetime(2026, 11, 10, 6, tzinfo=dt.UTC), hours=3, borrowed_from=ops)
     meter_ended()
-    ran(team, carl, NOW - dt.timedelta(hours=1), 0, gpus=2, running=True, borrowed_from=ops)
+    ran(team, carl, NOW - dt.timedelta(hours=1), 0, total_gpus=2, running=True, borrowed_from=ops)
     html = page.get("/usage/").content.decode()
     assert "<td>vision</td><td>9.00</td><td>5.00</td>" in html
     assert "<td>nlp</td><td>3.00</td><td>0.00</td>" in html

@@ -78,13 +78,13 @@ def test_a_team_over_its_quotas_is_reported_now_and_at_admission(team, alice, ma
     team.gpu_quota, team.max_jobs, team.user_gpu_cap = 4, 1, 2
     team.save()
     for _ in range(2):
-        with_attempt(queued_job(team, alice, gpus=3), S.RUNNING)
+        with_attempt(queued_job(team, alice, total_gpus=3), S.RUNNING)
     found = violations()
     assert "team vision: holds 6 GPUs, quota 4" in found
     assert "team vision: runs 2 jobs, slots 1" in found
     assert "team vision: alice holds 6 GPUs, per-member cap 2" in found
     # An admission event recorded under a quota the replayed timeline exceeds.
-    job = queued_job(team, alice, gpus=2)
+    job = queued_job(team, alice, total_gpus=2)
     JobEvent.objects.create(job=job, kind=JobEvent.Kind.STATUS, to_status=S.QUEUED, actor="a")
     JobEvent.objects.create(
         job=job,

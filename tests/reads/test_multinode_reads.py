@@ -45,7 +45,7 @@ def gang(team, alice) -> Job:
     job = queued_job(
         team,
         alice,
-        gpus=8,
+        total_gpus=8,
         nodes=2,
         gpu_type="a100",
         cpus=16,
@@ -210,7 +210,7 @@ def test_the_job_socket_forwards_each_lines_rank(settings, team, alice):
     from tests.sockets import run, session_of, socket
 
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    job = queued_job(team, alice, gpus=2, nodes=2)
+    job = queued_job(team, alice, total_gpus=2, nodes=2)
     session = session_of(alice)
 
     async def scenario():
@@ -257,7 +257,7 @@ def test_job_page_shows_nodes_gpus_resources_and_each_rank(gang):
 
 
 def test_a_multi_node_job_whose_ranks_have_not_reported_says_so(team, alice):
-    job = queued_job(team, alice, gpus=2, nodes=2)
+    job = queued_job(team, alice, total_gpus=2, nodes=2)
     page = page_of(job)
     assert '<span class="gpus">2 GPU(s) (2 nodes × 1)</span>' in page
     assert "No rank of this attempt has reported yet." in page
@@ -285,7 +285,7 @@ def test_system_tab_has_a_group_per_rank_titled_with_its_node(gang):
 
 
 def test_a_single_node_job_page_has_no_ranks_filter_or_groups(team, alice):
-    job = queued_job(team, alice, gpus=2, gpu_type="h100")
+    job = queued_job(team, alice, total_gpus=2, gpu_type="h100")
     with_attempt(job, "RUNNING", job_ref="ref")
     page = page_of(job)
     assert '<span class="gpus">2 GPU(s) (h100)</span>' in page

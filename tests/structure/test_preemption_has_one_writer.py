@@ -67,6 +67,8 @@ def test_the_detector_finds_each_way_of_writing_the_flag():
     assert flag_writes("Attempt.objects.bulk_update(rows, ['preempted_at'])")
     assert flag_writes("Attempt.objects.update_or_create(pk=1, defaults={'preempted_at': now})")
     assert flag_writes("Attempt.objects.filter(pk=1).update(**{'preempted_at': now})")
-    assert not flag_writes("Attempt.objects.filter(preempted_at__isnull=False).update(gpus=1)")
+    assert not flag_writes(
+        "Attempt.objects.filter(preempted_at__isnull=False).update(total_gpus=1)"
+    )
     assert not flag_writes("if attempt.preempted_at is not None: pass")
     assert not flag_writes("rows.values_list('pk', 'preempted_at')")

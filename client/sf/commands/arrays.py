@@ -118,7 +118,7 @@ def array_row(array: dict) -> dict:
         "name": array.get("name"),
         "status": array.get("summary"),
         "counts": array.get("counts") or {},
-        "gpus": None,
+        "total_gpus": None,
         "attempt": None,
         "team": array.get("team"),
         "user": array.get("user"),

@@ -68,7 +68,7 @@ STATUS_FIELDS = (
     "time_limit_s",
     "retry_available",
     "job_ref",
-    "gpus",
+    "total_gpus",
     "cpus",
     "memory_mb",
     "image",
@@ -83,7 +83,7 @@ STATUS_FIELDS = (
 )
 
 
-STATUS_LABELS = {"memory_mb": "memory", "time_limit_s": "time limit"}
+STATUS_LABELS = {"memory_mb": "memory", "time_limit_s": "time limit", "total_gpus": "gpus"}
 
 
 STATUS_IF_SET = ("cpus", "memory_mb", "image")  # what the job asked for, if it did
@@ -171,7 +171,7 @@ def cmd_why(args: argparse.Namespace) -> None:
 def _status_value(job: dict, key: str) -> str:
     if key == "cluster" and job.get("backend"):
         return f"{display(job.get('cluster'))} ({job['backend']})"
-    if key == "gpus":
+    if key == "total_gpus":
         return _gpus(job)
     if key == "cpus":
         return f"{job['cpus']} per node"
@@ -200,7 +200,7 @@ def _gpus(job: dict) -> str:
         parts.append(kind)
     if job.get("virtual_gpus"):
         parts.append("virtual slots")
-    return display(job.get("gpus")) + (f" ({', '.join(parts)})" if parts else "")
+    return display(job.get("total_gpus")) + (f" ({', '.join(parts)})" if parts else "")
 
 
 def _mib(mib: int) -> str:

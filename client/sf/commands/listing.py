@@ -156,7 +156,9 @@ def _jobs_table(items: list[dict]) -> Any:
     table.add_column("REASON", no_wrap=True, max_width=48, overflow="ellipsis")
     for job in items:
         submitted = str(job.get("submitted_at") or "-")[:16].replace("T", " ")
-        row = [job.get(k) for k in ("id", "name", "status", "queue_position", "gpus", "attempt")]
+        row = [
+            job.get(k) for k in ("id", "name", "status", "queue_position", "total_gpus", "attempt")
+        ]
         row += [job.get("team"), job.get("user")]
         reason = display(job.get("status_reason")).split("\n")[0]
         table.add_row(*map(display, row), submitted, reason)

@@ -42,7 +42,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nodes", type=int, metavar="N", help="nodes, one rank each, started together (default 1)"
     )
-    p.add_argument("--gpus", type=int, metavar="N", help="GPUs per node (default 1, >= 0)")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="GPUs per node, each rank's (default 1, >= 0); the job holds nodes x N in all",
+    )
     p.add_argument(
         "--gpu-type", metavar="TYPE", help="GPU type every node must have, e.g. a100 (default: any)"
     )
@@ -152,8 +157,9 @@ def cmd_submit(args: argparse.Namespace) -> None:
 OPTION_OF = {"pending_deadline_s": "pending_deadline", "retry_cooldown_s": "retry_cooldown"}
 
 
-# The API's field for a key of [job], where it is not the key's name.
-FIELD_OF = {"time_limit": "time_limit_s"}
+# The API's field for a key of [job], where it is not the key's name. `gpus` (the option's and
+# the file's name, per node as ever) is sent under the API's explicit name for it.
+FIELD_OF = {"time_limit": "time_limit_s", "gpus": "gpus_per_node"}
 
 
 # What a field is when neither an option nor starforge.toml gives it (others: the server's).

@@ -197,8 +197,7 @@ def _container(settings: dict, spec: LaunchSpec) -> dict[str, Any]:
     env = base_env(WORK_DIR)
     del env["PATH"]  # the image's PATH: it knows where the image's interpreter lives
     env.update(passed_on(spec.env, spec_is_public=SPEC_IS_PUBLIC))
-    gpus = spec.gpus_per_node
-    if gpus == 0:
+    if spec.gpus_per_node == 0:
         # Without a GPU limit the NVIDIA runtime would expose every GPU of the node.
         env["NVIDIA_VISIBLE_DEVICES"] = "void"
     entries: dict[str, dict[str, Any]] = {k: {"name": k, "value": v} for k, v in env.items()}
@@ -217,7 +216,7 @@ def _container(settings: dict, spec: LaunchSpec) -> dict[str, Any]:
         # The tail of the runner's output becomes the terminated state's message.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    resources = _resources(settings["gpu_resource"], gpus, spec.cpus, spec.memory_mb)
+    resources = _resources(settings["gpu_resource"], spec.gpus_per_node, spec.cpus, spec.memory_mb)
     if resources:
         container["resources"] = resources
     return container
@@ -264,15 +263,17 @@ def image_refusal(settings: dict, image: str) -> str:
     )
 
 
-def _resources(gpu_resource: str, gpus: int, cpus: int | None, memory_mb: int | None) -> dict:
-    """A container's resources: GPUs as a limit alone (Kubernetes sets an extended resource's
-    request to its limit), CPUs and memory asked for and capped alike."""
+def _resources(
+    gpu_resource: str, gpus_per_node: int, cpus: int | None, memory_mb: int | None
+) -> dict:
+    """A container's (one node's) resources: GPUs as a limit alone (Kubernetes sets an
+    extended resource's request to its limit), CPUs and memory asked for and capped alike."""
     asks = {}
     if cpus:
         asks["cpu"] = str(cpus)
     if memory_mb:
         asks["memory"] = f"{memory_mb}Mi"
-    limits = {gpu_resource: str(gpus)} if gpus else {}
+    limits = {gpu_resource: str(gpus_per_node)} if gpus_per_node else {}
     if not (limits or asks):
         return {}
     return {"limits": {**limits, **asks}, **({"requests": asks} if asks else {})}

@@ -356,7 +356,7 @@ class SlurmExecutor:
         args = sbatch_args(
             spec,
             attempt_dir,
-            gres_type=self._gres_type(spec.gpu_type) if spec.gpus > 0 else "",
+            gres_type=self._gres_type(spec.gpu_type) if spec.total_gpus > 0 else "",
             partition=self.partition,
             account=self.account,
             time_limit=self.time_limit,

@@ -32,7 +32,7 @@ def sbatch_args(
     ]
     if spec.nodes > 1:  # one task per node: the batch step runs the runner on the first
         args += [f"--nodes={spec.nodes}", "--ntasks-per-node=1"]
-    if spec.gpus > 0:  # GRES are per node
+    if spec.total_gpus > 0:  # GRES are per node
         args.append(f"--gres=gpu:{gres_type + ':' if gres_type else ''}{spec.gpus_per_node}")
     if spec.cpus:
         args.append(f"--cpus-per-task={spec.cpus}")

@@ -29,7 +29,7 @@ def launch(**fields) -> LaunchSpec:
         "team": "vision",
         "run_id": run_id,
         "attempt": attempt,
-        "gpus": 1,
+        "total_gpus": 1,
         "entrypoint": entrypoint,
         "env": {
             "SF_API_URL": "",

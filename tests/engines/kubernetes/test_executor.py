@@ -27,7 +27,7 @@ PODS = "/api/v1/namespaces/default/pods"
 
 
 def test_submit_creates_one_labelled_job_running_the_runner(executor, apiserver):
-    spec = launch(gpus=2)
+    spec = launch(total_gpus=2)
     ref = executor.submit(spec)
     job = apiserver.get("jobs", ref)
     assert ref == spec.name == "sf-0123456789abcdef-a1"
@@ -87,7 +87,7 @@ def test_outputs_live_on_the_claim_named_by_output_pvc(apiserver, k8s_settings):
 
 
 def test_a_cpu_only_job_asks_for_no_gpus_and_sees_none(executor, apiserver):
-    ref = executor.submit(launch(gpus=0))
+    ref = executor.submit(launch(total_gpus=0))
     (container,) = apiserver.get("jobs", ref)["spec"]["template"]["spec"]["containers"]
     assert "resources" not in container
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in container["env"]
@@ -104,7 +104,7 @@ def test_cluster_settings_reach_the_pod(apiserver, k8s_settings):
         "image_pull_secrets": ["registry-creds"],
     }
     executor = KubernetesExecutor(Cluster(name="amd", kind="kubernetes", settings=settings))
-    job = apiserver.get("jobs", executor.submit(launch(gpus=8)))
+    job = apiserver.get("jobs", executor.submit(launch(total_gpus=8)))
     pod = job["spec"]["template"]["spec"]
     assert job["spec"]["activeDeadlineSeconds"] == 3600
     assert pod["containers"][0]["resources"] == {"limits": {"amd.com/gpu": "8"}}
@@ -353,7 +353,7 @@ def test_capacity_leaves_out_gpus_other_tenants_hold(executor, apiserver):
     apiserver.add("pods", foreign_pod("vllm-0", "gpu-1", 3), namespace="serving")
     apiserver.add("pods", foreign_pod("vllm-1", "gpu-2", 4), namespace="serving")
     apiserver.add("pods", foreign_pod("batch-0", "gpu-1", 2, phase="Succeeded"), namespace="b")
-    ours = pod_for(apiserver.get("jobs", executor.submit(launch(gpus=4))), running())
+    ours = pod_for(apiserver.get("jobs", executor.submit(launch(total_gpus=4))), running())
     ours["spec"]["nodeName"] = "gpu-1"  # the scheduler already counts Starforge's own jobs
     apiserver.add("pods", ours)
     assert executor.capacity().total_gpus == 8 - 3

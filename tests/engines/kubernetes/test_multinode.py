@@ -80,7 +80,7 @@ def executor_with(k8s_settings, **settings) -> KubernetesExecutor:
 
 
 def test_a_job_on_two_nodes_is_an_indexed_job_with_a_headless_service(executor, apiserver):
-    ref = executor.submit(launch(nodes=2, gpus=8))
+    ref = executor.submit(launch(nodes=2, total_gpus=8))
     job = apiserver.get("jobs", ref)
     spec = job["spec"]
     assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 2, 2)
@@ -110,7 +110,9 @@ def test_a_job_on_two_nodes_is_an_indexed_job_with_a_headless_service(executor, 
 
 
 def test_a_second_submit_adopts_the_job_and_its_service(executor, apiserver):
-    assert executor.submit(launch(nodes=2, gpus=2)) == executor.submit(launch(nodes=2, gpus=2))
+    assert executor.submit(launch(nodes=2, total_gpus=2)) == executor.submit(
+        launch(nodes=2, total_gpus=2)
+    )
     assert (len(apiserver.select("jobs")), len(apiserver.select("services"))) == (1, 1)
     assert apiserver.count("POST", "/api/v1/namespaces/default/services") == 2
 
@@ -119,15 +121,15 @@ def test_a_service_that_failed_is_made_by_the_next_submit(executor, apiserver):
     services = "/api/v1/namespaces/default/services"
     apiserver.fail("POST", services, 500, "InternalError", "etcdserver: request timed out")
     with pytest.raises(LaunchError) as failed:
-        executor.submit(launch(nodes=2, gpus=2))
+        executor.submit(launch(nodes=2, total_gpus=2))
     assert not failed.value.permanent and "creating Service" in str(failed.value)
-    ref = executor.submit(launch(nodes=2, gpus=2))  # the Job is adopted, its Service made
+    ref = executor.submit(launch(nodes=2, total_gpus=2))  # the Job is adopted, its Service made
     owner = apiserver.get("services", ref)["metadata"]["ownerReferences"][0]
     assert owner["uid"] == apiserver.get("jobs", ref)["metadata"]["uid"]
 
 
 def test_cancel_takes_the_pods_and_the_service_with_the_job(executor, apiserver):
-    ref = executor.submit(launch(nodes=2, gpus=2))
+    ref = executor.submit(launch(nodes=2, total_gpus=2))
     job = apiserver.get("jobs", ref)
     for index in (0, 1):
         apiserver.add("pods", pod_for(job, running(), suffix=f"r{index}xyz", index=index))
@@ -136,7 +138,7 @@ def test_cancel_takes_the_pods_and_the_service_with_the_job(executor, apiserver)
 
 
 def test_a_single_node_job_gets_no_index_no_service_and_what_it_asks_per_node(executor, apiserver):
-    ref = executor.submit(launch(gpus=2, cpus=16, memory_mb=65536))
+    ref = executor.submit(launch(total_gpus=2, cpus=16, memory_mb=65536))
     spec = apiserver.get("jobs", ref)["spec"]
     assert (spec["completionMode"], spec["completions"]) == ("NonIndexed", 1)  # the defaults
     assert "podFailurePolicy" not in spec
@@ -161,7 +163,7 @@ PRINT_CONTRACT = script(
 
 
 def test_every_pod_runs_its_rank_of_the_contract_on_its_own_node(executor, gpu_nodes):
-    ref = executor.submit(launch(nodes=2, gpus=8, entrypoint=PRINT_CONTRACT))
+    ref = executor.submit(launch(nodes=2, total_gpus=8, entrypoint=PRINT_CONTRACT))
     done = wait_for(executor, ref, {"Succeeded", "Failed", "JobFailed/BackoffLimitExceeded"})
     assert (done.native_state, done.exit_code) == ("Succeeded", 0)
     assert states(done) == [("a100-1", "succeeded", 0), ("a100-2", "succeeded", 0)]
@@ -191,7 +193,7 @@ def test_every_pod_runs_its_rank_of_the_contract_on_its_own_node(executor, gpu_n
 
 def test_the_rank_contract_overrides_a_jobs_own_variable_of_the_same_name(apiserver, k8s_settings):
     executor = executor_with(k8s_settings, master_port=23456)
-    spec = launch(nodes=3, gpus=3)
+    spec = launch(nodes=3, total_gpus=3)
     spec = type(spec)(
         **{**spec.__dict__, "env": {**spec.env, "NODE_RANK": "7", "MASTER_PORT": "1"}}
     )
@@ -209,7 +211,9 @@ def test_the_rank_contract_overrides_a_jobs_own_variable_of_the_same_name(apiser
 
 
 def test_the_attempt_runs_only_once_every_rank_runs_from_the_last_ranks_start(executor, gpu_nodes):
-    ref = executor.submit(launch(nodes=2, gpus=8, entrypoint=script("import time; time.sleep(60)")))
+    ref = executor.submit(
+        launch(nodes=2, total_gpus=8, entrypoint=script("import time; time.sleep(60)"))
+    )
     gpu_nodes.hold(ref, index=1)
     waiting = wait_for(executor, ref, {"Pending/ImagePullBackOff"})  # rank 0's is shown first
     assert executor.STATE_TABLE[waiting.native_state] == S.PENDING
@@ -235,12 +239,12 @@ def test_a_partial_start_stays_pending_until_the_pending_deadline_ends_it(
     """Three ranks of 4 A100s on a cluster with two such nodes: two run, one never fits."""
     cluster = Cluster.objects.create(name="gpu-k8s", kind="kubernetes", settings=k8s_settings)
     use_executor(KubernetesExecutor)
-    job = queued_job(team, alice, gpus=12, nodes=3, gpu_type="a100", cluster=cluster)
+    job = queued_job(team, alice, total_gpus=12, nodes=3, gpu_type="a100", cluster=cluster)
     spec = launch(
         run_id=job.run_id,
         job_id=job.pk,
         nodes=3,
-        gpus=12,
+        total_gpus=12,
         gpu_type="a100",
         entrypoint=script("import time; time.sleep(60)"),
     )
@@ -293,7 +297,7 @@ def test_one_ranks_failure_fails_the_attempt_with_its_code_and_ends_the_others(
         "if os.environ['SF_NODE_RANK'] == '1': sys.exit(3)\n"
         "time.sleep(60)"
     )
-    ref = executor.submit(launch(nodes=2, gpus=8, entrypoint=script(code)))
+    ref = executor.submit(launch(nodes=2, total_gpus=8, entrypoint=script(code)))
     assert wait_for(executor, ref, {"Running"}).start_time is not None
     done = wait_for(executor, ref, {"Failed"})
     assert (done.exit_code, done.failure, done.details["failed_rank"]) == (3, "exit", 1)
@@ -323,7 +327,7 @@ def test_the_rank_that_exited_on_its_own_failed_first_not_the_one_the_job_ended(
 ):
     """Kubernetes times ends to the second: rank 0 ended by SIGTERM in the same second as
     rank 1's own exit is not the rank that failed."""
-    ref = executor.submit(launch(nodes=2, gpus=2))
+    ref = executor.submit(launch(nodes=2, total_gpus=2))
     job = apiserver.get("jobs", ref)
     apiserver.add("pods", pod_for(job, terminated(143, "Error"), suffix="aaaaa", index=0))
     apiserver.add("pods", pod_for(job, terminated(2, "Error"), suffix="bbbbb", index=1))
@@ -333,7 +337,7 @@ def test_the_rank_that_exited_on_its_own_failed_first_not_the_one_the_job_ended(
 
 
 def test_a_rank_on_a_silent_node_leaves_the_gang_unknown(executor, apiserver):
-    ref = executor.submit(launch(nodes=2, gpus=2))
+    ref = executor.submit(launch(nodes=2, total_gpus=2))
     job = apiserver.get("jobs", ref)
     lost = {"phase": "Unknown", "reason": "NodeLost", "message": "Node gpu-node-1 is gone"}
     apiserver.add("pods", pod_for(job, running(), suffix="aaaaa", index=0))
@@ -349,13 +353,13 @@ def test_the_reconciler_fails_a_gang_with_the_rank_that_failed(
 ):
     cluster = Cluster.objects.create(name="gpu-k8s", kind="kubernetes", settings=k8s_settings)
     use_executor(KubernetesExecutor)
-    job = queued_job(team, alice, gpus=8, nodes=2, cluster=cluster)
+    job = queued_job(team, alice, total_gpus=8, nodes=2, cluster=cluster)
     code = (
         "import os, sys, time; time.sleep(1)\n"
         "if os.environ['SF_NODE_RANK'] == '1': sys.exit(5)\n"
         "time.sleep(60)"
     )
-    spec = launch(run_id=job.run_id, job_id=job.pk, nodes=2, gpus=8, entrypoint=script(code))
+    spec = launch(run_id=job.run_id, job_id=job.pk, nodes=2, total_gpus=8, entrypoint=script(code))
     ref = KubernetesExecutor(cluster).submit(spec)
     attempt = with_attempt(job, S.PENDING, nodes=2, job_ref=ref, pending_at=timezone.now())
     seen = []
@@ -382,14 +386,14 @@ def test_a_gpu_type_requires_the_nodes_whose_product_label_matches(
 ):
     apiserver.add("nodes", node("a100-pcie", 2, product=A100_PCIE))  # not played: listed
     executor = executor_with(k8s_settings)
-    a100 = executor.submit(launch(gpus=4, gpu_type="A100", entrypoint=script("pass")))
+    a100 = executor.submit(launch(total_gpus=4, gpu_type="A100", entrypoint=script("pass")))
     affinity = apiserver.get("jobs", a100)["spec"]["template"]["spec"]["affinity"]
     required = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert required["nodeSelectorTerms"] == [
         {"matchExpressions": [{"key": GPU_PRODUCT, "operator": "In", "values": [A100_PCIE, A100]}]}
     ]
     h100 = executor.submit(
-        launch(run_id="a" * 16, gpus=8, gpu_type="h100", entrypoint=script("pass"))
+        launch(run_id="a" * 16, total_gpus=8, gpu_type="h100", entrypoint=script("pass"))
     )
     for ref, where in ((a100, "a100-1"), (h100, "h100-1")):
         until(
@@ -403,7 +407,7 @@ def test_a_gpu_type_requires_the_nodes_whose_product_label_matches(
 def test_a_gpu_type_no_node_has_now_is_a_launch_failure_worth_retrying(executor, apiserver):
     apiserver.add("nodes", node("h100-1", 8, product=H100))
     with pytest.raises(LaunchError) as failed:
-        executor.submit(launch(gpus=1, gpu_type="mi300x"))
+        executor.submit(launch(total_gpus=1, gpu_type="mi300x"))
     assert not failed.value.permanent
     assert f"has mi300x GPUs now (node label {GPU_PRODUCT}: {H100})" in str(failed.value)
     assert apiserver.select("jobs") == []
@@ -436,7 +440,7 @@ def test_a_job_image_is_allowed_only_where_the_cluster_says(k8s_settings):
 
 def test_the_jobs_image_replaces_the_clusters_in_every_pod(apiserver, k8s_settings):
     executor = executor_with(k8s_settings, allowed_images=[ALLOWED])
-    ref = executor.submit(launch(nodes=2, gpus=2, image="registry.example.com/team/train:v9"))
+    ref = executor.submit(launch(nodes=2, total_gpus=2, image="registry.example.com/team/train:v9"))
     (container,) = apiserver.get("jobs", ref)["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "registry.example.com/team/train:v9"
 
@@ -518,7 +522,7 @@ def post(client: Client, path: str, body: dict):
 @pytest.fixture
 def gang_attempt(db, team, alice, k8s_settings) -> Attempt:
     cluster = Cluster.objects.create(name="gpu-k8s", kind="kubernetes", settings=k8s_settings)
-    job = queued_job(team, alice, gpus=8, nodes=2, cluster=cluster)
+    job = queued_job(team, alice, total_gpus=8, nodes=2, cluster=cluster)
     return with_attempt(job, S.PENDING, nodes=2, job_ref="sf-x-a1", pending_at=timezone.now())
 
 
@@ -568,7 +572,7 @@ def test_the_new_settings_are_checked(k8s_settings, change, sentence):
 
 
 def test_the_emulator_refuses_a_pod_failure_policy_the_real_server_would(executor, apiserver):
-    manifest = job_manifest(executor.settings, "sf-bad-a1", launch(nodes=2, gpus=2))
+    manifest = job_manifest(executor.settings, "sf-bad-a1", launch(nodes=2, total_gpus=2))
     manifest["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
     manifest["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["containerName"] = "sidecar"
     with pytest.raises(ApiError) as refused:

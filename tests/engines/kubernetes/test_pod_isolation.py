@@ -30,7 +30,7 @@ def test_the_pod_env_is_the_base_and_the_jobs_own_and_nothing_of_the_servers(
 ):
     for name, value in PLANTED.items():
         monkeypatch.setenv(name, value)
-    spec = with_env(launch(gpus=1), OWN_VAR="mine")
+    spec = with_env(launch(total_gpus=1), OWN_VAR="mine")
     env = env_of(pod_of(apiserver, executor.submit(spec)))
     own = {k: v for k, v in spec.env.items() if k not in ("SF_JOB_TOKEN", "SF_RECORD_KEY")}
     assert env == {"HOME": "/sf", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", **own}
@@ -50,7 +50,7 @@ def test_no_job_token_or_record_key_in_the_pod_spec(executor, apiserver):
 
 @pytest.mark.parametrize("gpus", [0, 2])
 def test_a_job_cannot_choose_which_gpus_it_sees(executor, apiserver, gpus):
-    spec = with_env(launch(gpus=gpus), **dict.fromkeys(GPU_VISIBILITY_VARS, "all"))
+    spec = with_env(launch(total_gpus=gpus), **dict.fromkeys(GPU_VISIBILITY_VARS, "all"))
     env = env_of(pod_of(apiserver, executor.submit(spec)))
     if gpus == 0:  # always void, whatever the job asked for
         assert {k: env[k] for k in GPU_VISIBILITY_VARS if k in env} == {

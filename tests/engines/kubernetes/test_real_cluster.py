@@ -51,7 +51,7 @@ def real_executor(monkeypatch) -> KubernetesExecutor:
 
 
 def test_a_tiny_job_is_created_adopted_seen_running_and_cancelled(real_executor):
-    spec = launch(run_id=secrets.token_hex(8), gpus=0)
+    spec = launch(run_id=secrets.token_hex(8), total_gpus=0)
     ref = real_executor.submit(spec)
     try:
         assert real_executor.submit(spec) == ref  # adopted, not launched twice

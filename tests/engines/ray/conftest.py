@@ -63,7 +63,7 @@ class RayJobs:
         self.tmp_path = tmp_path
         self.names: list[str] = []
 
-    def spec(self, argv: list[str], gpus: int = 1, **env: str) -> LaunchSpec:
+    def spec(self, argv: list[str], total_gpus: int = 1, **env: str) -> LaunchSpec:
         run_id = f"t{uuid.uuid4().hex[:10]}"
         name = f"sf-{run_id}-a1"
         output = self.tmp_path / "runs" / run_id
@@ -81,14 +81,14 @@ class RayJobs:
             job_id=0,
             run_id=run_id,
             attempt=1,
-            gpus=gpus,
+            total_gpus=total_gpus,
             entrypoint=argv,
             env={**base, **env},
             team="vision",
         )
 
-    def submit(self, argv: list[str], gpus: int = 1, **env: str) -> LaunchSpec:
-        spec = self.spec(argv, gpus, **env)
+    def submit(self, argv: list[str], total_gpus: int = 1, **env: str) -> LaunchSpec:
+        spec = self.spec(argv, total_gpus, **env)
         self.names.append(spec.name)
         assert self.executor.submit(spec) == spec.name
         return spec

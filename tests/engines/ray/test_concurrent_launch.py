@@ -23,7 +23,7 @@ def test_workers_launching_the_same_attempts_at_once_submit_each_to_ray_once(
     user = make_user("bob", team)
     attempt_ids = []
     for _ in range(ATTEMPTS):
-        job = queued_job(team, user, gpus=0, entrypoint=["python", "-c", "pass"])
+        job = queued_job(team, user, total_gpus=0, entrypoint=["python", "-c", "pass"])
         attempt_ids.append(with_attempt(job, JobStatus.SUBMITTED).pk)
     posts: list[str] = []
     request = RayExecutor._request

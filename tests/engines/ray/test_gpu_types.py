@@ -16,7 +16,7 @@ def executor() -> RayExecutor:
 
 def spec(gpu_type: str = "") -> LaunchSpec:
     return LaunchSpec(
-        name="sf-r-a1", job_id=1, run_id="r", attempt=1, gpus=1, entrypoint=["a"], env={},
+        name="sf-r-a1", job_id=1, run_id="r", attempt=1, total_gpus=1, entrypoint=["a"], env={},
         gpu_type=gpu_type,
     )  # fmt: skip
 

@@ -53,7 +53,7 @@ def test_the_server_side_never_imports_ray():
 
 
 def test_a_gpu_job_runs_then_succeeds_with_its_gpu_visible(ray_jobs):
-    spec = ray_jobs.submit(["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES; sleep 2"], gpus=1)
+    spec = ray_jobs.submit(["sh", "-c", "echo CVD=$CUDA_VISIBLE_DEVICES; sleep 2"], total_gpus=1)
     obs, seen = ray_jobs.wait(spec.name, TERMINAL)
     assert seen[-2:] == ["RUNNING", "SUCCEEDED"], seen
     assert (obs.exit_code, obs.failure, obs.start_time) == (0, "", None)
@@ -63,9 +63,9 @@ def test_a_gpu_job_runs_then_succeeds_with_its_gpu_visible(ray_jobs):
 
 
 def test_failures_come_back_with_the_runners_exit_code(ray_jobs):
-    exits = ray_jobs.submit(["sh", "-c", "echo bad input >&2; exit 1"], gpus=1)
-    killed = ray_jobs.submit(["sh", "-c", "kill -9 $$"], gpus=0)
-    no_code = ray_jobs.submit(["no-such-program"], gpus=0)
+    exits = ray_jobs.submit(["sh", "-c", "echo bad input >&2; exit 1"], total_gpus=1)
+    killed = ray_jobs.submit(["sh", "-c", "kill -9 $$"], total_gpus=0)
+    no_code = ray_jobs.submit(["no-such-program"], total_gpus=0)
     ends = {spec.name: ray_jobs.wait(spec.name, TERMINAL)[0] for spec in (exits, killed, no_code)}
 
     failed = ends[exits.name]
@@ -87,7 +87,7 @@ def test_failures_come_back_with_the_runners_exit_code(ray_jobs):
 def test_a_second_submit_of_an_attempt_adopts_its_job(ray_jobs, ray_cluster, ray_address):
     from ray.job_submission import JobSubmissionClient
 
-    spec = ray_jobs.submit(["sh", "-c", "echo ran"], gpus=0)
+    spec = ray_jobs.submit(["sh", "-c", "echo ran"], total_gpus=0)
     assert ray_jobs.executor.submit(spec) == spec.name
     assert RayExecutor(ray_cluster).submit(spec) == spec.name  # after a worker restart, too
     ray_jobs.wait(spec.name, TERMINAL)
@@ -98,7 +98,7 @@ def test_a_second_submit_of_an_attempt_adopts_its_job(ray_jobs, ray_cluster, ray
 
 def test_cancel_stops_a_running_job_and_leaves_no_process(ray_jobs, tmp_path):
     proc_file = tmp_path / "runner.json"
-    spec = ray_jobs.submit(["sleep", "60"], gpus=1, SF_PROC_FILE=str(proc_file))
+    spec = ray_jobs.submit(["sleep", "60"], total_gpus=1, SF_PROC_FILE=str(proc_file))
     ray_jobs.wait(spec.name, {"RUNNING"})
     started = ray_jobs.attempt_dir(spec.name) / "started.json"
     child = wait_for(lambda: started.exists() and json.loads(started.read_text()), 30, "started")
@@ -115,8 +115,8 @@ def test_cancel_stops_a_running_job_and_leaves_no_process(ray_jobs, tmp_path):
 
 
 def test_poll_asks_ray_once_for_all_the_jobs(ray_jobs, monkeypatch):
-    first = ray_jobs.submit(["true"], gpus=0)
-    second = ray_jobs.submit(["true"], gpus=0)
+    first = ray_jobs.submit(["true"], total_gpus=0)
+    second = ray_jobs.submit(["true"], total_gpus=0)
     unknown = f"sf-{uuid.uuid4().hex}-a1"
     calls = []
     request = http.client.HTTPConnection.request
@@ -133,7 +133,7 @@ def test_poll_asks_ray_once_for_all_the_jobs(ray_jobs, monkeypatch):
 
 
 def test_a_job_asking_more_gpus_than_exist_stays_pending_with_rays_words(ray_jobs):
-    spec = ray_jobs.submit(["true"], gpus=8)
+    spec = ray_jobs.submit(["true"], total_gpus=8)
     time.sleep(2)
     obs = ray_jobs.executor.poll([spec.name])[spec.name]
     assert obs.native_state == "PENDING"
@@ -145,7 +145,7 @@ def test_a_job_asking_more_gpus_than_exist_stays_pending_with_rays_words(ray_job
 
 
 def test_a_request_ray_refuses_is_a_permanent_launch_error(ray_jobs, monkeypatch):
-    spec = ray_jobs.spec(["true"], gpus=0)
+    spec = ray_jobs.spec(["true"], total_gpus=0)
     build = RayExecutor._job_request
 
     def bad_metadata(self, spec):
@@ -166,7 +166,7 @@ def test_capacity_subtracts_the_gpus_others_hold_but_not_this_clusters(ray_jobs,
 
     executor = ray_jobs.executor
     wait_for(lambda: executor.capacity().total_gpus == 4, 60, "4 free GPUs")
-    ours = ray_jobs.submit(["sleep", "60"], gpus=2)
+    ours = ray_jobs.submit(["sleep", "60"], total_gpus=2)
     client = JobSubmissionClient(ray_address)
     theirs = client.submit_job(
         entrypoint="sleep 60", entrypoint_num_gpus=1, submission_id=f"other-{uuid.uuid4().hex}"
@@ -193,7 +193,7 @@ def test_a_dead_address_is_unreachable_with_a_sentence():
     with pytest.raises(LaunchError) as launch:
         executor.submit(
             LaunchSpec(
-                name="sf-x-a1", job_id=0, run_id="x", attempt=1, gpus=0, entrypoint=[], env={}
+                name="sf-x-a1", job_id=0, run_id="x", attempt=1, total_gpus=0, entrypoint=[], env={}
             )
         )
     assert not launch.value.permanent and "Connection refused" in str(launch.value)
@@ -204,7 +204,7 @@ def test_a_dead_address_is_unreachable_with_a_sentence():
 def test_the_executor_speaks_the_jobs_api_of_rays_own_client(ray_jobs, ray_address):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    spec = ray_jobs.submit(["sh", "-c", "echo hello"], gpus=1)
+    spec = ray_jobs.submit(["sh", "-c", "echo hello"], total_gpus=1)
     obs, _ = ray_jobs.wait(spec.name, TERMINAL)
     client = JobSubmissionClient(ray_address)
     info = client.get_job_info(spec.name)
@@ -229,9 +229,9 @@ def test_the_executor_speaks_the_jobs_api_of_rays_own_client(ray_jobs, ray_addre
 
 
 def test_live_lists_the_unfinished_jobs_this_cluster_launched(ray_jobs):
-    done = ray_jobs.submit(["true"], gpus=0)
+    done = ray_jobs.submit(["true"], total_gpus=0)
     ray_jobs.wait(done.name, TERMINAL)
-    busy = ray_jobs.submit(["sleep", "60"], gpus=0)
+    busy = ray_jobs.submit(["sleep", "60"], total_gpus=0)
     ray_jobs.wait(busy.name, {"RUNNING"})
     try:
         held = ray_jobs.executor.starforge_objects()

@@ -57,7 +57,7 @@ def test_neither_the_servers_nor_the_raylets_environment_reaches_a_job(
     # own that look alike: a Ray head started by the test session inherits its environment.)
     assert "PATH" in node and not {k for k, v in PLANTED.items() if node.get(k) == v}
     spec = ray_jobs.submit(
-        ["python", "-c", DUMP], gpus=1, OWN_VAR="mine", CUDA_VISIBLE_DEVICES="0,1,2,3"
+        ["python", "-c", DUMP], total_gpus=1, OWN_VAR="mine", CUDA_VISIBLE_DEVICES="0,1,2,3"
     )
     obs, _ = ray_jobs.wait(spec.name, TERMINAL)
     assert obs.native_state == "SUCCEEDED", obs
@@ -77,7 +77,7 @@ def test_no_job_token_or_record_key_is_readable_through_the_job_list(ray_jobs, r
     assert ray_jobs.executor.BOOTSTRAP_TOKEN is True
     spec = ray_jobs.submit(
         ["true"],
-        gpus=0,
+        total_gpus=0,
         SF_JOB_TOKEN="job-token-secret",
         SF_RECORD_KEY="record-key-secret",
         SF_BOOTSTRAP_TOKEN="one-time",
@@ -93,7 +93,7 @@ def test_no_job_token_or_record_key_is_readable_through_the_job_list(ray_jobs, r
 
 
 def test_a_job_cannot_set_gpu_visibility(ray_jobs):
-    spec = ray_jobs.spec(["true"], gpus=0, **dict.fromkeys(GPU_VISIBILITY_VARS, "all"))
+    spec = ray_jobs.spec(["true"], total_gpus=0, **dict.fromkeys(GPU_VISIBILITY_VARS, "all"))
     env_vars = ray_jobs.executor._job_request(spec)["runtime_env"]["env_vars"]
     assert not GPU_VISIBILITY_VARS & set(env_vars)
 
@@ -127,7 +127,7 @@ def alive(pid: int) -> bool:
 
 
 def test_stop_ends_the_entrypoints_whole_process_tree(ray_jobs):
-    spec = ray_jobs.submit(["python", "-c", SPAWN], gpus=0)
+    spec = ray_jobs.submit(["python", "-c", SPAWN], total_gpus=0)
     pids_file = ray_jobs.attempt_dir(spec.name) / "work" / "pids.json"
     deadline = time.monotonic() + 60
     while not pids_file.exists():

@@ -79,7 +79,7 @@ def tick_until(job: Job, statuses: set[str], timeout: float = 60) -> Job:
 
 def test_a_job_runs_on_ray_from_the_queue_to_success_with_its_logs(ray_team, user, api_for_runners):
     code = "import os, time; print('on', os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(2)"
-    job = ray_job(ray_team, user, gpus=1, entrypoint=[sys.executable, "-c", code])
+    job = ray_job(ray_team, user, total_gpus=1, entrypoint=[sys.executable, "-c", code])
     tick_until(job, {S.RUNNING})
     tick_until(job, {S.SUCCEEDED, S.FAILED})
     assert job.status == S.SUCCEEDED, job.status_reason
@@ -94,7 +94,7 @@ def test_a_job_runs_on_ray_from_the_queue_to_success_with_its_logs(ray_team, use
 
 
 def test_a_stop_through_starforge_ends_the_ray_job_and_stays_a_stop(ray_team, user):
-    job = ray_job(ray_team, user, gpus=1, entrypoint=["sleep", "60"])
+    job = ray_job(ray_team, user, total_gpus=1, entrypoint=["sleep", "60"])
     tick_until(job, {S.RUNNING})
     control.stop_job(user, job.pk)  # cancels on Ray after commit
     ref = Attempt.objects.get(job=job).job_ref
@@ -109,7 +109,7 @@ def test_a_stop_through_starforge_ends_the_ray_job_and_stays_a_stop(ray_team, us
 
 
 def test_a_job_ray_cannot_place_shows_rays_reason_while_pending(ray_team, user):
-    job = ray_job(ray_team, user, gpus=8)  # the cluster has 4: only a launch can try it
+    job = ray_job(ray_team, user, total_gpus=8)  # the cluster has 4: only a launch can try it
     attempt = with_attempt(job, S.SUBMITTED)
     launch_attempts([attempt.pk])
     reconcile_all()

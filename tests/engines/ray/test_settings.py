@@ -46,7 +46,7 @@ def test_defaults_come_from_the_server_settings(settings):
     )
     assert str(executor.work_dir) == "/srv/starforge/ray/gpu-farm"
     body = executor._job_request(
-        _spec(name="sf-abc-a2", gpus=2, env={"SF_RUN_ID": "abc", "WANDB_MODE": "offline"})
+        _spec(name="sf-abc-a2", total_gpus=2, env={"SF_RUN_ID": "abc", "WANDB_MODE": "offline"})
     )
     assert body["entrypoint"] == (
         "mkdir -p /srv/starforge/ray/gpu-farm/sf-abc-a2 && cd /srv/starforge/ray/gpu-farm/sf-abc-a2"
@@ -87,7 +87,13 @@ def test_an_executor_over_bad_settings_refuses_launches_for_good():
     assert refused.value.permanent and str(refused.value).startswith("cluster c: address must")
 
 
-def _spec(name: str, gpus: int = 0, env: dict | None = None) -> LaunchSpec:
+def _spec(name: str, total_gpus: int = 0, env: dict | None = None) -> LaunchSpec:
     return LaunchSpec(
-        name=name, job_id=1, run_id="abc", attempt=2, gpus=gpus, entrypoint=[], env=env or {}
+        name=name,
+        job_id=1,
+        run_id="abc",
+        attempt=2,
+        total_gpus=total_gpus,
+        entrypoint=[],
+        env=env or {},
     )

@@ -12,7 +12,7 @@ from jobs.executors.slurm import SlurmExecutor
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
 
 
-def python_spec(token: str, label: str, code: str, gpus: int = 0, **env: str) -> LaunchSpec:
+def python_spec(token: str, label: str, code: str, total_gpus: int = 0, **env: str) -> LaunchSpec:
     """A runner job whose entrypoint is `python -c code` (offline runner: no API, no snapshot)."""
     env = {
         "SF_API_URL": "",
@@ -26,7 +26,7 @@ def python_spec(token: str, label: str, code: str, gpus: int = 0, **env: str) ->
         job_id=1,
         run_id=run_id,
         attempt=1,
-        gpus=gpus,
+        total_gpus=total_gpus,
         entrypoint=["python", "-c", code],
         env=env,
     )

@@ -40,7 +40,7 @@ def test_workers_launching_the_same_attempts_at_once_make_one_slurm_job_each(
     attempt_ids = []
     for i in range(ATTEMPTS):
         job = queued_job(
-            team, user, gpus=0, entrypoint=["python", "-c", "import time; time.sleep(60)"]
+            team, user, total_gpus=0, entrypoint=["python", "-c", "import time; time.sleep(60)"]
         )
         Job.objects.filter(pk=job.pk).update(run_id=f"{token}{i}")  # cleaned up by its name
         job.refresh_from_db()

@@ -39,7 +39,9 @@ def test_a_two_gpu_job_runs_with_its_gpus_and_only_the_job_environment(
 ):
     monkeypatch.setenv("SF_SERVER_SECRET", "the server's environment must not reach jobs")
     code = "import json, os; json.dump(dict(os.environ), open('env.json', 'w')); print('hello')"
-    spec = python_spec(token, "gpu2", code, gpus=2, COMMA_AND_LINES="a,b\nc", SBATCH_GRES="gpu:4")
+    spec = python_spec(
+        token, "gpu2", code, total_gpus=2, COMMA_AND_LINES="a,b\nc", SBATCH_GRES="gpu:4"
+    )
     ref = executor.submit(spec)
     seen = wait_for(executor, ref, FINAL)
     final = seen[-1]
@@ -67,9 +69,9 @@ def test_exit_codes_and_signals_of_the_entrypoint_come_back(executor, token):
 
 
 def test_a_job_wanting_more_gpus_than_are_free_waits_for_resources(executor, token, idle_gpus):
-    hog = executor.submit(python_spec(token, "hog", "import time; time.sleep(60)", gpus=4))
+    hog = executor.submit(python_spec(token, "hog", "import time; time.sleep(60)", total_gpus=4))
     wait_for(executor, hog, {"RUNNING"})
-    waiting = executor.submit(python_spec(token, "wait", "pass", gpus=1))
+    waiting = executor.submit(python_spec(token, "wait", "pass", total_gpus=1))
     deadline = time.monotonic() + 10
     while (obs := executor.poll([waiting])[waiting]).message != "Resources":
         assert time.monotonic() < deadline, f"still {obs.native_state} {obs.message!r}"
@@ -80,7 +82,7 @@ def test_a_job_wanting_more_gpus_than_are_free_waits_for_resources(executor, tok
 
 def test_more_gpus_than_the_node_has_is_refused_for_good(executor, token):
     with pytest.raises(LaunchError) as refused:
-        executor.submit(python_spec(token, "gpu8", "pass", gpus=8))
+        executor.submit(python_spec(token, "gpu8", "pass", total_gpus=8))
     assert refused.value.permanent
     assert str(refused.value) == "sbatch: Requested node configuration is not available"
 
@@ -176,7 +178,7 @@ def test_capacity_is_the_gres_gpus_less_those_foreign_jobs_hold(
         "sbatch", "--parsable", f"--job-name=train-{token}", "--gres=gpu:2",
         f"--output={tmp_path}/foreign.out", "--wrap=sleep 60", conf=slurm_conf,
     ).strip()  # fmt: skip
-    ours = executor.submit(python_spec(token, "ours", "import time; time.sleep(60)", gpus=1))
+    ours = executor.submit(python_spec(token, "ours", "import time; time.sleep(60)", total_gpus=1))
     wait_for(executor, foreign, {"RUNNING"})
     wait_for(executor, ours, {"RUNNING"})
     capacity = executor.capacity()

@@ -81,7 +81,7 @@ def test_the_slurm_commands_run_with_a_minimal_environment(executor, monkeypatch
 
 
 def test_a_gpu_job_sees_only_the_gpus_slurm_gave_it(executor, token, idle_gpus):
-    spec = python_spec(token, "gpu1", DUMP, gpus=1, NVIDIA_VISIBLE_DEVICES="all")
+    spec = python_spec(token, "gpu1", DUMP, total_gpus=1, NVIDIA_VISIBLE_DEVICES="all")
     env = job_env(executor, spec)
     assert env["CUDA_VISIBLE_DEVICES"] == "0"
     assert "NVIDIA_VISIBLE_DEVICES" not in env

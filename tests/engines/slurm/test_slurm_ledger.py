@@ -32,10 +32,10 @@ def bob(make_user, slurm_team):
     return make_user("bob", slurm_team)
 
 
-def launched(team, user, token: str, code: str, gpus: int = 1) -> Attempt:
-    job = queued_job(team, user, gpus=gpus, entrypoint=["python", "-c", code])
+def launched(team, user, token: str, code: str, total_gpus: int = 1) -> Attempt:
+    job = queued_job(team, user, total_gpus=total_gpus, entrypoint=["python", "-c", code])
     # the test's token in the run_id names the Slurm job (sf-<run_id>-a1): cleaned up after
-    Job.objects.filter(pk=job.pk).update(run_id=f"{token}{gpus}")
+    Job.objects.filter(pk=job.pk).update(run_id=f"{token}{total_gpus}")
     job.refresh_from_db()
     attempt = with_attempt(job, S.SUBMITTED)
     [outcome] = launch_attempts([attempt.pk])
@@ -69,7 +69,7 @@ def test_a_job_runs_to_success_through_the_ledger(slurm_team, bob, token):
 def test_a_stop_cancels_the_slurm_job_and_the_job_stays_stopped(
     slurm_team, bob, token, django_capture_on_commit_callbacks
 ):
-    attempt = launched(slurm_team, bob, token, "import time; time.sleep(120)", gpus=2)
+    attempt = launched(slurm_team, bob, token, "import time; time.sleep(120)", total_gpus=2)
     job = reconcile_until(attempt.job_id, {S.RUNNING})
     with django_capture_on_commit_callbacks(execute=True):  # the cancel runs after commit
         control.stop_job(bob, job.pk)
