@@ -27,6 +27,15 @@ def modules() -> dict[str, Path]:
     return found
 
 
+def from_module(name: str, node: ast.ImportFrom, is_package: bool) -> str:
+    """The absolute name of the module that a `from ... import` in module `name` reads."""
+    if not node.level:
+        return node.module or ""
+    here = name.split(".") if is_package else name.split(".")[:-1]
+    here = here[: len(here) - node.level + 1]
+    return ".".join([*here, node.module] if node.module else here)
+
+
 def imports_of(name: str, source: str) -> set[str]:
     """The project modules `source` (module `name`) imports."""
     known = modules()
@@ -45,11 +54,7 @@ def imports_of(name: str, source: str) -> set[str]:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                here = name.split(".") if is_package else name.split(".")[:-1]
-                here = here[: len(here) - node.level + 1]
-                base = ".".join([*here, base] if base else here)
+            base = from_module(name, node, is_package)
             # `from pkg import mod` imports pkg.mod when that is a module, else names of pkg
             targets = [
                 f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.structure.imports import from_module
+
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("tests", "bench", ".ci", "jobs", "metering", "starforge", "client", "examples")
 
@@ -27,11 +29,7 @@ def imported_test_modules(name: str, source: str, is_package: bool = False) -> l
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                here = name.split(".") if is_package else name.split(".")[:-1]
-                here = here[: len(here) - node.level + 1]
-                base = ".".join([*here, base] if base else here)
+            base = from_module(name, node, is_package)
             targets = [f"{base}.{alias.name}" for alias in node.names]
         else:
             continue
