@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib
 import json
 import os
 import platform
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,64 +60,46 @@ BENCHES: dict[str, tuple[str, int]] = {
 }
 
 
+def _benchmark(name: str) -> Callable[[], dict]:
+    """The function that runs benchmark `name` (each module imported only when its turn comes)."""
+    from bench import sched
+
+    def of(module: str, function: str, *args) -> Callable[[], dict]:
+        return lambda: getattr(importlib.import_module(f"bench.{module}"), function)(*args)
+
+    table = {
+        "sched-fit": lambda: sched.throughput(10_000, quota=100),
+        "sched-quota": lambda: sched.throughput(10_000, quota=60),
+        "sched-gang": lambda: sched.throughput(10_000, quota=120, gang_every=10),
+        "tick-10k": lambda: sched.one_tick(10_000),
+        "tick-100k": lambda: sched.one_tick(100_000),
+        "sched-starvation": sched.starvation,
+        "array-10k": sched.array_10k,
+        "api": lambda: of("api_bench", "run", Path(os.environ["SF_VAR_DIR"]))(),
+        "api-s3": lambda: of("api_bench", "run", Path(os.environ["SF_VAR_DIR"]))(),
+        "console": of("console_bench", "run"),
+        "live": of("live_bench", "run"),
+        "metrics": of("metrics_bench", "run"),
+        "usage": of("usage_bench", "run"),
+        "http": of("http_bench", "run"),
+        "slurm-vs-sbatch": of("slurm_bench", "vs_sbatch"),
+        "slurm-reconcile-1000": of("slurm_bench", "reconcile_1000"),
+        "ray-vs-jobs-api": of("ray_bench", "vs_jobs_api"),
+        "gang-local-failure": of("gang_bench", "local_rank_failure"),
+        "slurm-multinode": of("slurm_bench", "multinode"),
+    }
+    if name not in table:
+        raise SystemExit(f"unknown benchmark {name!r}")
+    return table[name]
+
+
 def _child(name: str, out: Path) -> None:
-    from bench import api_bench, common, console_bench, metrics_bench, sched
+    from bench import common
 
     common.django_setup()
-    if name == "sched-fit":
-        result = sched.throughput(10_000, quota=100)
-    elif name == "sched-quota":
-        result = sched.throughput(10_000, quota=60)
-    elif name == "sched-gang":
-        result = sched.throughput(10_000, quota=120, gang_every=10)
-    elif name == "tick-10k":
-        result = sched.one_tick(10_000)
-    elif name == "tick-100k":
-        result = sched.one_tick(100_000)
-    elif name == "sched-starvation":
-        result = sched.starvation()
-    elif name == "array-10k":
-        result = sched.array_10k()
-    elif name in ("api", "api-s3"):
-        if name == "api-s3":
-            os.environ["SF_BENCH_STORAGE"] = "s3"
-        result = api_bench.run(Path(os.environ["SF_VAR_DIR"]))
-    elif name == "console":
-        result = console_bench.run()
-    elif name == "live":
-        from bench import live_bench
-
-        result = live_bench.run()
-    elif name == "metrics":
-        result = metrics_bench.run()
-    elif name == "usage":
-        from bench import usage_bench
-
-        result = usage_bench.run()
-    elif name == "http":
-        from bench import http_bench
-
-        result = http_bench.run()
-    elif name in ("slurm-vs-sbatch", "slurm-reconcile-1000"):
-        from bench import slurm_bench
-
-        result = (
-            slurm_bench.vs_sbatch() if name == "slurm-vs-sbatch" else slurm_bench.reconcile_1000()
-        )
-    elif name == "ray-vs-jobs-api":
-        from bench import ray_bench
-
-        result = ray_bench.vs_jobs_api()
-    elif name == "gang-local-failure":
-        from bench import gang_bench
-
-        result = gang_bench.local_rank_failure()
-    elif name == "slurm-multinode":
-        from bench import slurm_bench
-
-        result = slurm_bench.multinode()
-    else:
-        raise SystemExit(f"unknown benchmark {name!r}")
+    if name == "api-s3":
+        os.environ["SF_BENCH_STORAGE"] = "s3"
+    result = _benchmark(name)()
     from django.db import connections
 
     connections.close_all()  # so the orchestrator can drop the database right away

@@ -200,29 +200,59 @@ def _poll_squeue(n, submitted, submit_all, conf):
     return running, done
 
 
+class _Loops:
+    """The Celery worker's `launch` tasks and beat's reconcile tick (which a second worker
+    process runs), each on a thread of its own, timed."""
+
+    def __init__(self) -> None:
+        self.launches: queue.Queue[list[int] | None] = queue.Queue()
+        self.launch_s: list[float] = []
+        self.reconcile_s: list[float] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._launch), threading.Thread(target=self._tick)]
+        for thread in self.threads:
+            thread.start()
+
+    def _launch(self) -> None:
+        from django.db import connection
+
+        from jobs.loops.launcher import launch_attempts
+
+        try:
+            while (chunk := self.launches.get()) is not None:
+                t = time.perf_counter()
+                launch_attempts(chunk)
+                self.launch_s.append(time.perf_counter() - t)
+        finally:
+            connection.close()
+
+    def _tick(self) -> None:
+        from django.db import connection
+
+        from jobs.loops.reconciler import reconcile_all
+
+        try:
+            while not self.stop.is_set():
+                t = time.perf_counter()
+                reconcile_all()
+                self.reconcile_s.append(time.perf_counter() - t)
+                self.stop.wait(LOOP_SLEEP_S)
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.launches.put(None)
+        for thread in self.threads:
+            thread.join()
+
+
 def _through_starforge(n: int, gpus: int, cluster, team, user, cleanup=None) -> dict:
     """Starforge's path for `n` jobs; the database may hold finished jobs of earlier runs.
     `cleanup(job_refs)` ends what a failed run left on the engine (default: scancel)."""
-    from django.db import connection
-
-    from jobs.loops.launcher import launch_attempts
-    from jobs.loops.reconciler import reconcile_all
     from jobs.loops.scheduler import admit_queued_jobs
-    from jobs.models import Attempt, Job, JobEvent
+    from jobs.models import Attempt, Job
     from jobs.tasks import LAUNCH_CHUNK
-
-    launches: queue.Queue[list[int] | None] = queue.Queue()
-
-    launch_s: list[float] = []
-
-    def worker() -> None:  # the Celery worker's `launch` tasks
-        try:
-            while (chunk := launches.get()) is not None:
-                t = time.perf_counter()
-                launch_attempts(chunk)
-                launch_s.append(time.perf_counter() - t)
-        finally:
-            connection.close()
 
     api = subprocess.Popen(
         [
@@ -235,23 +265,7 @@ def _through_starforge(n: int, gpus: int, cluster, team, user, cleanup=None) -> 
         text=True,
     )
     schedule_s: list[float] = []
-    reconcile_s: list[float] = []
-    stop = threading.Event()
-
-    def reconciler() -> None:  # beat's reconcile tick, which a second worker process runs
-        try:
-            while not stop.is_set():
-                t = time.perf_counter()
-                reconcile_all()
-                reconcile_s.append(time.perf_counter() - t)
-                stop.wait(LOOP_SLEEP_S)
-        finally:
-            connection.close()
-
-    launcher = threading.Thread(target=worker)
-    launcher.start()
-    reconciling = threading.Thread(target=reconciler)
-    reconciling.start()
+    loops = _Loops()
     deadline = time.monotonic() + TIMEOUT_S
     try:
         while api.poll() is None or Job.objects.exclude(status="SUCCEEDED").exists():
@@ -262,20 +276,27 @@ def _through_starforge(n: int, gpus: int, cluster, team, user, cleanup=None) -> 
             t = time.perf_counter()
             admitted = admit_queued_jobs().admitted  # beat's schedule tick
             for start in range(0, len(admitted), LAUNCH_CHUNK):
-                launches.put(admitted[start : start + LAUNCH_CHUNK])
+                loops.launches.put(admitted[start : start + LAUNCH_CHUNK])
             schedule_s.append(time.perf_counter() - t)
             time.sleep(LOOP_SLEEP_S)
     finally:
-        stop.set()
-        reconciling.join()
-        launches.put(None)
-        launcher.join()
+        loops.close()
         refs = list(Attempt.objects.exclude(job_ref="").values_list("job_ref", flat=True))
         if cleanup is None:
             scancel(refs, cluster.settings["slurm_conf"])
         else:
             cleanup(refs)
     stdout, _ = api.communicate()
+    return _starforge_figures(stdout, schedule_s, loops.reconcile_s, loops.launch_s)
+
+
+def _starforge_figures(
+    stdout: str, schedule_s: list[float], reconcile_s: list[float], launch_s: list[float]
+) -> dict:
+    """A Starforge run's figures: its submits (what the API process printed), each job's RUNNING
+    and SUCCEEDED events, and the loops' timings."""
+    from jobs.models import JobEvent
+
     submitted = {int(k): v for k, v in json.loads(stdout).items()}
     events = JobEvent.objects.filter(to_status__in=["RUNNING", "SUCCEEDED"])
     running, done = {}, {}

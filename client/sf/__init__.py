@@ -1,8 +1,8 @@
 """Starforge client package: the `sf` CLI, the job-side runner, and the in-job metrics SDK.
 
 Kept import-free on purpose: `sf --help` and the runner start-up time depend on it. The SDK
-(`sf.log`, `sf.log_validation` in `sf.metrics`; `sf.should_checkpoint`, `sf.stop_notice` in
-`sf.notice`) is imported on first use.
+(`sf.log`, `sf.log_validation` in `sf.metrics`; `sf.should_checkpoint`, `sf.stop_notice`
+in `sf.notice`) is imported on first use.
 """
 
 from typing import Any

@@ -5,8 +5,8 @@ The file is the one the server reads from the snapshot for `[then.<name>]` follo
 (`jobs/stores/snapshots.py`, `jobs/actions/submit.py`), and an entrypoint is written as there:
 a command string, split as a shell would (shlex), or a list of non-empty strings. Keys are
 named as the API's fields (`pending_deadline_s`, not `--pending-deadline`), but for
-`time_limit`, a duration as `--time-limit` takes it ("4h"), sent as `time_limit_s`. An unknown key or a
-value of the wrong type is a ProjectError naming it: nothing of the file is guessed.
+`time_limit`, a duration as `--time-limit` takes it ("4h"), sent as `time_limit_s`. An unknown
+key or a value of the wrong type is a ProjectError naming it: nothing of the file is guessed.
 
 Standard library only, like the rest of the client: tomllib, or on Python 3.10 the tomli
 package the client depends on there.

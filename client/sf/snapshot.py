@@ -99,7 +99,8 @@ def _read_rules(path: str, base: str) -> list[Rule]:
 
 
 class Ignorer:
-    """Decides ignores: nested .gitignore files refine their parents; .sfignore has the last word."""
+    """Decides ignores: nested .gitignore files refine their parents; .sfignore has the last
+    word."""
 
     def __init__(self, root: str) -> None:
         self.git_rules: list[Rule] = []

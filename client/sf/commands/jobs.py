@@ -154,7 +154,8 @@ def _rank_table(ranks: list[dict]) -> list[str]:
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     return [
-        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[3] for row in rows
+        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[3]
+        for row in rows
     ]
 
 

@@ -166,6 +166,17 @@ FIELD_OF = {"time_limit": "time_limit_s", "gpus": "gpus_per_node"}
 SUBMIT_DEFAULTS = {"nodes": 1, "gpus": 1, "priority": 0, "window_policy": "wait", "then": []}
 
 
+# Each numeric option's lowest value, and how its refusal says it.
+BOUNDS = (
+    ("nodes", 1, ">= 1"),
+    ("gpus", 0, ">= 0"),
+    ("cpus", 1, ">= 1"),
+    ("pending_deadline", 1, "a positive number of seconds"),  # an int: > 0
+    ("max_retries", 0, ">= 0"),
+    ("retry_cooldown", 0, ">= 0 seconds"),
+)
+
+
 def _submit_payload(args: argparse.Namespace) -> dict:
     from sf.project import KEYS, ProjectError, job_defaults
 
@@ -182,18 +193,10 @@ def _submit_payload(args: argparse.Namespace) -> dict:
             "missing command after --, e.g. sf submit -- python train.py"
             + (" (or an entrypoint in [job] of starforge.toml)" if defaults else ""),
         )
-    if args.nodes is not None and args.nodes < 1:
-        usage_error(args.parser, "--nodes must be >= 1")
-    if args.gpus is not None and args.gpus < 0:
-        usage_error(args.parser, "--gpus must be >= 0")
-    if args.cpus is not None and args.cpus < 1:
-        usage_error(args.parser, "--cpus must be >= 1")
-    if args.pending_deadline is not None and args.pending_deadline <= 0:
-        usage_error(args.parser, "--pending-deadline must be a positive number of seconds")
-    if args.max_retries is not None and args.max_retries < 0:
-        usage_error(args.parser, "--max-retries must be >= 0")
-    if args.retry_cooldown is not None and args.retry_cooldown < 0:
-        usage_error(args.parser, "--retry-cooldown must be >= 0 seconds")
+    for option, low, words in BOUNDS:
+        value = getattr(args, option)
+        if value is not None and value < low:
+            usage_error(args.parser, f"--{option.replace('_', '-')} must be {words}")
     env = dict(defaults.get("env", {}))  # --env K=V replaces the file's K, keeps the rest
     for item in args.env:
         key, sep, value = item.partition("=")

@@ -192,9 +192,11 @@ def _lines(url: str, token: str, job_id: int) -> list[str]:
         cursor = page["cursor"]
 
 
-def test_a_job_survives_the_loss_of_one_of_two_hosts(
-    tmp_path: Path, ledger: str, s3_server: str, slurm_conf: str, idle_gpus
-) -> None:
+def _two_hosts(
+    tmp_path: Path, ledger: str, s3_server: str, slurm_conf: str
+) -> tuple[Host, Host, Balancer, str]:
+    """Hosts A and B on one ledger, Redis and bucket behind a balancer that prefers A, a Slurm
+    cluster that is the demo team's default, and the demo token; nothing started yet."""
     redis_db = REDIS_URL.rsplit("/", 1)[0] + "/13"
     shared = {
         **os.environ,
@@ -232,6 +234,13 @@ def test_a_job_survives_the_loss_of_one_of_two_hosts(
         capture_output=True,
         timeout=60,
     )
+    return a, b, balancer, token
+
+
+def test_a_job_survives_the_loss_of_one_of_two_hosts(
+    tmp_path: Path, ledger: str, s3_server: str, slurm_conf: str, idle_gpus
+) -> None:
+    a, b, balancer, token = _two_hosts(tmp_path, ledger, s3_server, slurm_conf)
     project = tmp_path / "project"
     project.mkdir()
     (project / "count.py").write_text(JOB)
