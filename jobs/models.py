@@ -794,3 +794,30 @@ class WebhookDelivery(models.Model):
             models.UniqueConstraint(fields=["webhook", "key"], name="one_delivery_per_key"),
         ]
         indexes = [models.Index(fields=["state", "next_at"], name="delivery_due")]
+
+
+class TrackingValue(models.Model):
+    """An MLflow param or tag a job's code logged into one attempt (`jobs.stores.params`).
+
+    A param keeps its first value (MLflow refuses to change one); a tag keeps its last.
+    """
+
+    class Kind(models.TextChoices):
+        PARAM = "param"  # mlflow.log_param(s): the run's configuration, on the compare page
+        TAG = "tag"  # mlflow.set_tag(s), and the tags MLflow's client sets itself
+
+    # one_tracking_value (job, attempt, kind, key) leads with the job: no index of its own.
+    job = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="tracking_values", db_index=False
+    )
+    attempt = models.PositiveIntegerField()
+    kind = models.CharField(max_length=5, choices=Kind.choices)
+    key = models.CharField(max_length=250)
+    value = models.TextField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "kind", "key"], name="one_tracking_value"
+            ),
+        ]
