@@ -1,8 +1,10 @@
 from django.contrib import admin
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
+from sf.contract import TRACKING_PATH
 
 from jobs import throttle
+from jobs.api import mlflow
 from jobs.api.prometheus import metrics_view
 from jobs.console import arrays, compare, notify, teams, views
 from metering.views import usage_page
@@ -11,6 +13,9 @@ from starforge.api import api
 urlpatterns = [
     # First: most requests are the API's, and Django tries the patterns in order.
     path("api/", api.urls),
+    # MLflow's REST API for the official client, jobs' and members' (jobs.api.mlflow): every
+    # path below the root answers in MLflow's shape, an unknown one ENDPOINT_NOT_FOUND.
+    re_path(rf"^{TRACKING_PATH.strip('/')}/(?P<path>.*)$", mlflow.endpoint),
     path("", views.job_list, name="job-list"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/<str:verb>/", views.job_action, name="job-action"),
