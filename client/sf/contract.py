@@ -229,6 +229,12 @@ TRACKING_TOKEN_PREFIX = "sft."
 _TRACKING_PURPOSE = b"starforge.mlflow-tracking"
 
 
+# TensorBoard: the runner reads the event files under the job's output and run directories and
+# under the folder the job's environment names in either of these (`sf.tensorboard`).
+TENSORBOARD_LOGDIR_VAR = "TENSORBOARD_LOGDIR"
+TENSORBOARD_DIR_VAR = "SF_TENSORBOARD_DIR"
+
+
 def tracking_token(job_token: str) -> str:
     """The MLflow credential of the attempt a job token names, for the job's own code, which must
     never hold the job token: `sft.<job>.<attempt>.<mac>`, the mac an HMAC of the purpose keyed

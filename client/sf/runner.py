@@ -7,8 +7,10 @@ images. Exit `INGEST_EXIT` means ingest failed and the user's code never ran.
 The steps, in order: guard the runner and take back the job's priority; read the environment
 (`sf.environment`); fetch and unpack the snapshot (`sf.ingest`); plan the ranks (`sf.ranks`);
 open the sandbox where the executor asked for one (`sf.sandbox`); start every rank, write
-started.json and report the start; ship the output and metrics while they run
-(`sf.shipping`); end all when one fails (`sf.supervise`); write the signed exit record.
+started.json and report the start; ship the output and metrics (the SDK's, TensorBoard's:
+`sf.tensorboard`) while they run (`sf.shipping`); end all when one fails (`sf.supervise`);
+write the signed exit record. A sandboxed job reaches MLflow's tracking endpoint through the
+runner's forwarder (`sf.tracking`).
 
 The job's code is hostile. The runner keeps its credentials (job token, record key) out of the
 job's environment and makes itself non-dumpable, so a job of the same uid can neither read its
@@ -59,6 +61,8 @@ from sf.shipping import (
 )
 from sf.supervise import Supervisor, guard_runner
 from sf.system import SystemSampler, sample_interval
+from sf.tensorboard import TensorBoardTail
+from sf.tensorboard import roots as tensorboard_roots
 from sf.tracking import Forwarder, direct_uri
 
 
@@ -174,6 +178,7 @@ def run_ranks(env: RunnerEnv, plans: list[RankPlan], sandbox: Sandbox | None) ->
     spared = sandbox.helpers if sandbox is not None else None
     multi = len(plans) > 1
     with open(console_path, "a", encoding="utf-8") as console:
+        began = time.time()  # the attempt's TensorBoard events are those written from now
         try:
             procs = start_ranks(env, plans, sandbox)
         except IngestError as exc:
@@ -197,11 +202,13 @@ def run_ranks(env: RunnerEnv, plans: list[RankPlan], sandbox: Sandbox | None) ->
         samplers = _start_samplers(plans, procs, metrics)
         own = env.own_rank  # a pod of a multi-node job: its lines are its rank's
         sink = LineSink(console, shipper, ranked=multi or own is not None, marked=multi)
+        boards = _follow_tensorboard(env, plans[0].env, metrics, sink, began)
         readers = _read_output(env, plans, procs, sink)
         codes, failed = wait_ranks(procs, supervisor)
         for sampler in samplers:
             sampler.stop()  # no samples of a finished job; before the final flush and exit file
         supervisor.end_leftovers(readers)
+        boards.stop()  # what the job wrote last, told in its log while that is still open
     if sandbox is not None:
         sandbox.close()  # nothing of the job is left in it: the exit record says so
     metrics.stop()
@@ -263,6 +270,20 @@ def _start_samplers(
     for sampler in samplers:
         sampler.start()
     return samplers
+
+
+def _follow_tensorboard(
+    env: RunnerEnv, job_env: dict[str, str], metrics: MetricsTail, sink: LineSink, began: float
+) -> TensorBoardTail:
+    """The job's TensorBoard scalars into its metrics, numbered with the SDK's points; what a
+    file's problem is goes to the job's own log."""
+    folders = tensorboard_roots(env.output_dir, env.run_dir, job_env)
+    owner = env.identity.uid if env.identity else None
+    tail = TensorBoardTail(
+        folders, metrics.add, began, owner, tell=lambda text: sink.emit("stderr", f"sf: {text}")
+    )
+    tail.start()
+    return tail
 
 
 def _read_output(

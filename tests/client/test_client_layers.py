@@ -27,8 +27,12 @@ JOB_SIDE = {
     "sf.metrics",
     "sf.notice",
     "sf.tracking",
+    "sf.tensorboard",
+    "sf.tfevents",
 }
-OPTIONAL = {"pynvml"}  # sf.system: GPU telemetry where the image has NVML's binding
+# sf.system: GPU telemetry where the image has NVML's binding; sf.tfevents: TensorBoard's own
+# event decoder where the image has TensorBoard.
+OPTIONAL = {"pynvml", "tensorboard"}
 
 
 def module_name(path: Path) -> str:
