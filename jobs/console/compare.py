@@ -24,6 +24,7 @@ from django.views.decorators.http import require_GET
 
 from jobs.errors import BadRequest
 from jobs.models import BIGINT_MAX, Job, MetricKind, MetricSeries
+from jobs.reads.mlflow import job_params
 from jobs.reads.visible import visible_jobs
 from jobs.stores.metrics.charts import DEFAULT_MAX_POINTS, latest_of, series
 
@@ -84,9 +85,11 @@ def _shown(value: Any) -> str:
 def differing_parameters(jobs: list[Job]) -> tuple[list[dict], int]:
     """The rows of the "parameters that differ" table and how many parameters are the same.
 
-    A parameter is the entrypoint, an env key or an array parameter key; a job without the key
-    has it unset (shown as "—"). A row lists every job's value, in the jobs' order. Env keys
-    that look like credentials (`SECRET_WORDS`) show which jobs share a value, not the value.
+    A parameter is the entrypoint, an env key, an array parameter key or an MLflow param its
+    code logged (its latest attempt's that logged any, `jobs.reads.mlflow.job_params`); a job
+    without the key has it unset (shown as "—"). A row lists every job's value, in the jobs'
+    order. Env keys that look like credentials (`SECRET_WORDS`) show which jobs share a value,
+    not the value.
     """
     params: list[tuple[str, str, list[Any]]] = [
         ("entrypoint", "entrypoint", [list(j.entrypoint or []) for j in jobs])
@@ -96,6 +99,9 @@ def differing_parameters(jobs: list[Job]) -> tuple[list[dict], int]:
     array_keys: Iterable[str] = set().union(*((j.array_params or {}).keys() for j in jobs))
     for key in sorted(array_keys):
         params.append(("array", key, [(j.array_params or {}).get(key, UNSET) for j in jobs]))
+    logged = job_params(j.pk for j in jobs)
+    for key in sorted(set().union(*(logged.get(j.pk, {}).keys() for j in jobs))):
+        params.append(("mlflow", key, [logged.get(j.pk, {}).get(key, UNSET) for j in jobs]))
     rows, same = [], 0
     for where, key, values in params:
         if all(v == values[0] for v in values[1:]):
@@ -114,7 +120,12 @@ def differing_parameters(jobs: list[Job]) -> tuple[list[dict], int]:
                 cells.append({"unset": False, "text": f"hidden value {distinct.index(value) + 1}"})
             else:
                 cells.append({"unset": False, "text": _shown(value)})
-        label = {"entrypoint": "entrypoint", "env": f"env {key}", "array": f"array param {key}"}
+        label = {
+            "entrypoint": "entrypoint",
+            "env": f"env {key}",
+            "array": f"array param {key}",
+            "mlflow": f"mlflow param {key}",
+        }
         rows.append({"label": label[where], "cells": cells, "hidden": hidden})
     return rows, same
 
