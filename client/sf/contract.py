@@ -178,6 +178,9 @@ CONSOLE_LOG = "console.log"  # the job's stdout and stderr, line by line
 METRICS_FILE = "metrics.jsonl"  # the SDK's points, in the attempt dir or metrics/ below it
 RUN_DIR = "work"  # the run dir (the unpacked snapshot, the job's cwd) below the attempt dir
 NOTICE_FILE = "notice.json"  # written by the runner when a stop or a preemption is on its way
+# The SDK for the job's own Python (`sf.log` with no install): a copy of the `sf` package the
+# runner makes here, last on every rank's PYTHONPATH (`sf.environment.install_sdk`).
+SDK_DIR = "sdk"
 # The local executor's liveness lock: the runner inherits it locked and holds it as long as it
 # lives (it never passes the descriptor on to the job), so a held lock means a live runner.
 LIVENESS_LOCK = "alive.lock"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 from typing import Any
 
 from sf.contract import (
@@ -47,6 +49,7 @@ from sf.contract import (
     RUN_DIR_VAR,
     RUNNER_SECRETS,
     SANDBOX_VAR,
+    SDK_DIR,
     SNAPSHOT_VAR,
     STARTED_FILE,
     STARTED_FILE_VAR,
@@ -148,6 +151,7 @@ class RunnerEnv:
             metrics_dir = os.path.join(self.attempt_dir, "metrics")
         self.metrics_file = os.path.join(metrics_dir, METRICS_FILE)
         self.notice_file = os.path.join(metrics_dir, NOTICE_FILE)
+        self.sdk_dir = os.path.join(self.attempt_dir, SDK_DIR)
         self.stop_grace = _seconds(environ.get(STOP_GRACE_VAR), DEFAULT_STOP_GRACE_S)
         self.preempt_grace = _seconds(environ.get(PREEMPT_GRACE_VAR), DEFAULT_PREEMPT_GRACE_S)
         self.identity: JobIdentity | None = None
@@ -215,7 +219,10 @@ def child_env(env: RunnerEnv) -> dict[str, str]:
             out["CUDA_VISIBLE_DEVICES"] = environ["CUDA_VISIBLE_DEVICES"]
         # A rank with a runner of its own (a Kubernetes pod) got its contract from the engine.
         out.update({k: v for k, v in environ.items() if k in RANK_VARS})
-    out["PYTHONPATH"] = os.pathsep.join(p for p in (env.run_dir, out.get("PYTHONPATH")) if p)
+    # The job's own code and PYTHONPATH first, the SDK last: a job with an `sf` of its own on
+    # either keeps it; one without (its own venv, conda env or image) imports the runner's copy.
+    path = (env.run_dir, out.get("PYTHONPATH"), env.sdk_dir)
+    out["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
     out["PYTHONUNBUFFERED"] = "1"
     out[METRICS_FILE_VAR] = env.metrics_file
     out[NOTICE_FILE_VAR] = env.notice_file
@@ -224,6 +231,22 @@ def child_env(env: RunnerEnv) -> dict[str, str]:
     # runner's forwarder, set once the sandbox is open), unless the job names its own server.
     out.update(tracking_env(env.api_url, env.token, out))
     return out
+
+
+def install_sdk(target: str) -> None:
+    """Copy the `sf` package (its modules only) to `target`/sf, readable by every uid and
+    writable by none but the runner: `import sf; sf.log(...)` in whatever Python the job uses.
+    Whatever the path held before (a runner started again, a job's link) is replaced."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    if os.path.lexists(target) and not stat.S_ISDIR(os.lstat(target).st_mode):
+        os.unlink(target)
+    shutil.rmtree(target, ignore_errors=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(package, os.path.join(target, "sf"), symlinks=False, ignore=ignore)
+    for folder, _dirs, files in os.walk(target):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)
 
 
 def _seconds(raw: str | None, default: float) -> float:

@@ -3,7 +3,22 @@
 Under Starforge the runner sets SF_METRICS_FILE; points are buffered here and appended to that
 file as JSON lines, which the runner tails and ships with the job-scoped token. The training
 process never talks to the network, so a slow or unreachable server cannot stall a step.
-Standard library only: this is imported inside arbitrary training images.
+Standard library only: this is imported inside arbitrary training images, and needs no install
+there: the runner puts a copy of this package last on every rank's PYTHONPATH
+(`sf.environment.install_sdk`), so a job with an `sf` of its own keeps it.
+
+The file is a contract any language can write (this module is one writer of it):
+
+- its path is the job's SF_METRICS_FILE; open it for appending (O_APPEND, created 0644 if
+  missing) and append whole lines, each ending in "\n", with one write() per batch of lines,
+  so that the runner, which reads only up to the last newline, never sees half a line;
+- a line is one JSON object: {"kind": "train" | "validation", "name": str (1 to 100
+  characters), "step": int >= 0, "value": finite number, "ts": seconds since the epoch, a
+  finite number}; e.g. {"kind":"train","name":"loss","step":120,"value":0.31,"ts":1765100000.5};
+- a line that is not such an object is skipped (the runner says how many at the end), never
+  a reason to drop the others; NaN and Infinity are not JSON and are skipped too;
+- points are shipped in the order written, each once; the per-attempt metric cap applies, and
+  the file is read until the job's last process has exited, so a final flush counts.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from sf.contract import (
     exit_status,
     record_mac,
 )
-from sf.environment import JobIdentity, RunnerEnv, child_env
+from sf.environment import JobIdentity, RunnerEnv, child_env, install_sdk
 from sf.ingest import IngestError, exchange_bootstrap, fetch_snapshot, resolve_entrypoint
 from sf.ranks import RankPlan, RankPlanError, plan_ranks, rank_states, terminator
 from sf.sandbox import Sandbox, SandboxConfig, SandboxError
@@ -88,6 +88,7 @@ def prepare(env: RunnerEnv) -> tuple[list[str], dict[str, str]]:
                 env.identity.own_dir(path)
             else:
                 os.makedirs(path, exist_ok=True)
+        install_sdk(env.sdk_dir)
         # Without an API the runner runs offline (nothing to ship, nothing to exchange for).
         if env.bootstrap and not env.token and env.api_url:
             env.token = exchange_bootstrap(env.api_url, env.bootstrap, env.attempt, env.own_rank)
@@ -111,7 +112,9 @@ def run(env: RunnerEnv, plans: list[RankPlan]) -> int:
     try:
         config = SandboxConfig.from_environ(env.environ)
         if config is not None:
-            sandbox = Sandbox.open(config, env.sandbox_dirs(), env.attempt_dir)
+            sandbox = Sandbox.open(
+                config, env.sandbox_dirs(), env.attempt_dir, readable=[env.sdk_dir]
+            )
             forwarder = forward_tracking(env, plans, sandbox)
         return run_ranks(env, plans, sandbox)
     except SandboxError as exc:

@@ -171,12 +171,19 @@ class Sandbox:
         self.entered: set[int] = set()  # each rank's nsenter
 
     @classmethod
-    def open(cls, config: SandboxConfig, writable: list[str], scratch: str) -> Sandbox:
-        """Start the anchor and its network helper; return once a rank can enter."""
+    def open(
+        cls,
+        config: SandboxConfig,
+        writable: list[str],
+        scratch: str,
+        readable: list[str] | None = None,
+    ) -> Sandbox:
+        """Start the anchor and its network helper; return once a rank can enter. `readable`:
+        what the job reads besides `job_readable()` (the runner's copy of the SDK)."""
         env = {"PATH": TOOLS_PATH}
         try:
             holder = subprocess.Popen(
-                holder_argv(config, writable, job_readable()),
+                holder_argv(config, writable, [*job_readable(), *(readable or [])]),
                 env=env,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # out of the runner's group: a stop signals the job
