@@ -18,6 +18,7 @@ STEP = re.compile(r"step (\d+) loss (\d+\.\d+)$")
 WEIGHTS = re.compile(r"rank (\d+) weights ([0-9a-f]{16})$")
 NOTICE = re.compile(r"notice \((\w+|a signal)\): saved step (\d+), exiting$")
 RESUMED = re.compile(r"resuming from step (\d+)$")
+MARKED = re.compile(r"\[rank (\d+)\] (.*)$")  # a rank's line in console.log, `sf job logs`
 
 Line = tuple[int | None, str]  # (rank, text); rank None where the job has one rank
 
@@ -26,6 +27,12 @@ def job_path(job_python: Path) -> str:
     """A job's PATH whose `torchrun` and `python` are the job environment's, as a team's
     `--env PATH=...` names its own venv."""
     return f"{job_python.parent}:/usr/bin:/bin"
+
+
+def marked(texts: Iterable[str]) -> list[Line]:
+    """Lines as console.log and `sf job logs` show a multi-node job's, `[rank N] text`, as
+    (rank, text); a line of no rank (the runner's own) is left out."""
+    return [(int(m.group(1)), m.group(2)) for text in texts if (m := MARKED.match(text))]
 
 
 def losses(lines: Iterable[Line], rank: int | None) -> list[tuple[int, float]]:
@@ -51,9 +58,10 @@ def notices(lines: Iterable[Line]) -> dict[int | None, tuple[str, int]]:
     return {r: (m.group(1), int(m.group(2))) for r, text in lines if (m := NOTICE.match(text))}
 
 
-def resumed_from(lines: Iterable[Line]) -> list[int]:
-    """The steps a `resuming from step N` line named, in order (one per resumed attempt)."""
-    return [int(m.group(1)) for _, text in lines if (m := RESUMED.match(text))]
+def resumed_from(lines: Iterable[Line], rank: int | None) -> list[int]:
+    """The steps `rank`'s `resuming from step N` lines named, in order (one per resumed
+    attempt)."""
+    return [int(m.group(1)) for r, text in lines if r == rank and (m := RESUMED.match(text))]
 
 
 def falls(points: list[tuple[int, float]], window: int = 5) -> bool:

@@ -6,7 +6,6 @@ gloo, end with the same weights and a falling loss, and the runner reports both 
 """
 
 import json
-import re
 import time
 from pathlib import Path
 
@@ -26,7 +25,6 @@ from tests.engines.slurm.helpers import FINAL, attempt_dir, wait_for
 pytestmark = pytest.mark.slurm
 MULTI = ("multi1", "multi2")
 STEPS = 30
-MARKED = re.compile(r"\[rank (\d+)\] (.*)$")
 
 
 @pytest.fixture
@@ -77,15 +75,6 @@ def torchrun_spec(token: str, job_python: Path, checkpoints: Path, *args: str) -
     )
 
 
-def console_lines(path: Path) -> list[frameworks.Line]:
-    """The runner's console.log as (rank, text): every rank's line is marked `[rank N]`."""
-    found: list[frameworks.Line] = []
-    for line in path.read_text().splitlines():
-        if m := MARKED.match(line):
-            found.append((int(m.group(1)), m.group(2)))
-    return found
-
-
 def test_torchrun_with_no_arguments_trains_one_rank_per_node_to_the_same_weights(
     multi, token, multi_idle, job_python, tmp_path
 ):
@@ -95,7 +84,7 @@ def test_torchrun_with_no_arguments_trains_one_rank_per_node_to_the_same_weights
     spec = torchrun_spec(token, job_python, checkpoints, "--steps", str(STEPS), "--sleep", "0")
     ref = multi.submit(spec)
     final = wait_for(multi, ref, FINAL, timeout=frameworks.TRAINING_S)[-1]
-    lines = console_lines(attempt_dir(multi, spec) / CONSOLE_LOG)
+    lines = frameworks.marked((attempt_dir(multi, spec) / CONSOLE_LOG).read_text().splitlines())
     assert (final.native_state, final.exit_code) == ("COMPLETED", 0), lines[-20:]
     ranks = final.details["ranks"]
     assert [(r["rank"], r["state"], r["exit_code"]) for r in ranks] == [
