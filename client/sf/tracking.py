@@ -150,7 +150,7 @@ class Forwarder:
         parts = urlsplit(api_url.rstrip("/"))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"invalid API URL {api_url!r}")
-        self.parts = parts
+        self.parts, self.host = parts, parts.hostname
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.closed = threading.Event()
         self.thread = threading.Thread(target=self._accept, name="sf-tracking", daemon=True)
@@ -210,7 +210,7 @@ class Forwarder:
     def _connect(self) -> http.client.HTTPConnection:
         https = self.parts.scheme == "https"
         kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
-        return kind(self.parts.hostname, self.parts.port, timeout=UPSTREAM_TIMEOUT_S)
+        return kind(self.host, self.parts.port, timeout=UPSTREAM_TIMEOUT_S)
 
     def _forward(self, conn: socket.socket, request: Request) -> bool:
         """Send `request` on and its answer back; False when the connection must close. A
