@@ -18,10 +18,11 @@ from collections.abc import Iterable
 
 from celery import current_app
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 
-from jobs.models import Attempt, Job, Webhook, WebhookDelivery
+from jobs.models import Job, Webhook, WebhookDelivery
+from jobs.reads.preemption import paused_jobs
 from jobs.reads.webhooks import TEST_EVENT, may_tell
 from jobs.states import JobStatus
 
@@ -31,7 +32,7 @@ FIRED_BY = {
     JobStatus.SUCCEEDED: Event.SUCCEEDED,
     JobStatus.FAILED: Event.FAILED,
     JobStatus.STOPPED: Event.STOPPED,
-    JobStatus.PAUSED: Event.PREEMPTED,  # only a preemption's pause (`_preempted_ids`)
+    JobStatus.PAUSED: Event.PREEMPTED,  # only a preemption's pause (`paused_jobs`)
 }
 WAITING_SCAN = 1000  # waiting jobs one sweep looks at per webhook
 DELIVER_TASK = "jobs.tasks.deliver_webhooks"
@@ -57,7 +58,7 @@ def on_transitions(target: str, jobs: Iterable[Job], now: dt.datetime) -> None:
     if not hooks:
         return
     if event == Event.PREEMPTED:
-        ids = sorted(_preempted_ids(ids))
+        ids = paused_jobs(ids)  # the preemption's rule, jobs.reads.preemption
     owners = dict(Job.objects.filter(pk__in=ids).values_list("pk", "user_id"))
     teams = {j.pk: j.team_id for j in jobs}
     pairs = [(job_id, teams[job_id], owners[job_id]) for job_id in ids if job_id in owners]
@@ -103,15 +104,6 @@ def notify_waiting(now: dt.datetime | None = None) -> int:
             WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)  # a racing sweep
             written += len(rows)
     return written
-
-
-def _preempted_ids(job_ids: list[int]) -> set[int]:
-    """Jobs whose current attempt was preempted (its pause is the preemption's)."""
-    return set(
-        Attempt.objects.filter(
-            job_id__in=job_ids, preempted_at__isnull=False, job__current_attempt=F("pk")
-        ).values_list("job_id", flat=True)
-    )
 
 
 def _write(hooks: list[Webhook], event: str, pairs: list[tuple[int, int, int]], key_of, now):

@@ -9,7 +9,9 @@ import json
 import os
 
 import pytest
+from sf.contract import tracking_token
 
+from jobs.job_tokens import job_token
 from jobs.models import Job
 from tests.local_jobs import finished, python_job, run_until, start, texts
 
@@ -42,6 +44,8 @@ ALLOWED = {
     "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES", "SF_RUN_ID", "SF_ATTEMPT", "SF_JOB_ID",
     "SF_OUTPUT_DIR", "SF_CHECKPOINT_DIR", "SF_METRICS_FILE", "SF_NOTICE_FILE",
     "SF_PREEMPT_GRACE_S",
+    # MLflow's client: the endpoint and the job's one-way tracking credential (never the token).
+    "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN",
 }  # fmt: skip
 RUNNER_ONLY = {
     "SF_JOB_TOKEN", "SF_BOOTSTRAP_TOKEN", "SF_RECORD_KEY", "SF_EXIT_FILE", "SF_STARTED_FILE",
@@ -64,7 +68,7 @@ def run_looking_around(team, alice, needles: list[str]) -> dict:
     run_until(lambda: finished(job))
     job.refresh_from_db()
     assert job.status == "SUCCEEDED", job.status_reason
-    return json.loads(texts(job)[0])
+    return {**json.loads(texts(job)[0]), "job": job}
 
 
 @pytest.mark.parametrize("run_as", [None, ""], ids=["default", "server-user"])
@@ -83,6 +87,11 @@ def test_a_job_sees_only_its_own_variables_the_contract_and_the_base(
     for value in PLANTED.values():
         assert value not in json.dumps(env)
     assert os.environ["PATH"] != env["PATH"]  # the base PATH, not the worker's
+    # MLflow's credential is the one-way tracking token: the job token is nowhere in it.
+    job = seen["job"]
+    token = job_token(job.pk, job.current_attempt.number)
+    assert env["MLFLOW_TRACKING_TOKEN"] == tracking_token(token)
+    assert token.split(":")[-1] not in json.dumps(env)
 
 
 def test_a_job_reads_no_environ_of_the_server_or_its_runner(team, alice):

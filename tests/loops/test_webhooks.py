@@ -17,6 +17,7 @@ from jobs.ledger import outbox
 from jobs.ledger.transitions import transition
 from jobs.loops import deliveries
 from jobs.models import Webhook, WebhookDelivery
+from jobs.reads.preemption import PAUSED_REASON
 from jobs.states import JobStatus as S
 from jobs.webhooks import send
 from tests.factories import queued_job, with_attempt
@@ -290,9 +291,7 @@ def test_a_preemptions_pause_fires_preempted_and_a_persons_pause_does_not(team, 
     attempt = with_attempt(preempted, S.RUNNING, start_time=timezone.now())
     attempt.preempted_at = timezone.now()
     attempt.save()
-    transition(
-        preempted.pk, S.PAUSED, actor="reconciler", reason="preempted: GPUs returned to team lab"
-    )
+    transition(preempted.pk, S.PAUSED, actor="reconciler", reason=PAUSED_REASON)
     assert list(WebhookDelivery.objects.values_list("job_id", "event")) == [
         (preempted.pk, "preempted")
     ]
