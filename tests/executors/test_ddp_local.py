@@ -5,6 +5,7 @@ of the rank contract, train with DDP over gloo, and end with the same weights an
 """
 
 import json
+import os
 
 import pytest
 
@@ -14,6 +15,7 @@ from jobs.models import Job
 from jobs.states import JobStatus
 from jobs.stores import logstore
 from tests import frameworks
+from tests.access import JOB_UID, as_job
 from tests.client.helpers import run_cli
 from tests.local_jobs import finished, run_until, start
 from tests.processes import job_processes
@@ -25,6 +27,21 @@ STEPS = 30
 def rank_lines(job: Job) -> list[frameworks.Line]:
     lines = (json.loads(raw) for raw in logstore.read(job.pk, None, 10_000).raw_lines)
     return [(line.get("rank"), line["text"]) for line in lines]
+
+
+def test_a_jobs_uid_can_run_the_job_environments_python(job_python):
+    # As root the local executor runs a team's job under an unprivileged uid: the job_python
+    # fixture opened the way (o+x, jobs.traversable) to the venv and to the interpreter it
+    # links to under root's home.
+    # A job always has a HOME (jobs.executors.base.base_env); MLflow's import needs one.
+    code = (
+        "import os; os.environ['HOME'] = '/tmp'\n"
+        "import mlflow, tensorboard, torch; print(os.getuid(), torch.__version__)"
+    )
+    done = as_job(str(job_python), "-c", code)
+    assert done.returncode == 0, done.stderr
+    uid, version = done.stdout.split()
+    assert version.startswith("2.13.0") and (os.geteuid() != 0 or int(uid) == JOB_UID)
 
 
 @pytest.fixture
