@@ -7,7 +7,7 @@ array that allows them.
 A submission passes every check a single job's does (`jobs.actions.submit.prepare`), once for
 all its tasks, then writes the array, its tasks and their first events in one transaction of a
 few bulk inserts, whatever N (`jobs.ledger.creation`). The scheduler admits tasks through every
-gate as it does jobs, and at most `max_parallel` of an array at once (`jobs.loops.scheduler`).
+gate as it does jobs, and at most `max_parallel` of an array at once (`jobs.loops.gates`).
 
 In each task's entrypoint, `{index}` becomes the task's index and `{NAME}` the value of its
 parameter NAME (from the array file); other braces are left as they are. The runner sets
