@@ -57,6 +57,7 @@ BENCHES: dict[str, tuple[str, int]] = {
     "slurm-reconcile-1000": ("one reconciler tick over 1,000 PENDING jobs on a real Slurm", 300),
     "gang-local-failure": ("local 2-rank jobs: one rank's failure to every rank gone", 120),
     "slurm-multinode": ("2-node jobs on a real 2-node Slurm vs sbatch --nodes 2; fail fast", 600),
+    "mlflow": ("MLflow log_batch and get_metric_history: Starforge vs mlflow server (SQLite)", 900),
 }
 
 
@@ -87,6 +88,7 @@ def _benchmark(name: str) -> Callable[[], dict]:
         "ray-vs-jobs-api": of("ray_bench", "vs_jobs_api"),
         "gang-local-failure": of("gang_bench", "local_rank_failure"),
         "slurm-multinode": of("slurm_bench", "multinode"),
+        "mlflow": of("mlflow_bench", "run"),
     }
     if name not in table:
         raise SystemExit(f"unknown benchmark {name!r}")
