@@ -92,6 +92,9 @@ class Failure(str, enum.Enum):
     # Observed only, never kept: the engine's own time limit (Slurm's TIMEOUT). A run past the
     # job's time limit is a stop; any other is kept as EXIT, retryable (`recorded_as`).
     TIMEOUT = "timeout"
+    # Its ranks made no progress for its team's hang_after and the policy's hang_action is
+    # fail (jobs.loops.activity): a deadlock may not recur, so another try is worth it.
+    HUNG = "hung"
 
     def __str__(self) -> str:  # the value, in f-strings and messages, on every Python
         return self.value
@@ -120,7 +123,7 @@ class Failure(str, enum.Enum):
         return cls.EXIT if cause is cls.TIMEOUT else cause
 
 
-_RETRYABLE = frozenset({Failure.EXIT, Failure.OOM, Failure.LOST, Failure.PREEMPTED})
+_RETRYABLE = frozenset({Failure.EXIT, Failure.OOM, Failure.LOST, Failure.PREEMPTED, Failure.HUNG})
 _TIME_LIMITS = frozenset({Failure.TIMEOUT, Failure.DEADLINE})
 _RECORDED = tuple(cause for cause in Failure if cause is not Failure.TIMEOUT)
 

@@ -26,7 +26,7 @@ def test_a_cause_reads_as_its_value_in_a_sentence():
 
 
 def test_a_retry_follows_the_causes_a_second_run_could_escape():
-    assert Failure.retryable() == {"exit", "oom", "lost", "preempted"}
+    assert Failure.retryable() == {"exit", "oom", "lost", "preempted", "hung"}
 
 
 @pytest.mark.parametrize("cause", ["ingest", "rejected", "deadline", ""])
