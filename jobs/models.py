@@ -16,6 +16,11 @@ from django.db import models
 from django.utils import timezone
 
 from jobs.gpus import to_gpus_per_node
+from jobs.money import (  # noqa: F401 - the app's models, found here by every reader
+    BudgetAlert,
+    GpuPrice,
+    validate_alert_percents,
+)
 from jobs.states import JobStatus
 from jobs.streamed import (  # noqa: F401 - the app's models, found here by every reader
     LogChunk,
@@ -127,7 +132,25 @@ class Team(models.Model):
     )
     budget_hard_stop = models.BooleanField(
         default=False,
-        help_text="when the monthly budget is used up, also stop the team's running jobs",
+        help_text="when the monthly budget (GPU-hours or money) is used up, also stop the "
+        "team's running jobs",
+    )
+    money_budget_per_month = models.DecimalField(
+        max_digits=14,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="monthly budget in the server's currency (UTC calendar month), at the GPU "
+        "prices in force; when used up new jobs wait; empty: none",
+    )
+    budget_alert_percents = models.CharField(
+        max_length=100,
+        blank=True,
+        default="50,80,100",
+        validators=[validate_alert_percents],
+        help_text="percents of the money budget at which the team's webhooks are told, each "
+        "once a month, e.g. 50,80,100; empty: none",
     )
     user_gpu_cap = models.PositiveIntegerField(
         null=True,
@@ -589,6 +612,7 @@ class Webhook(models.Model):
         STOPPED = "stopped"
         PREEMPTED = "preempted"
         WAITING = "waiting-too-long"
+        BUDGET = "budget-alert"  # a team reached a threshold of its money budget (no job)
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
     team = models.ForeignKey(

@@ -23,6 +23,9 @@ class UsageRecord(models.Model):
     deleted_gpu_us = models.BigIntegerField(default=0)
     # The part of gpu_us that ran on GPUs borrowed from another team's idle quota.
     borrowed_gpu_us = models.BigIntegerField(default=0)
+    # What gpu_us cost, in millionths of the server's currency, at the prices in force when
+    # each attempt ran (metering.cost).
+    cost_micros = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [

@@ -9,6 +9,7 @@ answer is exact at any moment without scanning every attempt.
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Q, QuerySet, Sum
@@ -17,6 +18,7 @@ from django.utils import timezone
 from jobs.models import Attempt
 from jobs.reads.prepared import Prepared
 from metering.models import UsageRecord
+from metering.prices import PriceBook, Schedule, cost_of, price_spans, read_prices
 
 SWEEP_BATCH = 5000
 ONE_US = dt.timedelta(microseconds=1)
@@ -40,6 +42,23 @@ def day_pieces(
         lo = piece_end
 
 
+def priced_day_pieces(
+    start: dt.datetime | None,
+    end: dt.datetime | None,
+    total_gpus: int,
+    schedule: Schedule,
+    now: dt.datetime | None,
+) -> Iterator[tuple[dt.date, int, int]]:
+    """(UTC day, GPU-µs, cost in micro-units) pieces of one attempt's running time, cut where
+    the price changes as well as at midnight: each part costs the price in force when it ran."""
+    stop = end or now
+    if start is None or stop is None:
+        return
+    for lo, hi, rate in price_spans(start, stop, schedule):
+        for day, gpu_us in day_pieces(lo, hi, total_gpus, hi):
+            yield day, gpu_us, cost_of(gpu_us, rate)
+
+
 def meter_ended(job_ids: Iterable[int] | None = None) -> int:
     """Add ended, unmetered attempts to the usage records; returns how many were added.
 
@@ -57,24 +76,38 @@ def meter_ended(job_ids: Iterable[int] | None = None) -> int:
             batch = list(
                 rows.values_list(
                     "pk", "job__team_id", "job__user_id", "job__cluster_id",
-                    "start_time", "end_time", "total_gpus", "borrowed_from_id",
+                    "start_time", "end_time", "total_gpus", "borrowed_from_id", "job__gpu_type",
                 )[:SWEEP_BATCH]
             )  # fmt: skip
             if not batch:
                 return added
-            totals: dict[Key, int] = defaultdict(int)
-            borrowed: dict[Key, int] = defaultdict(int)
-            for _, team, user, cluster, start, end, total_gpus, lender in batch:
-                for day, gpu_us in day_pieces(start, end, total_gpus, end):
-                    totals[(day, team, user, cluster)] += gpu_us
-                    if lender is not None:
-                        borrowed[(day, team, user, cluster)] += gpu_us
-            _add(totals)
-            _add(borrowed, column="borrowed_gpu_us")
+            _add_batch(batch, read_prices())
             Attempt.objects.filter(pk__in=[row[0] for row in batch]).update(metered=True)
             added += len(batch)
         if len(batch) < SWEEP_BATCH:
             return added
+
+
+def _add_batch(batch: list[tuple], prices: PriceBook) -> None:
+    """Add a sweep's ended attempts (rows of meter_ended's columns) to the records: their
+    GPU-µs, the part on borrowed GPUs, and their cost at the prices in force when they ran."""
+    totals: dict[Key, int] = defaultdict(int)
+    borrowed: dict[Key, int] = defaultdict(int)
+    costs: dict[Key, int] = defaultdict(int)
+    for _, team, user, cluster, start, end, total_gpus, lender, gpu_type in batch:
+        schedule = prices.schedule(cluster, gpu_type)
+        for day, gpu_us, cost in priced_day_pieces(start, end, total_gpus, schedule, end):
+            totals[(day, team, user, cluster)] += gpu_us
+            costs[(day, team, user, cluster)] += cost
+            if lender is not None:
+                borrowed[(day, team, user, cluster)] += gpu_us
+    _add(totals)
+    _add(borrowed, column="borrowed_gpu_us")
+    _add(costs, column="cost_micros")
+
+
+# The records' figures; `_add` adds to one of them at a time.
+ADDED = ("gpu_us", "deleted_gpu_us", "borrowed_gpu_us", "cost_micros")
 
 
 def _add(totals: dict[Key, int], column: str = "gpu_us") -> None:
@@ -83,25 +116,19 @@ def _add(totals: dict[Key, int], column: str = "gpu_us") -> None:
         return
     table = UsageRecord._meta.db_table
     sql = (
-        f"INSERT INTO {table} "
-        "(day, team_id, user_id, cluster_id, gpu_us, deleted_gpu_us, borrowed_gpu_us) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s) "
+        f"INSERT INTO {table} (day, team_id, user_id, cluster_id, {', '.join(ADDED)}) "
+        f"VALUES (%s, %s, %s, %s, {', '.join('%s' for _ in ADDED)}) "
         "ON CONFLICT (day, team_id, user_id, cluster_id) "
         f"DO UPDATE SET {column} = {table}.{column} + EXCLUDED.{column}"
     )
-    # A deleted or borrowed part is part of gpu_us, which is added first (same transaction):
-    # a row this creates is one whose gpu_us was added by an earlier sweep.
-    deleted = column == "deleted_gpu_us"
-    borrowed = column == "borrowed_gpu_us"
+    # A deleted or borrowed part, or the cost, is of gpu_us, which is added first (same
+    # transaction): a row this creates is one whose gpu_us was added by an earlier sweep.
     # In key order: two sweeps that share keys then lock their rows in the same order and
     # cannot deadlock.
-    params = [
-        (
-            day, team, user, cluster,
-            0 if borrowed else value, value if deleted else 0, value if borrowed else 0,
-        )
+    params: list[Any] = [
+        (day, team, user, cluster, *(value if name == column else 0 for name in ADDED))
         for (day, team, user, cluster), value in sorted(totals.items())
-    ]  # fmt: skip
+    ]
     with connection.cursor() as cursor:
         cursor.executemany(sql, params)
 

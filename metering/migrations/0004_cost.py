@@ -1,6 +1,6 @@
 """Issue 50: cost in usage."""
 
-from django.db import migrations
+from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
@@ -8,4 +8,10 @@ class Migration(migrations.Migration):
         ("metering", "0003_activity"),
     ]
 
-    operations: list = []
+    operations = [
+        migrations.AddField(
+            model_name="usagerecord",
+            name="cost_micros",
+            field=models.BigIntegerField(default=0),
+        ),
+    ]
