@@ -8,9 +8,9 @@ Both servers run on this machine in the same run: `mlflow server` from .venv-mlf
   client's own work (about 60 ms per 1,000 metrics on these cores to build and serialize the
   protobufs) is most of the time on both sides;
 - the servers' ingest alone: the same requests the client sends (`runs/log-batch`, 1,000
-  metrics each, the body `requests` writes for the client's `json=`), replayed over one
-  keep-alive connection, SERVER_POINTS points to Starforge and MLFLOW_POINTS to MLflow (its
-  SQLite ingest is the slow side; points/s is the figure);
+  metrics each, the body `requests` writes for the client's `json=`, built before the clock
+  starts), replayed over one keep-alive connection, SERVER_POINTS points to Starforge and
+  MLFLOW_POINTS to MLflow (its SQLite ingest is the slow side; points/s is the figure);
 - `get_metric_history` of that metric: the raw pages the client asks for (25,000 points each)
   timed over HTTP, the first page and the whole history, and the real client's call.
 """
@@ -142,13 +142,9 @@ def _side(root: str, seeded: dict | None, points: int) -> dict:
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
+    bodies = [_batch(run_id, first) for first in range(0, points, BATCH)]  # the client's work
     started = time.perf_counter()
-    for first in range(0, points, BATCH):
-        metrics = [
-            {"key": "loss", "value": 1.0 / (i + 1), "timestamp": 1700000000000 + i, "step": i}
-            for i in range(first, first + BATCH)
-        ]
-        body = json.dumps({"run_id": run_id, "metrics": metrics})
+    for body in bodies:
         _call(conn, "POST", f"{prefix}/api/2.0/mlflow/runs/log-batch", body, headers)
     ingest_s = time.perf_counter() - started
     if seeded:  # a member reads; the job's tracking token may not
@@ -166,6 +162,15 @@ def _side(root: str, seeded: dict | None, points: int) -> dict:
         "history_client_s": whole["history_s"],
         "history_client_points": whole["history_points"],
     }
+
+
+def _batch(run_id: str, first: int) -> str:
+    """The body of one `log_batch` request, as the client writes it: BATCH points of `loss`."""
+    metrics = [
+        {"key": "loss", "value": 1.0 / (i + 1), "timestamp": 1700000000000 + i, "step": i}
+        for i in range(first, first + BATCH)
+    ]
+    return json.dumps({"run_id": run_id, "metrics": metrics})
 
 
 def _history(conn, prefix: str, headers: dict, run_id: str) -> tuple[list[float], float]:
