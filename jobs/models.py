@@ -32,6 +32,11 @@ from jobs.streamed import (  # noqa: F401 - the app's models, found here by ever
     MetricStream,
     TrackingValue,
 )
+from jobs.watched import (  # noqa: F401 - the app's models, found here by every reader
+    ActivityPolicy,
+    AttemptActivity,
+    IdleExemption,
+)
 
 # The longest time limit a job or a team's default may give: 30 days.
 TIME_LIMIT_MAX_S = 30 * 24 * 3600
@@ -613,6 +618,8 @@ class Webhook(models.Model):
         PREEMPTED = "preempted"
         WAITING = "waiting-too-long"
         BUDGET = "budget-alert"  # a team reached a threshold of its money budget (no job)
+        IDLE = "idle"  # idle past its team's idle_after: warned, then noticed and paused
+        HUNG = "suspected-hang"  # its ranks made no progress for its team's hang_after
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
     team = models.ForeignKey(
