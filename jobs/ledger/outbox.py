@@ -3,7 +3,8 @@
 `on_transitions` runs inside the transaction that moves jobs (`jobs.ledger.transitions`) and
 writes one `WebhookDelivery` per webhook and event, so a change that commits is never left
 untold and one that rolls back is never told. Beat's sweep writes the waiting ones
-(`notify_waiting`), a user's test the test ones. Each is written only while the webhook's owner
+(`notify_waiting`), a user's test the test ones, a team's budget alert its own
+(`on_budget_alert`, about no job). Each is written only while the webhook's owner
 may be told (`jobs.reads.webhooks.may_tell`), with a key the receiver can dedupe on (the same
 change never makes two deliveries for one webhook).
 
@@ -21,7 +22,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.models import Job, Webhook, WebhookDelivery
+from jobs.models import Job, Membership, Webhook, WebhookDelivery
 from jobs.reads.preemption import paused_jobs
 from jobs.reads.webhooks import TEST_EVENT, may_tell
 from jobs.states import JobStatus
@@ -106,6 +107,25 @@ def notify_waiting(now: dt.datetime | None = None) -> int:
     return written
 
 
+def on_watch(event: str, job_ids: list[int], spell: dt.datetime, now: dt.datetime) -> None:
+    """The deliveries an activity watch's event owes (idle, suspected-hang), written in its
+    transaction: one per webhook that asked for the event, once per idle or stalled spell
+    (`spell`: when it began)."""
+    jobs = list(Job.objects.filter(pk__in=job_ids).values_list("pk", "team_id", "user_id"))
+    if not jobs:
+        return
+    hooks = [
+        h
+        for h in Webhook.objects.filter(
+            Q(team_id__in={t for _, t, _ in jobs})
+            | Q(team__isnull=True, owner_id__in={u for _, _, u in jobs})
+        )
+        if event in h.events
+    ]
+    if hooks:
+        _write(hooks, event, jobs, lambda job_id: f"{job_id}-{event}-{_micros(spell)}", now)
+
+
 def _write(hooks: list[Webhook], event: str, pairs: list[tuple[int, int, int]], key_of, now):
     """One delivery per webhook and (job, team, owner) it covers, its owner still allowed."""
     allowed = may_tell(hooks, {team_id for _, team_id, _ in pairs})
@@ -126,6 +146,32 @@ def _write(hooks: list[Webhook], event: str, pairs: list[tuple[int, int, int]], 
     if rows:
         WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)
         transaction.on_commit(lambda: enqueue(None))
+
+
+def on_budget_alert(team_id: int, key: str, body: dict, now: dt.datetime) -> int:
+    """Called in the transaction that records a team's budget alert (`jobs.ledger.budget_alerts`):
+    a delivery, about no job, carrying `body`, to each webhook that wants budget alerts (the
+    team's, and its members' own) whose owner may be told about the team. Returns how many."""
+    members = Membership.objects.filter(team_id=team_id).values("user_id")
+    hooks = [
+        h
+        for h in Webhook.objects.filter(
+            Q(team_id=team_id) | Q(team__isnull=True, owner_id__in=members)
+        )
+        if Event.BUDGET in h.events
+    ]
+    allowed = may_tell(hooks, {team_id})
+    rows = [
+        WebhookDelivery(
+            webhook=hook, event=Event.BUDGET, key=key, payload=body, created_at=now, next_at=now
+        )
+        for hook in hooks
+        if allowed(hook, team_id)
+    ]
+    if rows:
+        WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)
+        transaction.on_commit(lambda: enqueue(None))
+    return len(rows)
 
 
 def write_test_delivery(hook: Webhook, now: dt.datetime) -> WebhookDelivery:

@@ -2,12 +2,13 @@
 
 The gates, in the order a job meets them: its array's --max-parallel; the time and budget rules
 (a closed window: the job's own, else its team's, or its cluster's, `jobs.loops.windows`; the
-team's GPUs per job; a used-up budget, `jobs.loops.budgets`); the team's slots and GPU quota (past
-which a job may borrow a lendable team's idle GPUs, or a lender's job takes lent GPUs back:
-`jobs.loops.lending`), its per-member cap and its caps per GPU type; the cluster (disabled,
-unreachable, its free GPUs, its job cap, the team's share of it); and, where the cluster reports
-its nodes, a node with room for every rank (`jobs.loops.placement`). A reason the queue plan
-models is `Planned`; no room on the cluster is `NoRoom`, the wait a reservation is made for.
+team's GPUs per job; a used-up budget, GPU-hours or money, `jobs.loops.budgets`); the team's
+slots and GPU quota (past which a job may borrow a lendable team's idle GPUs, or a lender's job
+takes lent GPUs back: `jobs.loops.lending`), its per-member cap and its caps per GPU type; the
+cluster (disabled, unreachable, its free GPUs, its job cap, the team's share of it); and, where
+the cluster reports its nodes, a node with room for every rank (`jobs.loops.placement`). A reason
+the queue plan models is `Planned`; no room on the cluster is `NoRoom`, the wait a reservation
+is made for.
 
 Gates read the tick's snapshot and tally and write nothing but lending's decisions (whom a job
 borrows from, the notices), which the tick writes after.
@@ -63,7 +64,8 @@ def _rules_gate(snap: Snapshot, team: Team, job: Queued) -> str | None:
             f"waiting for quota: team {team.name} allows at most {team.max_gpus_per_job} "
             f"GPUs per job; this job needs {job.total_gpus}"
         )
-    return budgets.held_back(team, job.total_gpus, snap.month_us.get(team.pk, 0), snap.now)
+    used_us, spent = snap.month_us.get(team.pk, 0), snap.month_cost.get(team.pk, 0)
+    return budgets.held_back(team, job.total_gpus, used_us, snap.now, spent)
 
 
 def _quota_gate(snap: Snapshot, tally: Tally, team: Team, job: Queued) -> str | None:

@@ -9,8 +9,9 @@ did (`TickResult` gathers it):
    outside any transaction;
 then, in the tick's turn, the rules read (`jobs.loops.snapshot.read_rules`) and, in one writing
 step:
-4. `jobs.loops.budgets.apply_budget_stops`: a team whose monthly budget is used up with
-   `budget_hard_stop` set has its running GPU jobs stopped;
+4. `jobs.loops.budgets.apply_budget_stops`: a team whose monthly budget (GPU-hours or money)
+   is used up with `budget_hard_stop` set has its running GPU jobs stopped; then
+   `notify_budget_alerts`: each money-budget threshold a team reached told once a month;
 5. `jobs.loops.windows.apply_window_policy`: jobs submitted with `--window-policy pause` are
    paused when their window closes and queued again when it reopens;
 6. `jobs.ledger.preemption.requeue`: the jobs a preemption paused are queued again;
@@ -53,7 +54,7 @@ from jobs.ledger.transitions import Change, apply_transitions
 from jobs.ledger.ungranted import stop_ungranted
 from jobs.loops import queueplan
 from jobs.loops.admission import Admission, Decided, decide
-from jobs.loops.budgets import apply_budget_stops
+from jobs.loops.budgets import apply_budget_stops, notify_budget_alerts
 from jobs.loops.reservations import active_holdings
 from jobs.loops.snapshot import Rules, cluster_capacities, read_rules, read_snapshot
 from jobs.loops.windows import apply_window_policy
@@ -84,6 +85,7 @@ class TickResult:
     retried: list[int] = field(default_factory=list)  # queued again after their cooldown
     metered: int = 0  # ended attempts added to the usage records
     stopped: list[int] = field(default_factory=list)  # stopped by a budget hard stop
+    alerts: list[tuple[int, int]] = field(default_factory=list)  # (team, percent) told
     paused: list[int] = field(default_factory=list)  # paused because their window closed
     resumed: list[int] = field(default_factory=list)  # queued again as their window opened
     requeued: list[int] = field(default_factory=list)  # queued again after a preemption
@@ -116,7 +118,8 @@ def admit_queued_jobs(now: dt.datetime | None = None) -> TickResult:
 
 def _apply_rules(now: dt.datetime, rules: Rules, result: TickResult) -> None:
     """Steps 4 to 7, before admission reads the queue."""
-    result.stopped = apply_budget_stops(now, rules.teams, rules.month_us)
+    result.stopped = apply_budget_stops(now, rules.teams, rules.month_us, rules.month_cost)
+    result.alerts = notify_budget_alerts(now, rules.teams, rules.month_cost)
     result.paused, result.resumed = apply_window_policy(now, rules.teams, rules.windows)
     result.requeued = preemption.requeue()
     result.outsiders = stop_outsiders(now)  # last: the steps above may have queued theirs

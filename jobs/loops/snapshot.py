@@ -20,7 +20,7 @@ one with nothing queued reads none. The one read left to a tick's decisions is l
 import datetime as dt
 import logging
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from django.conf import settings
@@ -29,7 +29,7 @@ from django.utils import timezone
 from jobs.executors import Capacity, executor_for
 from jobs.executors.base import preempt_grace_s
 from jobs.gpus import to_gpus_per_node
-from jobs.loops.budgets import month_usage
+from jobs.loops.budgets import month_cost, month_usage
 from jobs.loops.fairshare import recent_usage
 from jobs.loops.windows import read_windows
 from jobs.models import Cluster, ClusterShare, Job, Team, TeamGpuTypeQuota
@@ -94,16 +94,18 @@ class Active(NamedTuple):
 @dataclass(frozen=True)
 class Rules:
     """What the tick's rules read before its writing steps act on them: every team, the schedule
-    windows that parse, and each team's GPU-µs this month (only where some team has a budget)."""
+    windows that parse, and each team's GPU-µs this month (only where some team has a budget)
+    and its cost in micro-units (only where some team has a money budget)."""
 
     teams: dict[int, Team]
     windows: dict[int, Window]
     month_us: dict[int, int]
+    month_cost: dict[int, int] = field(default_factory=dict)
 
 
 def read_rules(now: dt.datetime) -> Rules:
     teams = {t.pk: t for t in Team.objects.all()}
-    return Rules(teams, read_windows(), month_usage(teams, now))
+    return Rules(teams, read_windows(), month_usage(teams, now), month_cost(teams, now))
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,7 @@ class Snapshot:
     active: list[Active]  # in id order
     array_tasks: dict[int, int]  # active tasks of each array a queued task's --max-parallel caps
     recent_us: dict[int, int]  # GPU-µs per team over the fair-share days
+    month_cost: dict[int, int] = field(default_factory=dict)  # micro-units per team
 
     def grace_s(self, cluster: int) -> int:
         """The cluster's preemption grace."""
@@ -144,6 +147,7 @@ def read_snapshot(now: dt.datetime, rules: Rules, capacities: Capacities) -> Sna
         teams=rules.teams,
         windows=rules.windows,
         month_us=rules.month_us,
+        month_cost=rules.month_cost,
         capacities=capacities,
         cluster_windows=cluster_windows,
         shares=shares,
