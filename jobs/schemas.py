@@ -210,6 +210,11 @@ class JobOut(Schema):
     ended_at: dt.datetime | None
     exit_code: int | None
     gpu_seconds: float
+    cost: str = Field(
+        description="what its attempts cost at the GPU prices in force when they ran, a "
+        "decimal string in `currency` (never a float)"
+    )
+    currency: str
     output_dir: str
     snapshot: str | None
     max_retries: int

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from jobs.models import Attempt
 from metering.models import UsageRecord
-from metering.prices import PriceBook, price_book, price_spans, read_prices
+from metering.prices import PriceBook, amount, price_book, price_spans, read_prices
 from metering.records import (
     Key,
     _midnight,
@@ -161,3 +161,31 @@ def attempts_of(job_id: int) -> list[tuple[int, dt.datetime | None, dt.datetime 
         .order_by("number")
         .values_list("number", "start_time", "end_time", "total_gpus")
     )
+
+
+class AttemptCost(NamedTuple):
+    """An attempt's cost as a page shows it, and where it was billed at more than one price,
+    the sentence that says so."""
+
+    micros: int
+    split: str
+
+
+def attempt_costs(
+    cluster_id: int, gpu_type: str, attempts: Iterable, now: dt.datetime
+) -> list[AttemptCost]:
+    """Each of `attempts` (rows with `start_time`, `end_time`, `total_gpus`) priced, in order."""
+    book = price_book()
+    costs = []
+    for a in attempts:
+        parts = attempt_parts(
+            cluster_id, gpu_type, a.start_time, a.end_time, a.total_gpus, now, book
+        )
+        split = ""
+        if len(parts) > 1:
+            split = f"billed at {len(parts)} prices (the price changed while it ran): " + "; ".join(
+                f"{amount(p.micros_per_gpu_hour)} per GPU-hour from {p.start:%Y-%m-%d %H:%M} UTC"
+                for p in parts
+            )
+        costs.append(AttemptCost(sum(p.cost_micros for p in parts), split))
+    return costs

@@ -33,6 +33,8 @@ from jobs.reads.visible import (
 )
 from jobs.schemas import text_fault
 from jobs.states import VERBS, JobStatus
+from metering.cost import attempt_costs, job_cost
+from metering.prices import shown
 from metering.usage import attempt_gpu_seconds, job_gpu_seconds
 
 PAGE_SIZE = 50
@@ -144,6 +146,7 @@ def _run_columns(page: list, now) -> None:
             "gpu_seconds_ended": job_gpu_seconds([a for a in mine if a is not up], now),
             "open_start": up.start_time if up else None,
             "open_total_gpus": up.total_gpus if up else job.total_gpus,
+            "cost": shown(job_cost(job.cluster_id, job.gpu_type, _started(mine), now)),
         }
         if job.status == JobStatus.QUEUED:
             since = job.status_changed_at
@@ -155,13 +158,24 @@ def _run_columns(page: list, now) -> None:
         job.run = run  # type: ignore[attr-defined]
 
 
+def _started(attempts: list) -> list[tuple]:
+    return [(a.start_time, a.end_time, a.total_gpus) for a in attempts if a.start_time]
+
+
 @login_required
 def job_detail(request, job_id: int):
     job = _visible(request, job_id)
     now = timezone.now()
+    rows = list(job.attempts.order_by("number"))
+    costs = attempt_costs(job.cluster_id, job.gpu_type, rows, now)
     attempts = [
-        {"a": a, "gpu_seconds": attempt_gpu_seconds(a.start_time, a.end_time, a.total_gpus, now)}
-        for a in job.attempts.order_by("number")
+        {
+            "a": a,
+            "gpu_seconds": attempt_gpu_seconds(a.start_time, a.end_time, a.total_gpus, now),
+            "cost": shown(cost.micros),
+            "split": cost.split,
+        }
+        for a, cost in zip(rows, costs, strict=True)
     ]
     attempt = current_attempt(job)
     ranks = attempt.ranks if attempt and job.nodes > 1 else []
@@ -174,6 +188,7 @@ def job_detail(request, job_id: int):
             "ranks": ranks,
             "rank_choices": _rank_choices(job, ranks),
             "attempts": attempts,
+            "cost": shown(sum(cost.micros for cost in costs)),
             "events": job.events.order_by("pk"),
             "diagnostics": diagnostics.explain(job, now),
             "actions": _actions(job, teams.can_control_jobs(request.user, job.team_id)),

@@ -5,7 +5,8 @@ each row they meet (`jobs.reads.prepared.RowMemo`), so a job listed again unchan
 conversion and no building, only the lookup of its row. Its datetimes are already written as
 the API writes them (Django's rule, `DjangoJSONEncoder`), so rendering it is copying strings.
 What changes with time or with what lies outside the row is worked out for every answer
-(`job_out`): the GPU-seconds up to now, and whether a retry would find the job's snapshot.
+(`job_out`): the GPU-seconds and their cost up to now (`metering`), and whether a retry would
+find the job's snapshot.
 """
 
 import datetime as dt
@@ -17,6 +18,8 @@ from jobs.gpus import to_gpus_per_node
 from jobs.models import run_output_dir, virtual_gpus
 from jobs.reads.visible import retry_refusal
 from jobs.states import JobStatus
+from metering.cost import job_cost
+from metering.prices import amount, currency
 from metering.usage import attempt_gpu_seconds
 
 RANK_KEYS = frozenset(("rank", "node", "state", "exit_code"))
@@ -51,6 +54,8 @@ def job_out(
     return {
         **shown,
         "gpu_seconds": float(round(gpu_seconds, 3)),
+        "cost": amount(job_cost(job["cluster_id"], shown["gpu_type"], started, now)),
+        "currency": currency(),
         "retry_available": not why_not_retry,
         "retry_unavailable_reason": why_not_retry,
         "borrowed_from": job["current_attempt__borrowed_from__name"]
