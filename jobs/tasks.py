@@ -8,6 +8,7 @@ from django.utils import timezone
 from jobs import kick
 from jobs.ledger import outbox
 from jobs.loops import tickstats
+from jobs.loops.activity import watch_activity
 from jobs.loops.deliveries import BATCH, deliver_due
 from jobs.loops.launcher import launch_attempts
 from jobs.loops.reconciler import reconcile_all
@@ -42,6 +43,7 @@ def launch(attempt_ids: list[int]) -> None:
 def reconcile_tick() -> None:
     started = time.monotonic()
     reconcile_all()
+    watch_activity(timezone.now())  # the idle and hang policies, on what the tick just saw
     tickstats.record("reconcile", time.monotonic() - started)
 
 

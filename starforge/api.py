@@ -8,6 +8,7 @@ from django.http import HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from jobs.api.activity import router as activity_router
 from jobs.api.arrays import router as arrays_router
 from jobs.api.ingest import router as ingest_router
 from jobs.api.jobs import router as jobs_router
@@ -54,6 +55,7 @@ api = StarforgeAPI(
 )
 api.add_router("/v1", jobs_router)
 api.add_router("/v1/ingest", ingest_router)
+api.add_router("/v1/ingest", activity_router)
 api.add_router("/v1", metrics_router)
 api.add_router("/v1", tokens_router)
 api.add_router("/v1", teams_router)

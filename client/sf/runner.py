@@ -22,6 +22,7 @@ and runs the job as that uid, with its own directories and nothing else of the a
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -31,6 +32,12 @@ import threading
 import time
 from typing import Any
 
+from sf.activity import (
+    ActivityCounts,
+    ActivityReporter,
+    CountingLineSink,
+    CountingMetricsShipper,
+)
 from sf.checkpoints import CheckpointWatcher, write_notice
 from sf.contract import (
     API_URL_VAR,
@@ -46,6 +53,7 @@ from sf.contract import (
     record_mac,
 )
 from sf.environment import JobIdentity, RunnerEnv, child_env, install_sdk
+from sf.http import Client
 from sf.ingest import IngestError, exchange_bootstrap, fetch_snapshot, resolve_entrypoint
 from sf.ranks import RankPlan, RankPlanError, plan_ranks, rank_states, terminator
 from sf.sandbox import Sandbox, SandboxConfig, SandboxError
@@ -54,7 +62,6 @@ from sf.shipping import (
     BatchShipper,
     LineSink,
     LogShipper,
-    MetricsShipper,
     MetricsTail,
     pump,
     report_started,
@@ -176,7 +183,9 @@ def run_ranks(env: RunnerEnv, plans: list[RankPlan], sandbox: Sandbox | None) ->
     client = env.shipping_client()
     shipper = LogShipper(client, env.attempt)
     owner = env.identity.uid if env.identity else None
-    metrics = MetricsTail(env.metrics_file, MetricsShipper(client, env.attempt), owner)
+    counts = ActivityCounts()
+    metrics_shipper = CountingMetricsShipper(client, env.attempt, counts=counts)
+    metrics = MetricsTail(env.metrics_file, metrics_shipper, owner)
     console_path = os.path.join(env.attempt_dir, CONSOLE_LOG)
     spared = sandbox.helpers if sandbox is not None else None
     multi = len(plans) > 1
@@ -202,14 +211,18 @@ def run_ranks(env: RunnerEnv, plans: list[RankPlan], sandbox: Sandbox | None) ->
         metrics.shipper.start()
         metrics.start()
         checkpoints.start()
-        samplers = _start_samplers(plans, procs, metrics)
+        samplers = _start_samplers(plans, procs, metrics, counts)
+        reporter = _start_reporter(client, env, plans, procs, counts)
         own = env.own_rank  # a pod of a multi-node job: its lines are its rank's
-        sink = LineSink(console, shipper, ranked=multi or own is not None, marked=multi)
+        sink = CountingLineSink(
+            console, shipper, ranked=multi or own is not None, marked=multi, counts=counts
+        )
         boards = _follow_tensorboard(env, plans[0].env, metrics, sink, began)
         readers = _read_output(env, plans, procs, sink)
         codes, failed = wait_ranks(procs, supervisor)
         for sampler in samplers:
             sampler.stop()  # no samples of a finished job; before the final flush and exit file
+        reporter.stop()
         supervisor.end_leftovers(readers)
         boards.stop()  # what the job wrote last, told in its log while that is still open
     if sandbox is not None:
@@ -254,7 +267,10 @@ def _write_started(env: RunnerEnv, plans: list[RankPlan], procs: list[subprocess
 
 
 def _start_samplers(
-    plans: list[RankPlan], procs: list[subprocess.Popen], metrics: MetricsTail
+    plans: list[RankPlan],
+    procs: list[subprocess.Popen],
+    metrics: MetricsTail,
+    counts: ActivityCounts,
 ) -> list[SystemSampler]:
     # start_new_session=True: each rank's pid is its process group's id. An srun step's
     # processes run under slurmstepd, not here: nothing of theirs to sample on this host.
@@ -266,6 +282,7 @@ def _start_samplers(
             sample_interval(plan.env),
             plan.env.get("CUDA_VISIBLE_DEVICES"),
             prefix=f"rank{plan.index}/" if multi else "",
+            observe=functools.partial(counts.sampled, plan.index),
         )
         for plan, proc in zip(plans, procs, strict=True)
         if plan.argv[:1] != ["srun"]
@@ -273,6 +290,27 @@ def _start_samplers(
     for sampler in samplers:
         sampler.start()
     return samplers
+
+
+def _start_reporter(
+    client: Client | None,
+    env: RunnerEnv,
+    plans: list[RankPlan],
+    procs: list[subprocess.Popen],
+    counts: ActivityCounts,
+) -> ActivityReporter:
+    """The activity reports (`sf.activity`), one per sample period; the process groups it may
+    dump are the ranks started here (an srun step's run under slurmstepd)."""
+    groups = {
+        plan.index: proc.pid
+        for plan, proc in zip(plans, procs, strict=True)
+        if plan.argv[:1] != ["srun"]
+    }
+    interval = sample_interval(plans[0].env)
+    ranks = [plan.index for plan in plans]
+    reporter = ActivityReporter(client, env.attempt, counts, interval, groups, ranks)
+    reporter.start()
+    return reporter
 
 
 def _follow_tensorboard(

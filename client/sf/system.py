@@ -8,6 +8,9 @@ resident memory) read from /proc, and per GPU visible to the job `gpu{i}_util_pe
 `nvml_available` (1.0 or 0.0) is recorded at start, so the console can tell "no GPU telemetry"
 from "not sampled yet". A reading that fails is skipped, never replaced by a made-up number.
 
+Each sample's readings also go to `observe` where given: the runner's activity counts
+(`sf.activity`), from which the server tells active GPU-time from idle and a hang.
+
 Standard library only, with pynvml optional: without it, or without a driver, there is simply
 no GPU telemetry. Any unexpected NVML error stops GPU sampling; CPU and memory go on.
 """
@@ -235,9 +238,11 @@ class SystemSampler:
         interval: float,
         visible_gpus: str | None,
         prefix: str = "",
+        observe: Callable[[list[tuple[str, float]], float], None] | None = None,
     ) -> None:
         self.pgid, self.sink, self.interval = pgid, record, interval
         self.prefix = prefix
+        self.observe = observe  # each sample's readings and the seconds they cover: activity
         self.visible_gpus = visible_gpus
         self.done = threading.Event()
         self.lock = threading.Lock()
@@ -280,8 +285,10 @@ class SystemSampler:
                     readings.append(("cpu_percent", cpu_percent(before, after, now - then)))
                 if memory is not None:
                     readings.append(("memory_mib", memory))
-                before, then = after, now
                 readings += self._gpu_readings(gpus)
+                if self.observe is not None:
+                    self.observe(readings, now - then)
+                before, then = after, now
                 self._record(step, readings)
         except Exception as exc:  # noqa: BLE001 - the sampler must never take the runner down
             say(f"system sampling stopped: {exc!r}")

@@ -15,6 +15,7 @@ SF = Path(__file__).resolve().parents[2] / "client" / "sf"
 SHARED = {"sf", "sf.http", "sf.contract"}
 JOB_SIDE = {
     "sf.runner",
+    "sf.activity",
     "sf.ingest",
     "sf.environment",
     "sf.shipping",

@@ -16,6 +16,7 @@ def test_the_causes_keep_the_strings_the_ledger_stores():
         "deadline",
         "rejected",
         "timeout",
+        "hung",
     ]
     assert Failure.LOST == "lost" and Failure("oom") is Failure.OOM
 

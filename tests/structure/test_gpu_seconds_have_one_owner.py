@@ -89,7 +89,7 @@ def test_metering_is_where_they_are_computed():
         for name, source in _sources().items()
         if name.startswith(OWNER + ".") and gpu_time_products(source)
     ]
-    assert owners == ["metering.records", "metering.usage"]
+    assert owners == ["metering.activity", "metering.records", "metering.usage"]
 
 
 @pytest.mark.parametrize(
