@@ -1,4 +1,5 @@
-"""The usage API (`/api/v1/usage`): GPU-hours of the caller's teams, grouped one way."""
+"""The usage API (`/api/v1/usage`): GPU-hours of the caller's teams and their cost, grouped one
+way."""
 
 import datetime as dt
 import re
@@ -10,6 +11,7 @@ from pydantic import Field
 from jobs.auth import ConsoleSession, UserToken
 from jobs.errors import BadRequest
 from jobs.schemas import ErrorOut, Text
+from metering.prices import amount, currency
 from metering.usage import (
     Dimension,
     gpu_hours,
@@ -43,6 +45,7 @@ class UsageRowOut(Schema):
     borrowed_gpu_hours: float = Field(
         description="the part of gpu_hours that ran on GPUs borrowed from other teams"
     )
+    cost: str = Field(description="at the prices in force when it ran: a decimal string")
 
 
 class UsageOut(Schema):
@@ -52,6 +55,8 @@ class UsageOut(Schema):
     rows: list[UsageRowOut]
     total_gpu_seconds: float
     total_gpu_hours: float
+    total_cost: str
+    currency: str
 
 
 @router.get(
@@ -73,12 +78,14 @@ def usage(request, query: Query[UsageQuery]):
         )
     lines = usage_lines(usage_teams(request.auth, query.team), since, until)
     borrowed = dict(totals_by(lines, query.by, borrowed=True))
+    costs = dict(totals_by(lines, query.by, cost=True))
     rows = [
         {
             query.by: value,
             "gpu_seconds": gpu_seconds(gpu_us),
             "gpu_hours": gpu_hours(gpu_us),
             "borrowed_gpu_hours": gpu_hours(borrowed.get((value,), 0)),
+            "cost": amount(costs.get((value,), 0)),
         }
         for (value,), gpu_us in totals_by(lines, query.by)
     ]
@@ -90,6 +97,8 @@ def usage(request, query: Query[UsageQuery]):
         "rows": rows,
         "total_gpu_seconds": gpu_seconds(total),
         "total_gpu_hours": gpu_hours(total),
+        "total_cost": amount(sum(line.cost_micros for line in lines)),
+        "currency": currency(),
     }
 
 

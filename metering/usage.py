@@ -23,6 +23,7 @@ from jobs.errors import NotFound
 from jobs.models import Attempt, Cluster
 from jobs.reads.prepared import Prepared, reader
 from jobs.reads.teams import visible_teams
+from metering.cost import usage_cost
 from metering.records import usage_totals
 
 US_PER_SECOND = 10**6
@@ -88,6 +89,7 @@ class UsageLine(NamedTuple):
     cluster: str
     gpu_us: int
     borrowed_us: int = 0  # the part of gpu_us that ran on GPUs borrowed from another team
+    cost_micros: int = 0  # what gpu_us cost at the prices in force then (metering.cost)
 
 
 def _team_names(shape: tuple, user_id: int = 0, name: str = "") -> QuerySet:
@@ -122,10 +124,19 @@ def usage_lines(
     rows, borrowed = usage_totals(since, until, now=now, teams=list(teams))
     if not any(rows.values()):
         return []
+    costs = usage_cost(since, until, now, teams)
     users = dict(User.objects.filter(pk__in={k[2] for k in rows}).values_list("pk", "username"))
     clusters = dict(Cluster.objects.filter(pk__in={k[3] for k in rows}).values_list("pk", "name"))
     return sorted(
-        UsageLine(day, teams[team], users[user], clusters[cluster], gpu_us, borrowed.get(key, 0))
+        UsageLine(
+            day,
+            teams[team],
+            users[user],
+            clusters[cluster],
+            gpu_us,
+            borrowed.get(key, 0),
+            costs.get(key, 0),
+        )
         for key, gpu_us in rows.items()
         for day, team, user, cluster in (key,)
         if gpu_us
@@ -133,15 +144,15 @@ def usage_lines(
 
 
 def totals_by(
-    lines: Iterable[UsageLine], *dimensions: Dimension, borrowed: bool = False
+    lines: Iterable[UsageLine], *dimensions: Dimension, borrowed: bool = False, cost: bool = False
 ) -> list[tuple[tuple, int]]:
     """GPU-µs per value of `dimensions` (e.g. ("team", "user")), sorted by those values; with
-    `borrowed`, only those on GPUs borrowed from other teams."""
+    `borrowed`, only those on GPUs borrowed from other teams; with `cost`, what they cost in
+    micro-units instead."""
+    figure = "cost_micros" if cost else "borrowed_us" if borrowed else "gpu_us"
     totals: dict[tuple, int] = defaultdict(int)
     for line in lines:
-        totals[tuple(getattr(line, d) for d in dimensions)] += (
-            line.borrowed_us if borrowed else line.gpu_us
-        )
+        totals[tuple(getattr(line, d) for d in dimensions)] += getattr(line, figure)
     return sorted(totals.items())
 
 

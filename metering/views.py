@@ -1,6 +1,6 @@
-"""The usage page (`/usage/`): a month of GPU-hours by team, user, cluster and UTC day, a chart
-stacked by team, and the same month as CSV (`?format=csv`). Reads only the usage records plus
-the attempts not recorded yet (`metering.usage.usage_lines`)."""
+"""The usage page (`/usage/`): a month of GPU-hours and their cost by team, user, cluster and UTC
+day, a chart stacked by team, and the same month as CSV (`?format=csv`). Reads only the usage
+records plus the attempts not recorded yet (`metering.usage.usage_lines`)."""
 
 import csv
 import datetime as dt
@@ -15,6 +15,7 @@ from django.utils import timezone
 from jobs.errors import NotFound
 from jobs.reads.teams import visible_teams
 from jobs.schemas import text_fault
+from metering.prices import amount, currency, shown
 from metering.usage import (
     UsageLine,
     gpu_hours,
@@ -25,7 +26,10 @@ from metering.usage import (
 )
 
 MONTH = re.compile(r"(\d{4})-(\d{2})")
-CSV_COLUMNS = ("day", "team", "user", "cluster", "gpu_hours", "gpu_seconds", "borrowed_gpu_hours")
+CSV_COLUMNS = (
+    "day", "team", "user", "cluster", "gpu_hours", "gpu_seconds", "borrowed_gpu_hours",
+    "cost", "currency",
+)  # fmt: skip
 
 
 @login_required
@@ -49,7 +53,12 @@ def usage_page(request):
         return _csv(lines, month)
     borrowed = dict(totals_by(lines, "team", borrowed=True))
     hours = {
-        dim: [(*key, gpu_hours(us)) for key, us in totals_by(lines, *dims)]
+        dim: [
+            (*key, gpu_hours(us), shown(micros))
+            for (key, us), (_, micros) in zip(
+                totals_by(lines, *dims), totals_by(lines, *dims, cost=True), strict=True
+            )
+        ]
         for dim, dims in (
             ("team", ("team",)),
             ("user", ("team", "user")),
@@ -66,10 +75,11 @@ def usage_page(request):
             "teams": visible_teams(request.user).values_list("name", flat=True),
             "hours": hours,
             "total": gpu_hours(sum(line.gpu_us for line in lines)),
+            "total_cost": shown(sum(line.cost_micros for line in lines)),
             # Per team: GPU-hours, and the part on GPUs borrowed from other teams' idle quota.
             "by_team": [
-                (team, gpu_hours(us), gpu_hours(borrowed.get((team,), 0)))
-                for (team,), us in totals_by(lines, "team")
+                (team, team_hours, gpu_hours(borrowed.get((team,), 0)), cost)
+                for team, team_hours, cost in hours["team"]
             ],
             "chart": json.dumps(stacked_chart(lines)),
         },
@@ -107,6 +117,8 @@ def _csv(lines: list[UsageLine], month: dt.date) -> HttpResponse:
                 gpu_hours(line.gpu_us),
                 gpu_seconds(line.gpu_us),
                 gpu_hours(line.borrowed_us),
+                amount(line.cost_micros),
+                currency(),
             )
         )
     return response

@@ -51,10 +51,13 @@ def test_defaults_to_this_month_by_team_of_my_teams_with_running_attempts_live(u
                 "gpu_seconds": 5 * 3600.0,
                 "gpu_hours": 5.0,
                 "borrowed_gpu_hours": 0.0,
+                "cost": "0.00",  # no GPU prices set
             }
         ],
         "total_gpu_seconds": 5 * 3600.0,
         "total_gpu_hours": 5.0,
+        "total_cost": "0.00",
+        "currency": "USD",
     }
 
 
@@ -71,7 +74,8 @@ def test_grouped_by_user_cluster_or_day(usage, api, by, rows):
     assert answer["by"] == by
     assert [(row[by], row["gpu_hours"]) for row in answer["rows"]] == rows
     assert all(
-        set(row) == {by, "gpu_seconds", "gpu_hours", "borrowed_gpu_hours"} for row in answer["rows"]
+        set(row) == {by, "gpu_seconds", "gpu_hours", "borrowed_gpu_hours", "cost"}
+        for row in answer["rows"]
     )
 
 
@@ -83,6 +87,7 @@ def test_since_and_until_choose_the_days(usage, api):
             "gpu_seconds": 7 * 3600.0,
             "gpu_hours": 7.0,
             "borrowed_gpu_hours": 0.0,
+            "cost": "0.00",
         }
     ]
 
@@ -100,7 +105,13 @@ def test_a_viewer_reads_their_teams_usage(usage, make_user, api_as):
     viewer = make_user("val", usage["nlp"], role="viewer")
     answer = api_as(viewer).get("/usage", team="nlp").json()
     assert answer["rows"] == [
-        {"team": "nlp", "gpu_seconds": 5 * 3600.0, "gpu_hours": 5.0, "borrowed_gpu_hours": 0.0}
+        {
+            "team": "nlp",
+            "gpu_seconds": 5 * 3600.0,
+            "gpu_hours": 5.0,
+            "borrowed_gpu_hours": 0.0,
+            "cost": "0.00",
+        }
     ]
 
 
