@@ -23,6 +23,8 @@ from jobs.loops import tickstats
 from jobs.models import Cluster, Job, Team
 from jobs.states import JobStatus
 from jobs.throttle import Throttled
+from metering.cost import team_month_cost
+from metering.prices import MICROS, currency, to_micros
 from metering.usage import gpu_seconds_by_team
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -129,6 +131,19 @@ def render(now: dt.datetime) -> str:
             "GPU-seconds used by attempts (running ones up to now), by team.",
             _gpu_seconds(teams, now),
         ),
+        Family(
+            "starforge_cost_month",
+            "gauge",
+            "Cost of GPU time this UTC month (running attempts up to now) at the prices in force "
+            "when it ran, by team, in the server's currency.",
+            _cost_month(now),
+        ),
+        Family(
+            "starforge_money_budget_month",
+            "gauge",
+            "Each team's monthly money budget, in the server's currency (teams that set one).",
+            _money_budgets(),
+        ),
         *_tick_families(now),
     ]
     return "".join(family.exposition() for family in families)
@@ -167,6 +182,24 @@ def _gpu_seconds(teams: list[str], now: dt.datetime) -> list[Sample]:
     # backend's end time, which may lie before that scrape; a deleted job takes its attempts.
     kept = tickstats.high_water("gpu_seconds", {team: totals.get(team, 0.0) for team in teams})
     return [("", {"team": team}, seconds) for team, seconds in kept.items()]
+
+
+def _cost_month(now: dt.datetime) -> list[Sample]:
+    """Each team's cost this month (`metering.cost`)."""
+    spent, unit = team_month_cost(now), currency()
+    return [
+        ("", {"team": name, "currency": unit}, spent.get(pk, 0) / MICROS)
+        for pk, name in Team.objects.order_by("name").values_list("pk", "name")
+    ]
+
+
+def _money_budgets() -> list[Sample]:
+    unit = currency()
+    rows = Team.objects.filter(money_budget_per_month__isnull=False).order_by("name")
+    return [
+        ("", {"team": name, "currency": unit}, to_micros(budget) / MICROS)
+        for name, budget in rows.values_list("name", "money_budget_per_month")
+    ]
 
 
 def _tick_families(now: dt.datetime) -> list[Family]:
