@@ -83,3 +83,65 @@ def test_hang_action_fail_fails_the_job_as_hung_and_retries_it(team, alice):
     assert "hang policy" in job.status_reason or job.status == JobStatus.QUEUED
     retried = JobEvent.objects.filter(job=job, to_status=JobStatus.QUEUED, attempt__gte=1)
     tick_until(lambda: retried.exists() or Job.objects.get(pk=job.pk).next_attempt_at)
+
+
+SILENT = """
+import time
+time.sleep(600)
+"""
+
+
+def test_an_idle_job_is_warned_then_noticed_then_paused_in_that_order(team, alice):
+    ActivityPolicy.objects.create(team=team, idle_after_s=2, idle_grace_s=2)
+    job = real_job(team, alice, SILENT)
+    start(job)
+    tick_until(lambda: Job.objects.get(pk=job.pk).status == JobStatus.PAUSED)
+    timeline = list(JobEvent.objects.filter(job=job).order_by("id"))
+    warned = next(e for e in timeline if e.reason.startswith("idle for"))
+    noticed = next(e for e in timeline if e.reason.startswith("checkpoint notice"))
+    paused = next(e for e in timeline if e.to_status == JobStatus.PAUSED)
+    assert warned.id < noticed.id < paused.id
+    assert (noticed.time - warned.time).total_seconds() >= 2  # the team's idle grace
+    job.refresh_from_db()
+    assert "idle policy" in job.status_reason
+    assert job.current_attempt.end_time is not None  # billing ended with the pause
+
+
+DDP = """
+import datetime, os, time
+import torch
+import torch.distributed as dist
+
+def wait_before_all_reduce():
+    while True:
+        time.sleep(0.5)
+
+rank = int(os.environ["NODE_RANK"])
+dist.init_process_group(
+    "gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
+    timeout=datetime.timedelta(minutes=10),
+)
+print("up", flush=True)
+if rank == 1:
+    wait_before_all_reduce()
+tensor = torch.ones(4)
+dist.all_reduce(tensor)
+"""
+
+
+def test_a_ddp_job_whose_rank_1_stops_before_an_all_reduce_shows_both_ranks_stacks(
+    team, alice, job_python
+):
+    ActivityPolicy.objects.create(team=team, hang_after_s=4)
+    job = queued_job(
+        team, alice, total_gpus=0, nodes=2, entrypoint=[str(job_python), "-c", DDP],
+        env={"SF_SYSTEM_SAMPLE_S": SAMPLE_S},
+    )  # fmt: skip
+    start(job)
+    tick_until(lambda: events(job, "suspected hang"), timeout=90)
+    (hang,) = events(job, "suspected hang")
+    dumps = {d["rank"]: d["text"] for d in hang.data["dumps"]}
+    # A frame reads "    function (file:line)"; the header quotes the whole -c script.
+    assert "    all_reduce (" in dumps[0], dumps[0]  # blocked in the collective
+    assert "    wait_before_all_reduce (" in dumps[1], dumps[1]  # its own wait
+    assert "    wait_before_all_reduce (" not in dumps[0]
