@@ -131,19 +131,7 @@ def render(now: dt.datetime) -> str:
             "GPU-seconds used by attempts (running ones up to now), by team.",
             _gpu_seconds(teams, now),
         ),
-        Family(
-            "starforge_cost_month",
-            "gauge",
-            "Cost of GPU time this UTC month (running attempts up to now) at the prices in force "
-            "when it ran, by team, in the server's currency.",
-            _cost_month(now),
-        ),
-        Family(
-            "starforge_money_budget_month",
-            "gauge",
-            "Each team's monthly money budget, in the server's currency (teams that set one).",
-            _money_budgets(),
-        ),
+        *_cost_families(now),
         *_tick_families(now),
     ]
     return "".join(family.exposition() for family in families)
@@ -184,21 +172,32 @@ def _gpu_seconds(teams: list[str], now: dt.datetime) -> list[Sample]:
     return [("", {"team": team}, seconds) for team, seconds in kept.items()]
 
 
-def _cost_month(now: dt.datetime) -> list[Sample]:
-    """Each team's cost this month (`metering.cost`)."""
+def _cost_families(now: dt.datetime) -> list[Family]:
+    """Each team's cost this month (`metering.cost`) and the money budgets set, from one read
+    of the teams."""
     spent, unit = team_month_cost(now), currency()
+    teams = Team.objects.order_by("name").values_list("pk", "name", "money_budget_per_month")
+    cost: list[Sample] = []
+    budgets: list[Sample] = []
+    for pk, name, budget in teams:
+        labels = {"team": name, "currency": unit}
+        cost.append(("", labels, spent.get(pk, 0) / MICROS))
+        if budget is not None:
+            budgets.append(("", labels, to_micros(budget) / MICROS))
     return [
-        ("", {"team": name, "currency": unit}, spent.get(pk, 0) / MICROS)
-        for pk, name in Team.objects.order_by("name").values_list("pk", "name")
-    ]
-
-
-def _money_budgets() -> list[Sample]:
-    unit = currency()
-    rows = Team.objects.filter(money_budget_per_month__isnull=False).order_by("name")
-    return [
-        ("", {"team": name, "currency": unit}, to_micros(budget) / MICROS)
-        for name, budget in rows.values_list("name", "money_budget_per_month")
+        Family(
+            "starforge_cost_month",
+            "gauge",
+            "Cost of GPU time this UTC month (running attempts up to now) at the prices in force "
+            "when it ran, by team, in the server's currency.",
+            cost,
+        ),
+        Family(
+            "starforge_money_budget_month",
+            "gauge",
+            "Each team's monthly money budget, in the server's currency (teams that set one).",
+            budgets,
+        ),
     ]
 
 
