@@ -533,6 +533,11 @@ class Attempt(models.Model):
     pending_at = models.DateTimeField(null=True, blank=True)
     start_time = models.DateTimeField(null=True, blank=True)
     end_time = models.DateTimeField(null=True, blank=True)
+    # The engine's own start and end of the run (Slurm's Start/End, a pod's container run,
+    # Ray's job times), as it reported them: the billed times above never leave them
+    # (jobs.ledger.clocks). None where the engine has not said.
+    engine_start = models.DateTimeField(null=True, blank=True)
+    engine_end = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     end_reason = models.TextField(blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
