@@ -13,6 +13,7 @@ from jobs.api.arrays import router as arrays_router
 from jobs.api.ingest import router as ingest_router
 from jobs.api.jobs import router as jobs_router
 from jobs.api.metrics import router as metrics_router
+from jobs.api.policies import router as policies_router
 from jobs.api.renderer import RENDERER
 from jobs.api.teams import router as teams_router
 from jobs.api.tokens import router as tokens_router
@@ -59,6 +60,7 @@ api.add_router("/v1/ingest", activity_router)
 api.add_router("/v1", metrics_router)
 api.add_router("/v1", tokens_router)
 api.add_router("/v1", teams_router)
+api.add_router("/v1", policies_router)
 api.add_router("/v1", usage_router)
 api.add_router("/v1", webhooks_router)
 api.add_router("/v1", arrays_router)

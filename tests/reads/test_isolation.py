@@ -625,6 +625,18 @@ ROUTES: dict[str, Check | Exempt] = {
     "GET /api/v1/ingest/snapshot": Exempt(RUNNER),
     "POST /api/v1/ingest/metrics": Exempt(RUNNER),
     "POST /api/v1/ingest/token": Exempt(RUNNER),
+    "POST /api/v1/ingest/activity": Exempt(RUNNER),
+    "POST /api/v1/ingest/dumps": Exempt(RUNNER),
+    "GET /api/v1/teams/{name}/activity-policy": api_read(
+        "GET", TEAM + "/activity-policy", None, '"idle_grace_s"'
+    ),
+    "PATCH /api/v1/teams/{name}/activity-policy": api_control(
+        "PATCH", TEAM + "/activity-policy", {"idle_after_s": 60}
+    ),
+    "POST /api/v1/jobs/{job_id}/idle-exemption": api_control(
+        "POST", JOB + "/idle-exemption", {"reason": "a notebook"}
+    ),
+    "DELETE /api/v1/jobs/{job_id}/idle-exemption": api_control("DELETE", JOB + "/idle-exemption"),
     "GET /api/v1/arrays": Check(arrays_listed),
     "POST /api/v1/arrays": Check(array_submit_refused),
     "GET /api/v1/arrays/{array_id}": Check(array_read, array_read_viewer),

@@ -4,6 +4,10 @@
 from starforge.api import api
 
 PINNED = {
+    ("DELETE", "/api/v1/jobs/{job_id}/idle-exemption"): "jobs_api_policies_lift_exemption",
+    ("GET", "/api/v1/teams/{name}/activity-policy"): "jobs_api_policies_get_policy",
+    ("PATCH", "/api/v1/teams/{name}/activity-policy"): "jobs_api_policies_set_policy",
+    ("POST", "/api/v1/jobs/{job_id}/idle-exemption"): "jobs_api_policies_exempt_job",
     ("DELETE", "/api/v1/jobs/{job_id}"): "jobs_api_delete_job",
     ("DELETE", "/api/v1/teams/{name}/clusters/{cluster}"): "jobs_teams_api_revoke_cluster",
     ("DELETE", "/api/v1/teams/{name}/members/{username}"): "jobs_teams_api_remove_member",
