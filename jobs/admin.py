@@ -1,4 +1,5 @@
-"""Django admin: clusters, teams and quotas, windows, tokens, webhooks; jobs are read-only here.
+"""Django admin: clusters, teams and quotas (money budgets too), GPU prices (added, never
+edited), windows, tokens, webhooks; jobs are read-only here.
 
 The clusters a team may use are rows on both the team's and the cluster's page; adding or
 deleting one is a grant or a revoke through `jobs.grants` (a revoke clears the team's default
@@ -15,6 +16,7 @@ from django.contrib.admin.utils import unquote
 from django.db.models import Prefetch
 from django.http import HttpResponseRedirect
 from django.urls import reverse
+from django.utils import timezone
 
 from jobs import grants
 from jobs.actions import control
@@ -24,9 +26,11 @@ from jobs.errors import BadRequest
 from jobs.models import (
     ApiToken,
     Attempt,
+    BudgetAlert,
     Cluster,
     ClusterGrant,
     ClusterShare,
+    GpuPrice,
     Job,
     JobEvent,
     Membership,
@@ -91,6 +95,7 @@ class TeamAdmin(GrantsThroughTheRule):
         "gpu_quota",
         "max_jobs",
         "gpu_hours_per_month",
+        "money_budget_per_month",
         "budget_hard_stop",
         "user_gpu_cap",
         "max_gpus_per_job",
@@ -109,6 +114,7 @@ class TeamAdmin(GrantsThroughTheRule):
                     "user_gpu_cap",
                     "max_gpus_per_job",
                     ("gpu_hours_per_month", "budget_hard_stop"),
+                    ("money_budget_per_month", "budget_alert_percents"),
                     "max_member_priority",
                     "snapshot_quota_mb",
                     ("lendable", "borrow_cap"),
@@ -274,3 +280,36 @@ def delete_finished_jobs(modeladmin: JobAdmin, request, queryset):
         modeladmin.message_user(request, f"nothing was deleted: {refusals}", messages.ERROR)
         return None
     return delete_selected(modeladmin, request, queryset)
+
+
+@admin.register(GpuPrice)
+class GpuPriceAdmin(admin.ModelAdmin):
+    """Prices are added, never edited: a change is a new price from a moment on, so what ran
+    keeps the price it was billed at (`metering.cost`). A price may be deleted only while it
+    has not started."""
+
+    list_display = ("cluster", "gpu_type", "per_gpu_hour", "valid_from", "created_at")
+    list_filter = ("cluster", "gpu_type")
+    ordering = ("cluster", "gpu_type", "-valid_from")
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return obj is None and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        if obj is not None and obj.valid_from <= timezone.now():
+            return False
+        return super().has_delete_permission(request, obj)
+
+
+@admin.register(BudgetAlert)
+class BudgetAlertAdmin(admin.ModelAdmin):
+    """The money-budget alerts teams were sent: written by the scheduler, read here."""
+
+    list_display = ("team", "month", "percent", "used_micros", "budget_micros", "notified_at")
+    list_filter = ("team", "month")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

@@ -3,17 +3,22 @@
 from django.contrib import admin
 
 from metering.models import UsageRecord
+from metering.prices import shown
 
 
 @admin.register(UsageRecord)
 class UsageRecordAdmin(admin.ModelAdmin):
-    list_display = ("day", "team", "user", "cluster", "gpu_hours", "deleted_gpu_us")
+    list_display = ("day", "team", "user", "cluster", "gpu_hours", "cost", "deleted_gpu_us")
     list_filter = ("team", "cluster")
     date_hierarchy = "day"
 
     @admin.display(description="GPU-hours")
     def gpu_hours(self, record: UsageRecord) -> str:
         return f"{record.gpu_us / 3_600_000_000:.3f}"
+
+    @admin.display(description="cost")
+    def cost(self, record: UsageRecord) -> str:
+        return shown(record.cost_micros)
 
     def has_add_permission(self, request) -> bool:
         return False

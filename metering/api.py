@@ -1,5 +1,6 @@
 """The usage API (`/api/v1/usage`): GPU-hours of the caller's teams and their cost, grouped one
-way."""
+way; GPU prices (`/api/v1/prices`: read by members for their teams' clusters, added by staff)
+and a team's money budget (`/api/v1/teams/NAME/budget`, staff: `jobs.actions.money`)."""
 
 import datetime as dt
 import re
@@ -8,10 +9,12 @@ from django.utils import timezone
 from ninja import Query, Router, Schema
 from pydantic import Field
 
+from jobs.actions import money
 from jobs.auth import ConsoleSession, UserToken
 from jobs.errors import BadRequest
 from jobs.schemas import ErrorOut, Text
-from metering.prices import amount, currency
+from metering.cost import team_month_cost
+from metering.prices import amount, currency, price_out, visible_prices
 from metering.usage import (
     Dimension,
     gpu_hours,
@@ -111,3 +114,75 @@ def _day(name: str, text: str | None) -> dt.date | None:
         return dt.date.fromisoformat(text)
     except ValueError:
         raise BadRequest(f"{name} must be a UTC day as YYYY-MM-DD, got {text!r}") from None
+
+
+class PriceIn(Schema):
+    cluster: Text = Field(..., max_length=50)
+    gpu_type: Text = Field("", max_length=64, description="empty: the cluster's default price")
+    per_gpu_hour: str = Field(..., max_length=30, description='a decimal string, e.g. "2.50"')
+    valid_from: dt.datetime | None = Field(None, description="default now; never in the past")
+
+
+class PriceOut(Schema):
+    cluster: str
+    gpu_type: str
+    per_gpu_hour: str
+    valid_from: dt.datetime
+    currency: str
+
+
+class BudgetIn(Schema):
+    # Only the fields sent change; null clears the budget.
+    money_budget_per_month: str | None = Field(
+        None, max_length=30, description='a decimal string, e.g. "5000"; null: no budget'
+    )
+    budget_alert_percents: Text | None = Field(None, max_length=100, description="e.g. 50,80,100")
+    budget_hard_stop: bool | None = None
+
+
+class BudgetOut(Schema):
+    team: str
+    money_budget_per_month: str | None
+    budget_alert_percents: str
+    budget_hard_stop: bool
+    spent_this_month: str
+    currency: str
+
+
+@router.get(
+    "/prices",
+    response={200: list[PriceOut], (401, 429): ErrorOut},
+    summary="GPU prices of the clusters my teams may use (every cluster for staff)",
+)
+def prices(request):
+    return [price_out(p) for p in visible_prices(request.auth)]
+
+
+@router.post(
+    "/prices",
+    response={201: PriceOut, (400, 401, 403, 409, 422, 429): ErrorOut},
+    summary="Add a GPU price from a moment on (staff)",
+)
+def add_price(request, body: PriceIn):
+    made = money.add_price(
+        request.auth, body.cluster, body.gpu_type, body.per_gpu_hour, body.valid_from
+    )
+    return 201, price_out(made)
+
+
+@router.put(
+    "/teams/{name}/budget",
+    response={200: BudgetOut, (400, 401, 403, 404, 422, 429): ErrorOut},
+    summary="Set a team's money budget, alert thresholds and hard stop (staff)",
+)
+def set_budget(request, name: str, body: BudgetIn):
+    team = money.set_money_budget(request.auth, name, body.dict(exclude_unset=True))
+    budget = team.money_budget_per_month
+    return {
+        "team": team.name,
+        "money_budget_per_month": None if budget is None else str(budget),
+        "budget_alert_percents": team.budget_alert_percents,
+        "budget_hard_stop": team.budget_hard_stop,
+        "spent_this_month": amount(team_month_cost().get(team.pk, 0)),
+        "currency": currency(),
+    }

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from django.conf import settings
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
 from django.db.models.signals import post_delete, post_save
 
-from jobs.models import GpuPrice
+from jobs.models import ClusterGrant, GpuPrice
 
 MICROS = 10**6  # micro-units per unit of the currency
 US_PER_HOUR = 3600 * 10**6
@@ -114,6 +116,28 @@ def forget_prices(**_: object) -> None:
 
 post_save.connect(forget_prices, sender=GpuPrice, dispatch_uid="metering.prices.saved")
 post_delete.connect(forget_prices, sender=GpuPrice, dispatch_uid="metering.prices.deleted")
+
+
+def visible_prices(user: User) -> QuerySet[GpuPrice]:
+    """The prices a user may read: staff every cluster's, anyone else those of the clusters
+    their teams may use (`jobs.grants`), by cluster, type and time."""
+    prices = GpuPrice.objects.select_related("cluster").order_by(
+        "cluster__name", "gpu_type", "valid_from"
+    )
+    if user.is_staff:
+        return prices
+    granted = ClusterGrant.objects.filter(team__membership__user=user).values("cluster_id")
+    return prices.filter(cluster_id__in=granted)
+
+
+def price_out(price: GpuPrice) -> dict:
+    return {
+        "cluster": price.cluster.name,
+        "gpu_type": price.gpu_type,
+        "per_gpu_hour": format(price.per_gpu_hour.normalize(), "f"),
+        "valid_from": price.valid_from,
+        "currency": currency(),
+    }
 
 
 def price_spans(
