@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from sf.commands.common import api_client, display, print_json, rich_console, rich_table
+from sf.commands.common import CliError, api_client, display, print_json, rich_console, rich_table
 
 # The API's roles (jobs/api/teams.py); choices here so a typo is caught, and completed, locally.
 TEAM_ROLES = ("member", "viewer", "admin")
@@ -39,6 +39,15 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     role.add_argument("username", metavar="USER")
     role.add_argument("role", metavar="ROLE", choices=TEAM_ROLES, help=", ".join(TEAM_ROLES))
     role.set_defaults(handler=cmd_team_set_role, parser=role)
+    policy = verbs.add_parser(
+        "set",
+        parents=[common],
+        help="the team's idle and hang policy (team admins): idle_after=30m idle_grace=10m "
+        "idle_action=pause|stop hang_after=15m hang_action=notify|fail|stop (off: none)",
+    )
+    policy.add_argument("name", metavar="TEAM")
+    policy.add_argument("settings", metavar="KEY=VALUE", nargs="+")
+    policy.set_defaults(handler=cmd_team_set, parser=policy)
     team.set_defaults(handler=None, parser=team)
 
 
@@ -125,6 +134,52 @@ def cmd_team_set_role(args: argparse.Namespace) -> None:
     path = f"/api/v1/teams/{_segment(args.name)}/members/{_segment(args.username)}"
     member = api_client(args).request("PATCH", path, json_body={"role": args.role})
     print(f"{member['username']} is now {member['role']} in team {args.name}")
+
+
+# `sf team set`'s keys: the policy's durations (the API's *_s fields) and its actions.
+POLICY_DURATIONS = ("idle_after", "idle_grace", "hang_after")
+POLICY_ACTIONS = {"idle_action": ("pause", "stop"), "hang_action": ("notify", "fail", "stop")}
+
+
+def cmd_team_set(args: argparse.Namespace) -> None:
+    """PATCH the team's activity policy; the server refuses anyone but its admins (403)."""
+    body = policy_changes(args.settings)
+    path = f"/api/v1/teams/{_segment(args.name)}/activity-policy"
+    policy = api_client(args).request("PATCH", path, json_body=body)
+    from sf.project import say_duration
+
+    shown = [
+        f"{key.removesuffix('_s')}={say_duration(value) if key.endswith('_s') else value}"
+        if value is not None
+        else f"{key.removesuffix('_s')}=off"
+        for key, value in policy.items()
+    ]
+    print(f"team {args.name}: " + " ".join(shown))
+
+
+def policy_changes(settings: list[str]) -> dict[str, Any]:
+    """KEY=VALUE words as the API's fields: durations (30m, 1h, off) in seconds, actions."""
+    from sf.project import parse_duration
+
+    body: dict[str, Any] = {}
+    for word in settings:
+        key, sep, value = word.partition("=")
+        if not sep:
+            raise CliError(f"{word!r} is not KEY=VALUE")
+        if key in POLICY_DURATIONS:
+            try:
+                body[key + "_s"] = None if value in ("off", "none") else parse_duration(value)
+            except ValueError as exc:
+                raise CliError(f"{key}: {exc}") from exc
+        elif value in POLICY_ACTIONS.get(key, ()):
+            body[key] = value
+        else:
+            keys = ", ".join((*POLICY_DURATIONS, *POLICY_ACTIONS))
+            raise CliError(
+                f"{word!r}: the keys are {keys}; actions are "
+                + "; ".join(f"{k} {'|'.join(v)}" for k, v in POLICY_ACTIONS.items())
+            )
+    return body
 
 
 def _labelled(*fields: tuple[str, Any], indent: int = 0) -> list[str]:
