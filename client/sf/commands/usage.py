@@ -1,4 +1,5 @@
-"""Owns `sf usage`: my teams' GPU-hours per team, user, cluster or UTC day, with the total."""
+"""Owns `sf usage`: my teams' GPU-hours and their cost per team, user, cluster or UTC day, with
+the total."""
 
 from __future__ import annotations
 
@@ -32,13 +33,17 @@ def cmd_usage(args: argparse.Namespace) -> None:
     table.add_column("GPU-SECONDS", f"{answer['total_gpu_seconds']:,.0f}", justify="right")
     borrowed = sum(row.get("borrowed_gpu_hours", 0) for row in answer["rows"])
     table.add_column("BORROWED GPU-HOURS", f"{borrowed:,.2f}", justify="right")
+    currency = answer.get("currency")  # a server with cost (issue 50)
+    if currency:
+        table.add_column(f"COST ({currency})", display(answer.get("total_cost")), justify="right")
     for row in answer["rows"]:
-        table.add_row(
+        cells = [
             display(row.get(args.by)),
             f"{row['gpu_hours']:,.2f}",
             f"{row['gpu_seconds']:,.0f}",
             f"{row.get('borrowed_gpu_hours', 0):,.2f}",
-        )
+        ]
+        table.add_row(*cells, *([display(row.get("cost"))] if currency else []))
     console = rich_console()
     console.print(f"GPU usage {answer['since']} to {answer['until']} (UTC, until excluded)")
     console.print(table)
