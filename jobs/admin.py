@@ -24,6 +24,7 @@ from jobs.actions.tokens import revoke_token
 from jobs.actions.webhooks import new_secret
 from jobs.errors import BadRequest
 from jobs.models import (
+    ActivityPolicy,
     ApiToken,
     Attempt,
     BudgetAlert,
@@ -31,6 +32,7 @@ from jobs.models import (
     ClusterGrant,
     ClusterShare,
     GpuPrice,
+    IdleExemption,
     Job,
     JobEvent,
     Membership,
@@ -53,6 +55,25 @@ class MembershipInline(admin.TabularInline):
 class ClusterShareInline(admin.TabularInline):
     model = ClusterShare
     extra = 1
+
+
+class ActivityPolicyInline(admin.StackedInline):
+    """The team's idle and hang policy (jobs.watched): staff set it here, team admins through
+    the API and `sf team set`."""
+
+    model = ActivityPolicy
+    extra = 0
+    max_num = 1
+
+
+class IdleExemptionInline(admin.TabularInline):
+    """A job exempted from its team's idle policy, and by whom."""
+
+    model = IdleExemption
+    extra = 0
+    max_num = 1
+    autocomplete_fields = ()
+    raw_id_fields = ("by",)
 
 
 class GpuTypeQuotaInline(admin.TabularInline):
@@ -134,7 +155,13 @@ class TeamAdmin(GrantsThroughTheRule):
             },
         ),
     )
-    inlines = [MembershipInline, ClusterGrantInline, ClusterShareInline, GpuTypeQuotaInline]
+    inlines = [
+        MembershipInline,
+        ClusterGrantInline,
+        ClusterShareInline,
+        GpuTypeQuotaInline,
+        ActivityPolicyInline,
+    ]
 
 
 @admin.register(Cluster)
@@ -240,7 +267,7 @@ class JobAdmin(admin.ModelAdmin):
     list_filter = ("status", "team", "cluster")
     search_fields = ("name", "run_id")
     readonly_fields = [f.name for f in Job._meta.fields]
-    inlines = [AttemptInline, EventInline]
+    inlines = [AttemptInline, EventInline, IdleExemptionInline]
 
     def has_add_permission(self, request) -> bool:
         return False  # jobs are submitted through the API, which runs the checks
