@@ -215,6 +215,14 @@ class JobOut(Schema):
         "decimal string in `currency` (never a float)"
     )
     currency: str
+    active_gpu_seconds: float = Field(
+        description="the current attempt's GPU-seconds with its GPUs working (utilisation at the "
+        "threshold, or without GPU readings its ranks progressing), by the runner's reports"
+    )
+    idle_gpu_seconds: float = Field(description="the current attempt's GPU-seconds idle")
+    efficiency: float | None = Field(
+        description="active ÷ billed GPU-seconds of the current attempt; null before it started"
+    )
     output_dir: str
     snapshot: str | None
     max_retries: int

@@ -30,6 +30,7 @@ from django.db import transaction
 from jobs.errors import BadRequest
 from jobs.models import Attempt
 from jobs.watched import AttemptActivity
+from metering.usage import attempt_gpu_seconds
 
 GAP_CAP_S = 60.0  # the most one report is credited with
 CPU_FLOOR = 0.02  # of one core: below it a rank's CPU is flat
@@ -169,6 +170,19 @@ class ActivityFigures:
     active_gpu_s: float
     idle_gpu_s: float
     efficiency: float | None  # active / billed; None before anything was billed
+
+
+def attempt_figures(
+    active_us: int | None,
+    idle_us: int | None,
+    start: dt.datetime | None,
+    end: dt.datetime | None,
+    total_gpus: int,
+    now: dt.datetime,
+) -> ActivityFigures:
+    """One attempt's figures from its activity row's counters (None: it reported nothing)."""
+    billed = attempt_gpu_seconds(start, end, total_gpus, now) if start else 0.0
+    return figures(active_us or 0, idle_us or 0, billed)
 
 
 def figures(active_us: int, idle_us: int, billed_gpu_s: float) -> ActivityFigures:

@@ -18,6 +18,7 @@ from jobs.gpus import to_gpus_per_node
 from jobs.models import run_output_dir, virtual_gpus
 from jobs.reads.visible import retry_refusal
 from jobs.states import JobStatus
+from metering.activity import attempt_figures
 from metering.cost import job_cost
 from metering.prices import amount, currency
 from metering.usage import attempt_gpu_seconds
@@ -56,12 +57,30 @@ def job_out(
         "gpu_seconds": float(round(gpu_seconds, 3)),
         "cost": amount(job_cost(job["cluster_id"], shown["gpu_type"], started, now)),
         "currency": currency(),
+        **_activity(job, now),
         "retry_available": not why_not_retry,
         "retry_unavailable_reason": why_not_retry,
         "borrowed_from": job["current_attempt__borrowed_from__name"]
         if staff and shown["borrowed"]
         else None,
         **place,
+    }
+
+
+def _activity(job: dict, now: dt.datetime) -> dict:
+    """The current attempt's active and idle GPU-seconds and efficiency (`metering.activity`)."""
+    shown = attempt_figures(
+        job["current_attempt__activity__active_gpu_us"],
+        job["current_attempt__activity__idle_gpu_us"],
+        job["current_attempt__start_time"],
+        job["current_attempt__end_time"],
+        job["current_attempt__total_gpus"] or 0,
+        now,
+    )
+    return {
+        "active_gpu_seconds": round(shown.active_gpu_s, 3),
+        "idle_gpu_seconds": round(shown.idle_gpu_s, 3),
+        "efficiency": shown.efficiency,
     }
 
 

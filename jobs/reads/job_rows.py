@@ -64,6 +64,9 @@ JOB_COLUMNS = (
     "current_attempt__exit_code",
     "current_attempt__borrowed_from__name",
     "current_attempt__preempted_at",
+    "current_attempt__total_gpus",
+    "current_attempt__activity__active_gpu_us",
+    "current_attempt__activity__idle_gpu_us",
     "cluster__settings__preempt_grace_s",
     "array_id",
     "array_index",
@@ -168,6 +171,10 @@ FACTS = (
     "snapshot_id",
     "snapshot__deleted_reason",
     "current_attempt__borrowed_from__name",
+    "current_attempt__end_time",
+    "current_attempt__total_gpus",
+    "current_attempt__activity__active_gpu_us",
+    "current_attempt__activity__idle_gpu_us",
 )
 
 
