@@ -16,6 +16,10 @@ from django.db import models
 from django.utils import timezone
 
 from jobs.gpus import to_gpus_per_node
+from jobs.identities import (  # noqa: F401 - the app's models, found here by every reader
+    GroupLink,
+    Identity,
+)
 from jobs.money import (  # noqa: F401 - the app's models, found here by every reader
     BudgetAlert,
     GpuPrice,

@@ -75,6 +75,35 @@ def remove_member(actor: User, team_name: str, username: str) -> None:
         _membership_changed(actor, team, membership.user, "removed")
 
 
+def provision_member(team: Team, user: User, role: str | None, by: str) -> bool:
+    """The identity provider's say on one person's place in a team (`jobs.scim`'s group
+    members, `jobs.oidc`'s group mapping at each sign-in): `role` None removes them, a role adds
+    them or sets their role. The IdP is the authority here, so the last-admin rule of a team
+    admin's own changes does not apply. A removal deletes the row, so `jobs.signals` stops their
+    waiting work as for any other removal. Returns whether anything changed."""
+    with transaction.atomic():
+        Team.objects.select_for_update().filter(pk=team.pk).first()
+        existing = Membership.objects.filter(team=team, user=user).first()
+        if role is None:
+            if existing is None:
+                return False
+            existing.delete()
+            what = "removed"
+        elif existing is None:
+            _check_role(role)
+            Membership.objects.create(team=team, user=user, role=role)
+            what = f"added as {role}"
+        elif existing.role != role:
+            _check_role(role)
+            Membership.objects.filter(pk=existing.pk).update(role=role)
+            what = f"role set to {role}"
+        else:
+            return False
+        log.info("team %s: %s %s by %s", team.name, user.username, what, by)
+        broadcast.publish_membership_changed(user.pk)
+    return True
+
+
 def set_defaults(actor: User, team_name: str, changes: dict[str, Any]) -> Team:
     """Set the team's defaults named in `changes` (cluster and window by name, None clears)."""
     with transaction.atomic():
