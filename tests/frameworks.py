@@ -7,12 +7,13 @@ stack's and Slurm's tests alike.
 """
 
 import re
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DDP_EXAMPLE = ROOT / "examples" / "ddp"
-TRAINING_S = 300  # a bound on any of these jobs: seconds of training, plus torch's start
+TRAINING_S = 150  # a bound on any of these jobs: seconds of training, plus torch's start
 
 STEP = re.compile(r"step (\d+) loss (\d+\.\d+)$")
 WEIGHTS = re.compile(r"rank (\d+) weights ([0-9a-f]{16})$")
@@ -21,6 +22,24 @@ RESUMED = re.compile(r"resuming from step (\d+)$")
 MARKED = re.compile(r"\[rank (\d+)\] (.*)$")  # a rank's line in console.log, `sf job logs`
 
 Line = tuple[int | None, str]  # (rank, text); rank None where the job has one rank
+
+
+def uninterrupted_weights(job_python: Path, workdir: Path, steps: int) -> str:
+    """The weights' hash two ranks of the DDP example reach in `steps` steps never stopped,
+    run by hand on this host (`torchrun --standalone --nproc-per-node 2`, checkpoints under
+    `workdir`): the same data, seeds and sums as two nodes of one rank each, so a run that
+    was paused, preempted or retried must end on these very weights."""
+    argv = [str(job_python.parent / "torchrun"), "--standalone", "--nproc-per-node", "2"]
+    argv += [str(DDP_EXAMPLE / "train.py"), "--steps", str(steps), "--sleep", "0"]
+    env = {"PATH": job_path(job_python), "HOME": str(workdir)}
+    env["SF_CHECKPOINT_DIR"] = str(workdir / "checkpoints")
+    done = subprocess.run(
+        argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=TRAINING_S
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    hashes = weights((None, line) for line in done.stdout.splitlines())
+    assert sorted(hashes) == [0, 1] and hashes[0] == hashes[1], done.stdout[-2000:]
+    return hashes[0]
 
 
 def job_path(job_python: Path) -> str:
