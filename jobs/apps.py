@@ -6,5 +6,7 @@ class JobsConfig(AppConfig):
     verbose_name = "Jobs"
 
     def ready(self) -> None:
-        from jobs import pgtime, signals  # noqa: F401  (connects the receivers)
+        from jobs import audit_signals, pgtime, signals  # noqa: F401  (connects the receivers)
         from starforge import checks  # noqa: F401  (registers the deploy checks)
+
+        audit_signals.connect()  # the audit log's sign-in and admin doors (jobs.audit)

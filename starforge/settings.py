@@ -161,6 +161,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "jobs.audit_http.AuditTrail",  # records the changes a request makes (jobs.audit)
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
@@ -425,6 +426,8 @@ SF_METRICS_ALLOWED_NETS = _env_cidrs("SF_METRICS_ALLOWED_NETS")
 # Reverse proxies (CIDRs) whose X-Forwarded-For is believed for the client's address
 # (jobs.addresses): default none, every address is the connection's.
 SF_TRUSTED_PROXIES = _env_cidrs("SF_TRUSTED_PROXIES")
+# Audit rows older than this many days are exported, then removed (`manage.py audit_purge`).
+SF_AUDIT_RETENTION_DAYS = _env_int("SF_AUDIT_RETENTION_DAYS", 365)
 # Python that starts the job-side runner (local executor; default for Slurm and Ray clusters).
 SF_RUNNER_PYTHON = os.environ.get("SF_RUNNER_PYTHON", "")
 
