@@ -15,6 +15,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from jobs.audited import AuditEntry  # noqa: F401 - the app's models, found here by every reader
 from jobs.gpus import to_gpus_per_node
 from jobs.identities import (  # noqa: F401 - the app's models, found here by every reader
     GroupLink,
