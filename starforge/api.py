@@ -10,6 +10,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from jobs.api.activity import router as activity_router
 from jobs.api.arrays import router as arrays_router
+from jobs.api.audit import router as audit_router
 from jobs.api.ingest import router as ingest_router
 from jobs.api.jobs import router as jobs_router
 from jobs.api.metrics import router as metrics_router
@@ -64,6 +65,7 @@ api.add_router("/v1", policies_router)
 api.add_router("/v1", usage_router)
 api.add_router("/v1", webhooks_router)
 api.add_router("/v1", arrays_router)
+api.add_router("/v1", audit_router)
 
 
 def _answer(request: HttpRequest, http_status: int, detail: str, /, **extra):

@@ -4,6 +4,9 @@
 from starforge.api import api
 
 PINNED = {
+    ("GET", "/api/v1/audit"): "jobs_api_audit_list_audit",
+    ("GET", "/api/v1/audit.csv"): "jobs_api_audit_audit_csv",
+    ("GET", "/api/v1/audit/{entry_id}"): "jobs_api_audit_get_audit",
     ("DELETE", "/api/v1/jobs/{job_id}/idle-exemption"): "jobs_api_policies_lift_exemption",
     ("GET", "/api/v1/teams/{name}/activity-policy"): "jobs_api_policies_get_policy",
     ("PATCH", "/api/v1/teams/{name}/activity-policy"): "jobs_api_policies_set_policy",
