@@ -6,7 +6,7 @@ import datetime as dt
 import re
 
 from django.utils import timezone
-from ninja import Query, Router, Schema
+from ninja import Query, Router, Schema, Status
 from pydantic import Field
 
 from jobs.actions import money
@@ -167,7 +167,7 @@ def add_price(request, body: PriceIn):
     made = money.add_price(
         request.auth, body.cluster, body.gpu_type, body.per_gpu_hour, body.valid_from
     )
-    return 201, price_out(made)
+    return Status(201, price_out(made))
 
 
 @router.put(

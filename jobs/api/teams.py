@@ -28,6 +28,8 @@ class QuotasOut(Schema):
     gpu_quota: int
     max_jobs: int | None
     gpu_hours_per_month: float | None
+    money_budget_per_month: str | None = Field(description="in the server's currency")
+    budget_alert_percents: str = Field(description="alert thresholds, percents of it")
     budget_hard_stop: bool
     user_gpu_cap: int | None
     max_gpus_per_job: int | None
@@ -101,7 +103,7 @@ class DefaultsIn(Schema):
 
 
 def team_out(user, team: Team) -> dict:
-    quota = team.gpu_hours_per_month
+    quota, money = team.gpu_hours_per_month, team.money_budget_per_month
     return {
         "name": team.name,
         "role": teams.role_of(user, team),
@@ -114,6 +116,8 @@ def team_out(user, team: Team) -> dict:
             "gpu_quota": team.gpu_quota,
             "max_jobs": team.max_jobs,
             "gpu_hours_per_month": float(quota) if quota is not None else None,
+            "money_budget_per_month": None if money is None else str(money),
+            "budget_alert_percents": team.budget_alert_percents,
             "budget_hard_stop": team.budget_hard_stop,
             "user_gpu_cap": team.user_gpu_cap,
             "max_gpus_per_job": team.max_gpus_per_job,

@@ -74,6 +74,8 @@ def test_a_member_sees_their_teams_with_roles_quotas_and_defaults(api, admin, ma
         "gpu_quota": 8,
         "max_jobs": 3,
         "gpu_hours_per_month": 120.0,
+        "money_budget_per_month": None,
+        "budget_alert_percents": "50,80,100",
         "budget_hard_stop": False,
         "user_gpu_cap": 2,
         "max_gpus_per_job": None,

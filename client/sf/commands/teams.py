@@ -93,6 +93,8 @@ def cmd_team_show(args: argparse.Namespace) -> None:
         ("gpu quota", quotas.get("gpu_quota")),
         ("max jobs", _or_none(quotas.get("max_jobs"))),
         ("gpu-hours/month", "none" if month is None else f"{month:g}"),
+        ("money/month", _or_none(quotas.get("money_budget_per_month"))),
+        ("budget alerts at", _percents(quotas.get("budget_alert_percents"))),
         ("budget hard stop", "yes" if quotas.get("budget_hard_stop") else "no"),
         ("user gpu cap", _or_none(quotas.get("user_gpu_cap"))),
         ("max gpus per job", _or_none(quotas.get("max_gpus_per_job"))),
@@ -203,3 +205,10 @@ def _segment(text: str) -> str:
     from urllib.parse import quote
 
     return quote(text, safe="")
+
+
+def _percents(text: object) -> str:
+    """A team's alert thresholds ("50,80,100") as "50%, 80%, 100%"; none when empty."""
+    if not isinstance(text, str) or not text:
+        return "none"
+    return ", ".join(f"{part}%" for part in text.split(","))
