@@ -77,6 +77,13 @@ class Observation:
     # The object's deterministic name as the backend reports it, where the handle alone is not
     # unique: a restarted slurmctld that lost its state hands out job ids again.
     name: str = ""
+    # The engine's own record of the run (Slurm's Start/End, a pod's container startedAt/
+    # finishedAt, Ray's start_time/end_time), kept on the attempt beside the billed times:
+    # the ledger never bills outside them (`jobs.ledger.clocks`). None where the engine has
+    # not said (yet). `start_time`/`end_time` above are the times to bill from (the runner's
+    # signed exit where the executor has one), which the engine's bound.
+    engine_start: dt.datetime | None = None
+    engine_end: dt.datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,15 @@ The rules every write follows:
   before its start, and never after now.
 - Each clock is written once: the writes are guarded updates (`WHERE start_time IS NULL`,
   `WHERE end_time IS NULL`), so an end observed twice is closed once.
+- Never bill more than the engine (issue 50): where the engine reports its own start and end
+  (Slurm's Start/End, a pod's container run, Ray's job times), they are kept on the attempt
+  (`engine_start`, `engine_end`) and bound the bill. The billed end is the earlier of the
+  reported end (the runner's signed exit) and the engine's, bounded below by the last
+  sighting alive; the engine's end caps even that, since the engine, not the job, wrote it.
+  The billed start is never before the engine's start, and, as engines keep whole seconds
+  (ENGINE_RESOLUTION), no later than the engine's start plus one: the runner reports its
+  start after its own startup, which the allocation already held. That start is the one
+  change to a written clock, made once in the close that learns the engine's times.
 """
 
 import datetime as dt
@@ -25,9 +34,15 @@ from django.db.models import Q, QuerySet
 
 from jobs.models import Attempt
 
+# Engines keep their times in whole seconds, cut short (Slurm; a pod's RFC 3339 times): the
+# instant an engine's time names lies within this much after it.
+ENGINE_RESOLUTION = dt.timedelta(seconds=1)
+
 # Seeing an attempt alive costs an UPDATE; one per attempt per this many seconds is enough to
 # bound an end (the reconciler's own sightings come every tick anyway).
 ALIVE_RESOLUTION = dt.timedelta(seconds=1)
+# What a close writes besides the end: the start (bounded by the engine's) and the engine's times.
+ENGINE_FIELDS = ("start_time", "engine_start", "engine_end")
 
 
 def open_attempts(rows: list[Attempt], now: dt.datetime) -> list[Attempt]:
@@ -78,14 +93,18 @@ def close_many(
     reported_ends: dict[int, dt.datetime | None],
     now: dt.datetime,
     exit_codes: dict[int, int | None],
+    engine: dict[int, tuple[dt.datetime | None, dt.datetime | None]] | None = None,
     **fields,
 ) -> int:
     """`close` for each of `attempts`, in two statements for them all: each end bounded as
     `bounded_end` says, each attempt's exit code and the shared `fields` (end_reason, failure)
     written where it is still open. Returns how many it closed: fewer than `attempts` when one
-    was closed meanwhile, which the caller must not take as closed (it rolls back)."""
+    was closed meanwhile, which the caller must not take as closed (it rolls back). `engine`:
+    each attempt's (engine start, engine end) where the engine reported them."""
     _read_clocks(attempts)
+    engine = engine or {}
     for attempt in attempts:
+        _engine_bounds(attempt, *engine.get(attempt.pk, (None, None)))
         attempt.end_time = bounded_end(attempt, reported_ends.get(attempt.pk), now)
         attempt.exit_code = exit_codes.get(attempt.pk)
         for name, value in fields.items():
@@ -93,12 +112,12 @@ def close_many(
     rows = Attempt.objects.filter(
         pk__in=[attempt.pk for attempt in attempts], end_time__isnull=True
     )
-    return rows.bulk_update(attempts, ["end_time", "exit_code", *fields])
+    return rows.bulk_update(attempts, [*ENGINE_FIELDS, "end_time", "exit_code", *fields])
 
 
 def _read_clocks(attempts: list[Attempt]) -> None:
     """Each attempt's clocks as stored, in one statement."""
-    columns = ("start_time", "alive_at", "submitted_at", "end_time")
+    columns = ("start_time", "alive_at", "submitted_at", "end_time", *ENGINE_FIELDS[1:])
     stored = Attempt.objects.filter(pk__in=[attempt.pk for attempt in attempts])
     by_pk = {row[0]: row[1:] for row in stored.values_list("pk", *columns)}
     for attempt in attempts:
@@ -118,26 +137,79 @@ def seen_alive(attempt_ids: Iterable[int], now: dt.datetime) -> None:
 
 def bounded_end(attempt: Attempt, reported: dt.datetime | None, now: dt.datetime) -> dt.datetime:
     """`reported` (an engine's or the runner's end) no earlier than the start and the last
-    sighting alive, and no later than now; now when nothing was reported."""
+    sighting alive, and no later than now; now when nothing was reported. Where the attempt
+    holds the engine's end, never after it either (nor before the start)."""
     floors = [t for t in (attempt.alive_at, attempt.start_time) if t is not None]
-    return max([min(reported or now, now), *floors])
+    end = max([min(reported or now, now), *floors])
+    if attempt.engine_end is not None:
+        end = min(end, max(attempt.engine_end, attempt.start_time or attempt.engine_end))
+    return end
 
 
-def close(attempt: Attempt, reported_end: dt.datetime | None, now: dt.datetime, **fields) -> bool:
+def engine_start_bound(start: dt.datetime | None, engine_start: dt.datetime | None):
+    """The billed start given the engine's: never before it, and never after the latest
+    instant its whole second allows (see the module's docstring)."""
+    if start is None or engine_start is None:
+        return start
+    return max(engine_start, min(start, engine_start + ENGINE_RESOLUTION))
+
+
+def _engine_bounds(
+    attempt: Attempt, engine_start: dt.datetime | None, engine_end: dt.datetime | None
+) -> None:
+    """Take the engine's times onto `attempt` (in memory) as the engine gave them, and bound
+    its start by them (`bounded_start` already keeps it after the admission)."""
+    if engine_start is not None:
+        attempt.engine_start = engine_start
+    if engine_end is not None:
+        attempt.engine_end = max(engine_end, attempt.engine_start or engine_end)
+    if attempt.engine_start is not None and attempt.start_time is not None:
+        bound = engine_start_bound(attempt.start_time, attempt.engine_start)
+        attempt.start_time = max(bound, attempt.submitted_at)
+
+
+def close(
+    attempt: Attempt,
+    reported_end: dt.datetime | None,
+    now: dt.datetime,
+    engine: tuple[dt.datetime | None, dt.datetime | None] = (None, None),
+    **fields,
+) -> bool:
     """Close the attempt once, with `fields` (exit_code, end_reason, failure); True when this
-    call closed it. The end is bounded as `bounded_end` says."""
-    current = (
-        Attempt.objects.filter(pk=attempt.pk).values("start_time", "alive_at", "submitted_at").get()
-    )
-    for name, value in current.items():
-        setattr(attempt, name, value)
+    call closed it. `engine`: the engine's own (start, end), where it reported them. The end
+    is bounded as `bounded_end` says, the start as `engine_start_bound`."""
+    _read_clocks([attempt])
+    _engine_bounds(attempt, *engine)
     end = bounded_end(attempt, reported_end, now)
+    # A start still unknown is not written: the runner's report may set it meanwhile.
+    written = ENGINE_FIELDS if attempt.start_time is not None else ENGINE_FIELDS[1:]
+    clocks = {name: getattr(attempt, name) for name in written}
     closed = Attempt.objects.filter(pk=attempt.pk, end_time__isnull=True).update(
-        end_time=end, **fields
+        end_time=end, **clocks, **fields
     )
     if closed:
         attempt.end_time = end
     return bool(closed)
+
+
+def engine_record(
+    attempt: Attempt, engine_start: dt.datetime | None, engine_end: dt.datetime | None
+) -> None:
+    """The engine's times of an attempt the server closed itself (a stop, a pause: it closed
+    at its own clock, then cancelled), learnt once the engine ended it: kept beside the
+    billed ones, and, while the attempt is not metered yet, its end brought back within the
+    engine's (the job may have ended on the engine just before the stop)."""
+    if engine_end is None or attempt.engine_end is not None:
+        return  # the engine has not ended it yet, or its times are kept already
+    _read_clocks([attempt])
+    if attempt.engine_end is not None or attempt.end_time is None:
+        return  # known already, or still open: its close takes them
+    _engine_bounds(attempt, engine_start, engine_end)
+    rows = Attempt.objects.filter(pk=attempt.pk, engine_end__isnull=True)
+    rows.update(engine_start=attempt.engine_start, engine_end=attempt.engine_end)
+    if attempt.engine_end is not None and attempt.end_time > attempt.engine_end:
+        end = max(attempt.engine_end, attempt.start_time or attempt.engine_end)
+        Attempt.objects.filter(pk=attempt.pk, metered=False, end_time__gt=end).update(end_time=end)
 
 
 def close_open(attempt_ids: Iterable[int] | QuerySet, now: dt.datetime, reason: str) -> int:

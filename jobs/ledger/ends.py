@@ -59,6 +59,10 @@ class End:
     exit_code: int | None = None
     failure: str = ""  # a FAILED end's cause (`sf.contract.Failure`): it decides the retry
     note: str = ""  # how the end was learnt, when that was unusual
+    # The engine's own start and end (Slurm's Start/End...), where it reported them: kept on
+    # the attempt, and the bill never leaves them (`jobs.ledger.clocks`).
+    engine_start: dt.datetime | None = None
+    engine_end: dt.datetime | None = None
 
 
 def end_attempt(attempt: Attempt, end: End, now: dt.datetime, *, actor: str = "reconciler") -> bool:
@@ -74,6 +78,7 @@ def end_attempt(attempt: Attempt, end: End, now: dt.datetime, *, actor: str = "r
             attempt,
             end.at,
             now,
+            (end.engine_start, end.engine_end),
             exit_code=end.exit_code,
             end_reason=end.reason,
             failure=end.failure,
@@ -105,6 +110,7 @@ def end_group(attempts: Sequence[Attempt], ends: Mapping[int, End], now: dt.date
         {pk: end.at for pk, end in ends.items()},
         now,
         {pk: end.exit_code for pk, end in ends.items()},
+        {pk: (end.engine_start, end.engine_end) for pk, end in ends.items()},
         end_reason=first.reason,
         failure=first.failure,
     )

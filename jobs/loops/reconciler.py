@@ -444,7 +444,14 @@ def _observed_end(attempt: Attempt, target: JobStatus, obs: Observation, now: dt
     # only a run past the job's limit is a time-limit stop.
     if target == S.FAILED and obs.failure in Failure.time_limits():
         if reason := _time_limit_reached(attempt, obs.end_time or now):
-            return End(S.STOPPED, reason, at=obs.end_time, exit_code=obs.exit_code)
+            return End(
+                S.STOPPED,
+                reason,
+                at=obs.end_time,
+                exit_code=obs.exit_code,
+                engine_start=obs.engine_start,
+                engine_end=obs.engine_end,
+            )
     if target == S.SUCCEEDED:
         reason = _SUCCEEDED_REASON
     elif target == S.STOPPED:  # stopped on the engine by someone, not through Starforge
@@ -461,6 +468,8 @@ def _observed_end(attempt: Attempt, target: JobStatus, obs: Observation, now: dt
         exit_code=obs.exit_code,
         failure=failure,
         note=str(obs.details.get("note", "")),
+        engine_start=obs.engine_start,
+        engine_end=obs.engine_end,
     )
 
 
@@ -610,3 +619,7 @@ def _sweep_orphan(
     if attempt.start_time is None and obs.start_time and attempt.end_time:
         # Metered already with no start (0 GPU-µs): metering it again adds exactly its time.
         clocks.mark_started(attempt, obs.start_time, now, reopen=True)
+    # How the engine ended it (Slurm: CANCELLED after a stop or a pause), and when.
+    if obs.native_state != attempt.native_state:
+        Attempt.objects.filter(pk=attempt.pk).update(native_state=obs.native_state[:50])
+    clocks.engine_record(attempt, obs.engine_start, obs.engine_end)

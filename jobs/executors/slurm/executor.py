@@ -411,32 +411,45 @@ class SlurmExecutor:
         if target == S.RUNNING:  # a multi-node attempt's ranks, as its runner started them
             details.update(rank_details(read_record(records / STARTED_FILE, row.name)))
         if target == S.RUNNING or target is None:
-            return Observation(row.state, start_time=row.start, details=details, name=row.name)
+            return Observation(
+                row.state,
+                start_time=_latest_start(row),
+                details=details,
+                name=row.name,
+                engine_start=row.start,
+            )
         details["exit_status"] = row.exit_status
         done = read_record(records / EXIT_FILE, row.name)
         details.update(rank_details(done))  # ...and how each ended, which one failed first
+        runner_end = epoch(done.get("ended_at"))  # signed: job code cannot move it
         if target == S.SUCCEEDED:
-            return _ended(row, details, exit_code=0)
+            return _ended(row, details, runner_end, exit_code=0)
         if row.state == "CANCELLED" and (ended := self._cancelled_after_runner_exit(row, details)):
             return ended
         if row.state != "FAILED":
             failure, message = self.END_STATES[row.state]
-            return _ended(row, details, failure=failure, message=message)
+            return _ended(row, details, runner_end, failure=failure, message=message)
         if row.reason not in RUNNER_ENDS and not row.reason.startswith("RaisedSignal"):
             # Slurm failed the job itself (a launch or prolog failure): the runner never ran
             return _ended(
-                row, details, failure=Failure.LOST, message=f"Slurm failed the job: {row.reason}"
+                row,
+                details,
+                runner_end,
+                failure=Failure.LOST,
+                message=f"Slurm failed the job: {row.reason}",
             )
         code = exit_code_of(row.exit_status or 0)
         if code != INGEST_EXIT:
-            return _ended(row, details, exit_code=code, failure=Failure.EXIT)
+            return _ended(row, details, runner_end, exit_code=code, failure=Failure.EXIT)
         reason = str(done.get("reason", ""))
         if not reason.startswith(INGEST_FAILED):  # the server cannot see the runner's files
             reason = (
                 f"{INGEST_FAILED}: the runner could not prepare the job (exit {INGEST_EXIT}); "
                 f"see {records / 'slurm.err'}"
             )
-        return _ended(row, details, exit_code=code, failure=Failure.INGEST, message=reason)
+        return _ended(
+            row, details, runner_end, exit_code=code, failure=Failure.INGEST, message=reason
+        )
 
     def _stale_runner_exit(self, row: JobRow) -> dict | None:
         """Details for a job Slurm still reports RUNNING long after its runner's signed exit.
@@ -523,12 +536,14 @@ class SlurmExecutor:
         return Observation(
             state,
             exit_code=code,
-            start_time=row.start or epoch(done.get("started_at")),
+            start_time=_latest_start(row) or epoch(done.get("started_at")),
             end_time=row.end,
             message=message,
             failure=failure,
             details={**details, "reason": "runner exited", "note": note},
             name=row.name,
+            engine_start=row.start,
+            engine_end=row.end,
         )
 
     def _sacct(self, ids: list[str]) -> list[JobRow]:
@@ -609,15 +624,32 @@ class SlurmExecutor:
         return done.stdout
 
 
-def _ended(row: JobRow, details: dict, **fields) -> Observation:
+def _ended(row: JobRow, details: dict, runner_end: dt.datetime | None, **fields) -> Observation:
+    """An ended job's observation: billed from the latest instant Slurm's whole-second Start
+    allows to the runner's signed exit where it wrote one (it exits just before Slurm
+    completes the job), else Slurm's End; Slurm's own times beside them, which bound the
+    bill (`jobs.ledger.clocks`)."""
     return Observation(
         row.state,
-        start_time=row.start,
-        end_time=row.end,
+        start_time=_latest_start(row),
+        end_time=runner_end or row.end,
         details=details,
         name=row.name,
+        engine_start=row.start,
+        engine_end=row.end,
         **fields,
     )
+
+
+def _latest_start(row: JobRow) -> dt.datetime | None:
+    """The latest instant the allocation can have begun: Slurm's whole-second Start cuts the
+    instant short, so it lies before Start + 1 s (and before now, when squeue answered)."""
+    if row.start is None:
+        return None
+    return min(row.start + ENGINE_SECOND, dt.datetime.now(dt.UTC))
+
+
+ENGINE_SECOND = dt.timedelta(seconds=1)
 
 
 def _runner_code(record: dict) -> int | None:

@@ -144,15 +144,17 @@ def _expand_host(item: str) -> list[str]:
 
 
 def _epoch(value: str, now: dt.datetime) -> dt.datetime | None:
-    """Slurm's time, whole seconds cut short, as the end of that second (but not after `now`).
+    """Slurm's time as Slurm keeps it: whole seconds, cut short (not after `now`).
 
-    The instant lies in [S, S+1): the upper bound never puts a start before the ledger's own
-    submit time, and start and end move alike, so the metered duration is not biased.
+    The instant it names lies in [S, S+1). Slurm's accounting (ElapsedRaw = End - Start) is
+    made of these seconds, so the ledger keeps them as the engine's own times and bills
+    within them (`jobs.ledger.clocks`); reading End as S+1 billed up to a second more than
+    Slurm per attempt and GPU (issue 50).
     """
     number = _int(value)
     if not number:
         return None
-    return min(dt.datetime.fromtimestamp(number + 1, dt.UTC), now)
+    return min(dt.datetime.fromtimestamp(number, dt.UTC), now)
 
 
 def _int(value: str) -> int | None:

@@ -111,11 +111,13 @@ def test_each_slurm_state_maps_as_decided(state, executor, fake):
     if target == S.PENDING:
         assert obs.start_time is None and obs.end_time is None
     elif target == S.RUNNING:
-        assert obs.start_time == at(START + 1)
+        assert obs.start_time == at(START + 1)  # the latest its whole second allows
+        assert obs.engine_start == at(START)
         assert obs.end_time is None and obs.exit_code is None
     else:
         assert obs.failure == failure
-        assert obs.end_time == at(END + 1)
+        assert obs.end_time == at(END)  # no signed runner exit: Slurm's End
+        assert (obs.engine_start, obs.engine_end) == (at(START), at(END))
         assert obs.end_time.tzinfo is not None
 
 
@@ -165,11 +167,13 @@ def test_exit_86_is_an_ingest_failure_with_the_runners_reason(executor, fake, tm
         assert found[ref].message.startswith("ingest failed: the runner could not prepare the job")
 
 
-def test_slurm_times_are_read_as_the_end_of_their_whole_second():
+def test_slurm_times_are_read_as_slurm_keeps_them_whole_seconds():
     [row] = parse_squeue(squeue_line("5", "COMPLETED"), now=at(END + 60))
-    assert (row.start, row.end) == (at(START + 1), at(END + 1))
+    assert (row.start, row.end) == (at(START), at(END))
     [row] = parse_squeue(squeue_line("5", "RUNNING", end="N/A"), now=at(START + 0.3))
-    assert (row.start, row.end) == (at(START + 0.3), None)  # never later than squeue answered
+    assert (row.start, row.end) == (at(START), None)
+    [row] = parse_squeue(squeue_line("5", "RUNNING", end="N/A"), now=at(START - 0.3))
+    assert row.start == at(START - 0.3)  # never later than squeue answered
 
 
 def test_a_job_slurm_failed_before_the_runner_ran_is_lost(executor, fake):
@@ -365,11 +369,12 @@ def test_a_job_slurm_keeps_running_after_the_runner_exited_stays_running_until_s
     assert executor.reap_stale({"41": obs}) == ["41"]
     assert ["scancel", "41"] in fake.calls
     # once Slurm reports the cancel, the attempt ends as the runner said, at Slurm's end
-    slurm_end = int(timezone.now().timestamp()) - 1
+    slurm_end = int(timezone.now().timestamp())
     fake.answer("squeue", squeue_line("41", "CANCELLED", end=slurm_end))
     obs = executor.poll(["41"])["41"]
     assert (obs.native_state, obs.exit_code, obs.failure) == (state, exit_code, failure)
-    assert obs.end_time == at(slurm_end + 1) and obs.start_time == at(START + 1)
+    assert obs.end_time == at(slurm_end) and obs.start_time == at(START + 1)
+    assert (obs.engine_start, obs.engine_end) == (at(START), at(slurm_end))
     assert "CANCELLED after the runner had exited" in obs.details["note"]
     if failure == "ingest":
         assert obs.message == "ingest failed: no snapshot"
