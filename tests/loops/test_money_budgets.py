@@ -132,3 +132,29 @@ def test_a_team_without_a_money_budget_or_thresholds_is_told_nothing(nlp, make_u
     nlp.budget_alert_percents, nlp.money_budget_per_month = "50", None
     nlp.save()
     assert notify_budget_alerts(NOW) == []
+
+
+def test_the_tick_tells_the_thresholds_after_its_budget_stops(nlp, make_user, settings):
+    settings.SF_NOTIFY_EMAIL = True
+    boss = make_user("boss", nlp, role="admin")
+    webhooks.create(boss, "mailto:boss@example.com", ["budget-alert"], team_name="nlp")
+    spent(nlp, boss, hours=9, status=S.SUCCEEDED)  # 90.00
+    result = admit_queued_jobs(NOW)
+    assert result.alerts == [(nlp.pk, 50), (nlp.pk, 80)]
+    assert admit_queued_jobs(NOW).alerts == []
+    assert WebhookDelivery.objects.filter(event="budget-alert").count() == 2
+
+
+def test_only_owners_who_may_still_be_told_get_an_alert(nlp, make_user, make_team, settings):
+    """A member's own webhook is told about their team; after they leave the team, or for a
+    team they are not in, it is not."""
+    settings.SF_NOTIFY_EMAIL = True
+    ann, olga = make_user("ann", nlp), make_user("olga", make_team("other"))
+    webhooks.create(ann, "mailto:ann@example.com", ["budget-alert"])
+    webhooks.create(olga, "mailto:olga@example.com", ["budget-alert"])
+    spent(nlp, ann, hours=6)
+    notify_budget_alerts(NOW)
+    assert [d.webhook.owner.username for d in WebhookDelivery.objects.all()] == ["ann"]
+    nlp.membership_set.filter(user=ann).delete()
+    notify_budget_alerts(NOW + dt.timedelta(hours=2))  # 80%: ann is no longer in nlp
+    assert WebhookDelivery.objects.count() == 1
