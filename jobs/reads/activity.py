@@ -16,8 +16,9 @@ A runner that stops reporting refreshes nothing, so its job goes on looking idle
 import datetime as dt
 from dataclasses import dataclass
 
-from jobs.models import Job
+from jobs.models import AttemptActivity, IdleExemption, Job, JobEvent
 from jobs.states import JobStatus
+from metering.activity import figures
 
 DUMP_WAIT_S = 5.0  # past hang_after, how long a hang's event waits for its dumps
 
@@ -160,3 +161,38 @@ def watched(job_id: int) -> "Watched | None":
         values["ranks_moved"] = values["ranks_moved"] or {}
         return Watched(**values)
     return None
+
+
+def diagnosis(job_id: int, attempt_id: int | None, billed_gpu_s: float) -> list[str]:
+    """The Diagnostics tab's sentences: the current attempt's active and idle GPU-time, its
+    idle exemption, and its latest suspected hang with every rank's stacks (the job's own
+    text: the page escapes it)."""
+    sentences = []
+    row = AttemptActivity.objects.filter(attempt_id=attempt_id).first() if attempt_id else None
+    if row is not None and billed_gpu_s > 0:
+        shown = figures(row.active_gpu_us, row.idle_gpu_us, billed_gpu_s)
+        sentences.append(
+            f"Its GPUs worked {shown.active_gpu_s:.0f} of the {billed_gpu_s:.0f} GPU-seconds "
+            f"billed for this attempt ({(shown.efficiency or 0) * 100:.0f} % efficiency) and "
+            f"idled {shown.idle_gpu_s:.0f}, by the runner's activity reports."
+        )
+    exemption = IdleExemption.objects.select_related("by").filter(job_id=job_id).first()
+    if exemption is not None:
+        why = f" ({exemption.reason})" if exemption.reason else ""
+        sentences.append(
+            f"Exempt from its team's idle policy by {exemption.by.username} at "
+            f"{exemption.at:%Y-%m-%d %H:%M} UTC{why}."
+        )
+    hang = (
+        JobEvent.objects.filter(job_id=job_id, reason__startswith="suspected hang")
+        .order_by("-id")
+        .first()
+    )
+    if hang is not None:
+        sentences.append(
+            f"At {hang.time:%Y-%m-%d %H:%M:%S} UTC, attempt {hang.attempt}: {hang.reason}."
+        )
+        dumps = hang.data.get("dumps") if isinstance(hang.data, dict) else None
+        for dump in dumps or [{"rank": "-", "text": "no stack dump arrived from the runner"}]:
+            sentences.append(f"Rank {dump.get('rank')}'s Python stacks:\n{dump.get('text')}")
+    return sentences

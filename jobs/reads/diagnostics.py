@@ -9,6 +9,7 @@ from sf.contract import Failure
 from jobs.durations import say
 from jobs.executors.base import preempt_grace_s
 from jobs.models import Attempt, Job, JobEvent
+from jobs.reads import activity
 from jobs.reads.preemption import paused_by_preemption
 from jobs.reads.queue import queue_places, queue_row
 from jobs.reads.visible import current_attempt, retry_unavailable_reason
@@ -24,6 +25,7 @@ def explain(job: Job, now: dt.datetime | None = None) -> list[str]:
     attempt = current_attempt(job)
     sentences = _by_status(job, attempt, now) + _ranks(job, attempt) + _cluster_health(job, now)
     sentences += _preemption(job, attempt, now)
+    sentences += activity.diagnosis(job.pk, attempt.pk if attempt else None, _billed(attempt, now))
     if job.status in (S.FAILED, S.STOPPED):
         why_not = retry_unavailable_reason(job)
         sentences.append(
@@ -32,7 +34,9 @@ def explain(job: Job, now: dt.datetime | None = None) -> list[str]:
             else "`sf job retry` puts it back on the queue under the same run_id."
         )
     unmapped = (
-        JobEvent.objects.filter(job=job, kind=JobEvent.Kind.OBSERVATION)
+        JobEvent.objects.filter(
+            job=job, kind=JobEvent.Kind.OBSERVATION, data__native_state__isnull=False
+        )
         .values_list("data__native_state", flat=True)
         .distinct()
     )
@@ -42,6 +46,12 @@ def explain(job: Job, now: dt.datetime | None = None) -> list[str]:
             "it did not change the job's status."
         )
     return sentences
+
+
+def _billed(attempt: Attempt | None, now: dt.datetime) -> float:
+    if attempt is None or attempt.start_time is None:
+        return 0.0
+    return attempt_gpu_seconds(attempt.start_time, attempt.end_time, attempt.total_gpus, now)
 
 
 def _preemption(job: Job, attempt: Attempt | None, now: dt.datetime) -> list[str]:
