@@ -24,21 +24,33 @@ MARKED = re.compile(r"\[rank (\d+)\] (.*)$")  # a rank's line in console.log, `s
 Line = tuple[int | None, str]  # (rank, text); rank None where the job has one rank
 
 
-def uninterrupted_weights(job_python: Path, workdir: Path, steps: int) -> str:
-    """The weights' hash two ranks of the DDP example reach in `steps` steps never stopped,
-    run by hand on this host (`torchrun --standalone --nproc-per-node 2`, checkpoints under
-    `workdir`): the same data, seeds and sums as two nodes of one rank each, so a run that
-    was paused, preempted or retried must end on these very weights."""
+def uninterrupted_weights(job_python: Path, workdir: Path, last_step: int) -> str:
+    """The weights' hash two ranks of the DDP example reach by `last_step` never stopped, run
+    by hand on this host (`torchrun --standalone --nproc-per-node 2`, checkpoints and logs in
+    folders of `workdir`, which must not hold them yet): the same data, seeds and sums as two
+    nodes of one rank each, so a run that was paused, preempted or retried must end on these
+    very weights. Each worker's output goes to a file of its own (`--redirects 3`): on one
+    shared pipe two workers' lines may interleave."""
+    checkpoints, logs = workdir / "reference-checkpoints", workdir / "reference-logs"
+    assert not checkpoints.exists(), f"{checkpoints} exists: the reference would resume there"
     argv = [str(job_python.parent / "torchrun"), "--standalone", "--nproc-per-node", "2"]
-    argv += [str(DDP_EXAMPLE / "train.py"), "--steps", str(steps), "--sleep", "0"]
+    argv += ["--redirects", "3", "--log-dir", str(logs)]
+    argv += [str(DDP_EXAMPLE / "train.py"), "--steps", str(last_step), "--sleep", "0"]
     env = {"PATH": job_path(job_python), "HOME": str(workdir)}
-    env["SF_CHECKPOINT_DIR"] = str(workdir / "checkpoints")
+    env["SF_CHECKPOINT_DIR"] = str(checkpoints)
     done = subprocess.run(
         argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=TRAINING_S
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    hashes = weights((None, line) for line in done.stdout.splitlines())
-    assert sorted(hashes) == [0, 1] and hashes[0] == hashes[1], done.stdout[-2000:]
+    lines: list[Line] = []
+    for rank in (0, 1):
+        [out] = logs.glob(f"*/attempt_0/{rank}/stdout.log")
+        lines += [(rank, text) for text in out.read_text().splitlines()]
+    for rank in (0, 1):
+        assert not resumed_from(lines, rank), "the reference found a checkpoint: not from 0"
+        assert steps(lines, rank) == list(range(1, last_step + 1)), lines[-10:]
+    hashes = weights(lines)
+    assert sorted(hashes) == [0, 1] and hashes[0] == hashes[1], lines[-10:]
     return hashes[0]
 
 
