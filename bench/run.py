@@ -58,6 +58,7 @@ BENCHES: dict[str, tuple[str, int]] = {
     "gang-local-failure": ("local 2-rank jobs: one rank's failure to every rank gone", 120),
     "slurm-multinode": ("2-node jobs on a real 2-node Slurm vs sbatch --nodes 2; fail fast", 600),
     "mlflow": ("MLflow log_batch and get_metric_history: Starforge vs mlflow server (SQLite)", 900),
+    "activity": ("activity reports ingested (samples/s) and the watch's tick over 1,000 jobs", 300),
 }
 
 
@@ -89,6 +90,7 @@ def _benchmark(name: str) -> Callable[[], dict]:
         "gang-local-failure": of("gang_bench", "local_rank_failure"),
         "slurm-multinode": of("slurm_bench", "multinode"),
         "mlflow": of("mlflow_bench", "run"),
+        "activity": of("activity_bench", "run"),
     }
     if name not in table:
         raise SystemExit(f"unknown benchmark {name!r}")
