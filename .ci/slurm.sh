@@ -7,18 +7,24 @@
 #     both this host's loopback) with 2 fake GPUs of type a100 each (gpu:a100:2), so that a
 #     multi-node job runs one rank per node and asks for a GPU type.
 #
-#   .ci/slurm.sh install   apt-get install slurm-wlm and munge, only when sbatch is missing
+#   .ci/slurm.sh install   apt-get install slurm-wlm, munge, slurmdbd and mariadb-server if missing
 #   .ci/slurm.sh up        start what is not running (idempotent); prints the SLURM_CONF to use
 #   .ci/slurm.sh down      stop only what `up` started (by PID file, never by name)
 #   .ci/slurm.sh status    exit 0 when slurmctld answers
 #   .ci/slurm.sh restart-ctld  SIGKILL slurmctld (as a crash would) and start it again
+#
+# Accounting (SF_SLURM_ACCOUNTING=1, the default): slurmdbd on a MariaDB server of its own
+# (Debian's mariadb-server; its data dir, socket and port under the state dir, never the
+# machine's own MariaDB), so that `sacct` answers as on a site's cluster. `up` starts both,
+# `down` stops both. SF_SLURM_ACCOUNTING=0 runs without (sacct then exits 1).
 #
 # The configuration lives in the state dir, not /etc/slurm, so a machine's own Slurm config is
 # never touched: point the Slurm commands at it with SLURM_CONF=$SF_SLURM_DIR/etc/slurm.conf.
 # Env: SF_SLURM_DIR (default /tmp/starforge-slurm), SF_SLURM_CPUS (default 16, may exceed the
 # real cores so that many short jobs run at once), SF_SLURM_GPUS (default 4), SF_SLURM_MULTI_CPUS
 # and SF_SLURM_MULTI_GPUS (per multi node, default 8 and 2), SF_SLURM_PORT (slurmctld port,
-# default 6817; the host's slurmd uses the next one, multi1 and multi2 the two after).
+# default 6817; the host's slurmd uses the next one, multi1 and multi2 the two after, slurmdbd
+# the one after them), SF_SLURM_DB_PORT (its MariaDB's, default 3316).
 set -euo pipefail
 D=${SF_SLURM_DIR:-/tmp/starforge-slurm}
 CPUS=${SF_SLURM_CPUS:-16}
@@ -28,6 +34,10 @@ MULTI_GPUS=${SF_SLURM_MULTI_GPUS:-2}
 MULTI_TYPE=a100
 MULTI_NODES="multi1 multi2"
 PORT=${SF_SLURM_PORT:-6817}
+ACCOUNTING=${SF_SLURM_ACCOUNTING:-1}
+DB_PORT=${SF_SLURM_DB_PORT:-3316}
+DBD_PORT=$((PORT + 4))
+DB_SOCK=$D/mysql/mysqld.sock
 export SLURM_CONF=$D/etc/slurm.conf
 STARTED=$D/started   # one line per daemon `up` started: what `down` may stop
 
@@ -111,8 +121,7 @@ SchedulerParameters=sched_interval=2,bf_interval=2
 MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
+$(accounting_config)
 JobCompType=jobcomp/filetxt
 JobCompLoc=$D/log/jobcomp.log
 MinJobAge=600
@@ -150,6 +159,75 @@ EOF
   done
 }
 
+accounting_config() { # slurm.conf's accounting lines
+  if [ "$ACCOUNTING" = 1 ]; then
+    echo "AccountingStorageType=accounting_storage/slurmdbd"
+    echo "AccountingStorageHost=127.0.0.1"
+    echo "AccountingStoragePort=$DBD_PORT"
+    echo "AccountingStorageTRES=gres/gpu,gres/gpu:$MULTI_TYPE"
+    echo "JobAcctGatherType=jobacct_gather/linux"
+    echo "JobAcctGatherFrequency=30"
+  else
+    echo "AccountingStorageType=accounting_storage/none"
+    echo "JobAcctGatherType=jobacct_gather/none"
+  fi
+}
+
+db_ok() { mysqladmin --socket="$DB_SOCK" ping >/dev/null 2>&1; }
+
+start_accounting() { # MariaDB (own data dir, socket, port) and slurmdbd, before slurmctld
+  command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null || {
+    echo "accounting needs slurmdbd and mariadb-server: run .ci/slurm.sh install" \
+      "(or SF_SLURM_ACCOUNTING=0)" >&2
+    exit 1
+  }
+  mkdir -p "$D/mysql" # run as root, as the Slurm daemons are: the state dir is root's alone
+  if ! db_ok; then
+    [ -d "$D/mysql/data/mysql" ] ||
+      mariadb-install-db --no-defaults --user=root --datadir="$D/mysql/data" \
+        --auth-root-authentication-method=socket --skip-test-db >"$D/log/mariadb-install.log" 2>&1
+    /usr/sbin/mariadbd --no-defaults --user=root --datadir="$D/mysql/data" \
+      --bind-address=127.0.0.1 --port="$DB_PORT" --socket="$DB_SOCK" \
+      --pid-file="$D/mysql/mysqld.pid" --log-error="$D/log/mariadb.log" \
+      --innodb-buffer-pool-size=64M --innodb-flush-log-at-trx-commit=2 --skip-name-resolve \
+      >/dev/null 2>&1 &
+    echo "mariadbd $D/mysql/mysqld.pid" >>"$STARTED"
+    for _ in $(seq 150); do db_ok && break; sleep 0.1; done
+    db_ok || { echo "MariaDB did not start (see $D/log/mariadb.log)" >&2; return 1; }
+  fi
+  mysql --socket="$DB_SOCK" -e "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
+  {
+    echo "AuthType=auth/munge"
+    echo "DbdHost=localhost"
+    echo "DbdAddr=127.0.0.1"
+    echo "DbdPort=$DBD_PORT"
+    echo "SlurmUser=root"
+    echo "StorageType=accounting_storage/mysql"
+    echo "StorageHost=127.0.0.1"
+    echo "StoragePort=$DB_PORT"
+    echo "StorageUser=slurm"
+    echo "StoragePass=slurm"
+    echo "StorageLoc=slurm_acct_db"
+    echo "LogFile=$D/log/slurmdbd.log"
+    echo "PidFile=$D/slurmdbd.pid"
+  } >"$D/etc/slurmdbd.conf.new"
+  chmod 600 "$D/etc/slurmdbd.conf.new"
+  if ! cmp -s "$D/etc/slurmdbd.conf.new" "$D/etc/slurmdbd.conf"; then
+    mv "$D/etc/slurmdbd.conf.new" "$D/etc/slurmdbd.conf"
+    alive "$D/slurmdbd.pid" && stop_pid "$D/slurmdbd.pid"
+  else
+    rm -f "$D/etc/slurmdbd.conf.new"
+  fi
+  if ! alive "$D/slurmdbd.pid"; then
+    /usr/sbin/slurmdbd # daemonizes; reads slurmdbd.conf beside $SLURM_CONF
+    echo "slurmdbd $D/slurmdbd.pid" >>"$STARTED"
+    for _ in $(seq 150); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.1; done
+  fi
+  sacctmgr -n -P list cluster format=cluster 2>/dev/null | grep -qx starforge-ci ||
+    sacctmgr -i add cluster starforge-ci >/dev/null
+}
+
 wait_for_nodes() { # until every node takes jobs; a down or drained one is resumed
   local out="" node st bad
   for _ in $(seq 100); do
@@ -185,10 +263,12 @@ up() {
   mkdir -p "$D"/{etc,state,spool,log,dev}
   touch "$STARTED"
   start_munge
-  local node pf
-  if [ -n "$(write_config)" ]; then # node/GRES changes need a restart, not `scontrol reconfigure`
+  local node pf changed
+  changed=$(write_config)
+  if [ "$ACCOUNTING" = 1 ]; then start_accounting; fi # before slurmctld, which registers
+  if [ -n "$changed" ]; then # node/GRES changes need a restart, not `scontrol reconfigure`
     # every node's slurmd, and slurmd.pid of a state dir from before the multi nodes
-    for pf in "$D"/slurmd*.pid; do alive "$pf" && stop_pid "$pf"; done
+    for pf in "$D"/slurmd-*.pid "$D"/slurmd.pid; do alive "$pf" && stop_pid "$pf"; done
     alive "$D/slurmctld.pid" && stop_pid "$D/slurmctld.pid"
   fi
   if ! alive "$D/slurmctld.pid"; then
@@ -212,9 +292,9 @@ up() {
 
 down() {
   [ -f "$STARTED" ] || { echo "slurm down: nothing was started by .ci/slurm.sh up"; return 0; }
-  # slurmd before slurmctld before munged: the reverse of the start order
+  # slurmd, slurmctld, slurmdbd, MariaDB, munged: the reverse of the start order
   local daemon
-  for daemon in slurmd slurmctld munged; do
+  for daemon in slurmd slurmctld slurmdbd mariadbd munged; do
     awk -v d="$daemon" '$1 == d {print $2}' "$STARTED" | sort -u | while read -r pidfile; do
       stop_pid "$pidfile"
     done
@@ -239,9 +319,10 @@ restart_ctld() { # a crash and a restart: slurmctld recovers its jobs from the s
 
 case "${1:-}" in
   install)
-    command -v sbatch >/dev/null && { echo "slurm already installed"; exit 0; }
+    command -v sbatch >/dev/null && command -v slurmdbd >/dev/null &&
+      command -v mariadbd >/dev/null && { echo "slurm already installed"; exit 0; }
     apt-get update
-    DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm munge
+    DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm munge slurmdbd mariadb-server
     ;;
   up) up ;;
   down) down ;;

@@ -21,10 +21,12 @@ The rules every write follows:
   (`engine_start`, `engine_end`) and bound the bill. The billed end is the earlier of the
   reported end (the runner's signed exit) and the engine's, bounded below by the last
   sighting alive; the engine's end caps even that, since the engine, not the job, wrote it.
-  The billed start is never before the engine's start, and, as engines keep whole seconds
-  (ENGINE_RESOLUTION), no later than the engine's start plus one: the runner reports its
-  start after its own startup, which the allocation already held. That start is the one
-  change to a written clock, made once in the close that learns the engine's times.
+  The billed start is the engine's start (never before the admission): the allocation held
+  the GPUs from then, the runner reports its start only after its own startup, and an
+  engine that keeps whole seconds (Slurm) bills from that second too. That start is the one
+  change to a written clock, made once in the close that learns the engine's times. A stop
+  or a pause is the server's decision, closed at its clock; the engine's end of it, learnt
+  later, brings the end back within the engine's while the attempt is not metered yet.
 """
 
 import datetime as dt
@@ -33,10 +35,6 @@ from collections.abc import Iterable
 from django.db.models import Q, QuerySet
 
 from jobs.models import Attempt
-
-# Engines keep their times in whole seconds, cut short (Slurm; a pod's RFC 3339 times): the
-# instant an engine's time names lies within this much after it.
-ENGINE_RESOLUTION = dt.timedelta(seconds=1)
 
 # Seeing an attempt alive costs an UPDATE; one per attempt per this many seconds is enough to
 # bound an end (the reconciler's own sightings come every tick anyway).
@@ -147,11 +145,11 @@ def bounded_end(attempt: Attempt, reported: dt.datetime | None, now: dt.datetime
 
 
 def engine_start_bound(start: dt.datetime | None, engine_start: dt.datetime | None):
-    """The billed start given the engine's: never before it, and never after the latest
-    instant its whole second allows (see the module's docstring)."""
+    """The billed start given the engine's: the engine's own start, where the attempt ran
+    (see the module's docstring)."""
     if start is None or engine_start is None:
         return start
-    return max(engine_start, min(start, engine_start + ENGINE_RESOLUTION))
+    return engine_start
 
 
 def _engine_bounds(
@@ -197,8 +195,9 @@ def engine_record(
 ) -> None:
     """The engine's times of an attempt the server closed itself (a stop, a pause: it closed
     at its own clock, then cancelled), learnt once the engine ended it: kept beside the
-    billed ones, and, while the attempt is not metered yet, its end brought back within the
-    engine's (the job may have ended on the engine just before the stop)."""
+    billed ones, once, and while the attempt is not metered yet, its start taken as the
+    engine's and its end brought back within the engine's (the job may have ended on the
+    engine just before the stop). A metered attempt keeps its bill."""
     if engine_end is None or attempt.engine_end is not None:
         return  # the engine has not ended it yet, or its times are kept already
     _read_clocks([attempt])
@@ -206,10 +205,14 @@ def engine_record(
         return  # known already, or still open: its close takes them
     _engine_bounds(attempt, engine_start, engine_end)
     rows = Attempt.objects.filter(pk=attempt.pk, engine_end__isnull=True)
-    rows.update(engine_start=attempt.engine_start, engine_end=attempt.engine_end)
-    if attempt.engine_end is not None and attempt.end_time > attempt.engine_end:
-        end = max(attempt.engine_end, attempt.start_time or attempt.engine_end)
-        Attempt.objects.filter(pk=attempt.pk, metered=False, end_time__gt=end).update(end_time=end)
+    if not rows.update(engine_start=attempt.engine_start, engine_end=attempt.engine_end):
+        return
+    if attempt.start_time is None or attempt.engine_end is None:
+        return  # it never started: nothing billed, nothing to bound
+    end = max(min(attempt.end_time, attempt.engine_end), attempt.start_time)
+    Attempt.objects.filter(pk=attempt.pk, metered=False).update(
+        start_time=attempt.start_time, end_time=end
+    )
 
 
 def close_open(attempt_ids: Iterable[int] | QuerySet, now: dt.datetime, reason: str) -> int:
