@@ -20,6 +20,8 @@ SF_METRICS_ALLOWED_NETS   CIDRs that may read /metrics without any credential (d
                      loopback)
 SF_TRUSTED_PROXIES   CIDRs of reverse proxies whose X-Forwarded-For names the client's address
                      for the throttles and SF_METRICS_ALLOWED_NETS (default: none)
+SF_SCIM_TOKEN        the identity provider's SCIM provisioning token for /scim/v2/ (default:
+                     none, SCIM off)
 """
 
 import ipaddress
@@ -428,6 +430,28 @@ SF_METRICS_ALLOWED_NETS = _env_cidrs("SF_METRICS_ALLOWED_NETS")
 SF_TRUSTED_PROXIES = _env_cidrs("SF_TRUSTED_PROXIES")
 # Audit rows older than this many days are exported, then removed (`manage.py audit_purge`).
 SF_AUDIT_RETENTION_DAYS = _env_int("SF_AUDIT_RETENTION_DAYS", 365)
+# SCIM 2.0 provisioning under /scim/v2/ (jobs.scim): the identity provider's one credential,
+# `Authorization: Bearer <SF_SCIM_TOKEN>`; empty: SCIM is off (401). Never a user's token.
+SF_SCIM_TOKEN = os.environ.get("SF_SCIM_TOKEN", "").strip()
+# Where resources' locations point when no request says (the request's own host otherwise).
+SF_SCIM_BASE_URL = os.environ.get("SF_SCIM_BASE_URL", "http://localhost/")
+SCIM_SERVICE_PROVIDER = {
+    "NETLOC": "localhost",  # unused: jobs.scim.base_location answers from the request
+    "AUTHENTICATION_SCHEMES": [
+        {
+            "type": "oauthbearertoken",
+            "name": "Provisioning token",
+            "description": "Authorization: Bearer <SF_SCIM_TOKEN>",
+        }
+    ],
+    "AUTH_CHECK_MIDDLEWARE": "jobs.scim.ProvisioningAuth",
+    "USER_ADAPTER": "jobs.scim.ScimUser",
+    "GROUP_ADAPTER": "jobs.scim.ScimGroup",
+    "GROUP_MODEL": "jobs.models.Team",
+    "BASE_LOCATION_GETTER": "jobs.scim.base_location",
+    "SCHEMAS_GETTER": "jobs.scim.schemas",
+    "SERVICE_PROVIDER_CONFIG_MODEL": "jobs.scim.ServiceProviderConfig",
+}
 # Python that starts the job-side runner (local executor; default for Slurm and Ray clusters).
 SF_RUNNER_PYTHON = os.environ.get("SF_RUNNER_PYTHON", "")
 
