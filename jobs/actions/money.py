@@ -55,7 +55,9 @@ def add_price(
 
 
 def set_money_budget(actor: User, team_name: str, changes: dict) -> Team:
-    """Set the team's money budget (None: none), its alert thresholds and its hard stop."""
+    """Set the team's money budget (None: none), its alert thresholds and its hard stop. A team
+    the actor is not in is not found (404) before a member is refused (403)."""
+    get_team(actor, team_name)
     _staff_only(actor, "set budgets")
     values: dict = {}
     if "money_budget_per_month" in changes:

@@ -185,3 +185,10 @@ def test_in_the_admin_staff_add_a_price_that_cannot_be_edited_and_members_cannot
     )
     assert b"a new price starts now or later" in past.content
     assert GpuPrice.objects.count() == 1
+
+
+def test_an_outsider_does_not_learn_that_a_team_exists(api_as, make_team, make_user):
+    outsider = make_user("bob", make_team("nlp"))
+    answer = put(api_as(outsider), "/teams/vision/budget", {"money_budget_per_month": "1"})
+    assert answer.status_code == 404
+    assert answer.json()["detail"] == "team vision does not exist or you are not in it"
