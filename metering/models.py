@@ -26,6 +26,10 @@ class UsageRecord(models.Model):
     # What gpu_us cost, in millionths of the server's currency, at the prices in force when
     # each attempt ran (metering.cost).
     cost_micros = models.BigIntegerField(default=0)
+    # The part of gpu_us whose GPUs worked, and the part they idled, by the runners' activity
+    # reports (metering.activity; what was not reported is neither).
+    active_gpu_us = models.BigIntegerField(default=0)
+    idle_gpu_us = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [

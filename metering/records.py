@@ -77,6 +77,7 @@ def meter_ended(job_ids: Iterable[int] | None = None) -> int:
                 rows.values_list(
                     "pk", "job__team_id", "job__user_id", "job__cluster_id",
                     "start_time", "end_time", "total_gpus", "borrowed_from_id", "job__gpu_type",
+                    "activity__active_gpu_us", "activity__idle_gpu_us",
                 )[:SWEEP_BATCH]
             )  # fmt: skip
             if not batch:
@@ -94,20 +95,55 @@ def _add_batch(batch: list[tuple], prices: PriceBook) -> None:
     totals: dict[Key, int] = defaultdict(int)
     borrowed: dict[Key, int] = defaultdict(int)
     costs: dict[Key, int] = defaultdict(int)
-    for _, team, user, cluster, start, end, total_gpus, lender, gpu_type in batch:
+    active: dict[Key, int] = defaultdict(int)
+    idle: dict[Key, int] = defaultdict(int)
+    for _, team, user, cluster, start, end, total_gpus, lender, gpu_type, *worked in batch:
         schedule = prices.schedule(cluster, gpu_type)
-        for day, gpu_us, cost in priced_day_pieces(start, end, total_gpus, schedule, end):
+        pieces = list(priced_day_pieces(start, end, total_gpus, schedule, end))
+        for day, gpu_us, cost in pieces:
             totals[(day, team, user, cluster)] += gpu_us
             costs[(day, team, user, cluster)] += cost
             if lender is not None:
                 borrowed[(day, team, user, cluster)] += gpu_us
+        for (day, _, _), (on, off) in zip(pieces, _activity_pieces(pieces, *worked), strict=True):
+            active[(day, team, user, cluster)] += on
+            idle[(day, team, user, cluster)] += off
     _add(totals)
     _add(borrowed, column="borrowed_gpu_us")
     _add(costs, column="cost_micros")
+    _add(active, column="active_gpu_us")
+    _add(idle, column="idle_gpu_us")
+
+
+def _activity_pieces(
+    pieces: list[tuple[dt.date, int, int]], active_us: int | None, idle_us: int | None
+) -> list[tuple[int, int]]:
+    """An ended attempt's active and idle GPU-µs, clamped to its billed GPU-µs and spread over
+    its day pieces  in proportion to each day's GPU-µs."""
+    billed = sum(gpu_us for _, gpu_us, _ in pieces)
+    active = min(active_us or 0, billed)
+    idle = min(idle_us or 0, billed - active)
+    if not billed:
+        return [(0, 0) for _ in pieces]
+    out = [(active * gpu_us // billed, idle * gpu_us // billed) for _, gpu_us, _ in pieces]
+    if out:  # what integer division left goes to the last day, so the sums are exact
+        last_on, last_off = out[-1]
+        out[-1] = (
+            last_on + active - sum(on for on, _ in out),
+            last_off + idle - sum(off for _, off in out),
+        )
+    return out
 
 
 # The records' figures; `_add` adds to one of them at a time.
-ADDED = ("gpu_us", "deleted_gpu_us", "borrowed_gpu_us", "cost_micros")
+ADDED = (
+    "gpu_us",
+    "deleted_gpu_us",
+    "borrowed_gpu_us",
+    "cost_micros",
+    "active_gpu_us",
+    "idle_gpu_us",
+)
 
 
 def _add(totals: dict[Key, int], column: str = "gpu_us") -> None:

@@ -1,6 +1,6 @@
 """Issue 50: active and idle GPU-time in usage."""
 
-from django.db import migrations
+from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
@@ -8,4 +8,15 @@ class Migration(migrations.Migration):
         ("metering", "0002_borrowed_usage"),
     ]
 
-    operations: list = []
+    operations = [
+        migrations.AddField(
+            model_name="usagerecord",
+            name="active_gpu_us",
+            field=models.BigIntegerField(default=0),
+        ),
+        migrations.AddField(
+            model_name="usagerecord",
+            name="idle_gpu_us",
+            field=models.BigIntegerField(default=0),
+        ),
+    ]
