@@ -192,3 +192,30 @@ def figures(active_us: int, idle_us: int, billed_gpu_s: float) -> ActivityFigure
     idle = min(idle_us, billed_us - active)
     efficiency = round(active / billed_us, 4) if billed_us else None
     return ActivityFigures(active / 1e6, idle / 1e6, efficiency)
+
+
+def team_activity_month(now: dt.datetime) -> dict[int, tuple[int, int]]:
+    """Active and idle GPU-µs per team this UTC month: the usage records' (ended attempts) and
+    the running attempts' counters so far (their clamp to what was billed comes at the end)."""
+    from django.db.models import Sum
+
+    from metering.models import UsageRecord
+
+    first = now.date().replace(day=1)
+    totals: dict[int, list[int]] = {}
+    rows = (
+        UsageRecord.objects.filter(day__gte=first)
+        .values("team_id")
+        .annotate(on=Sum("active_gpu_us"), off=Sum("idle_gpu_us"))
+        .values_list("team_id", "on", "off")
+    )
+    for team, on, off in rows:
+        totals[team] = [on or 0, off or 0]
+    running = AttemptActivity.objects.filter(
+        attempt__metered=False, attempt__start_time__isnull=False
+    ).values_list("attempt__job__team_id", "active_gpu_us", "idle_gpu_us")
+    for team, on, off in running:
+        pair = totals.setdefault(team, [0, 0])
+        pair[0] += on
+        pair[1] += off
+    return {team: (on, off) for team, (on, off) in totals.items()}

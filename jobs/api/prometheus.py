@@ -23,6 +23,7 @@ from jobs.loops import tickstats
 from jobs.models import Cluster, Job, Team
 from jobs.states import JobStatus
 from jobs.throttle import Throttled
+from metering.activity import team_activity_month
 from metering.cost import team_month_cost
 from metering.prices import MICROS, currency, to_micros
 from metering.usage import gpu_seconds_by_team
@@ -132,6 +133,7 @@ def render(now: dt.datetime) -> str:
             _gpu_seconds(teams, now),
         ),
         *_cost_families(now),
+        *_activity_families(now),
         *_tick_families(now),
     ]
     return "".join(family.exposition() for family in families)
@@ -170,6 +172,29 @@ def _gpu_seconds(teams: list[str], now: dt.datetime) -> list[Sample]:
     # backend's end time, which may lie before that scrape; a deleted job takes its attempts.
     kept = tickstats.high_water("gpu_seconds", {team: totals.get(team, 0.0) for team in teams})
     return [("", {"team": team}, seconds) for team, seconds in kept.items()]
+
+
+def _activity_families(now: dt.datetime) -> list[Family]:
+    """Each team's active and idle GPU-seconds this month (`metering.activity`)."""
+    by_team = team_activity_month(now)
+    teams = Team.objects.order_by("name").values_list("pk", "name")
+    active = [("", {"team": name}, by_team.get(pk, (0, 0))[0] / 1e6) for pk, name in teams]
+    idle = [("", {"team": name}, by_team.get(pk, (0, 0))[1] / 1e6) for pk, name in teams]
+    return [
+        Family(
+            "starforge_active_gpu_seconds_month",
+            "gauge",
+            "GPU-seconds this UTC month whose GPUs worked (utilisation at the threshold, or "
+            "without GPU readings their ranks progressing), by team, from the runners' reports.",
+            active,
+        ),
+        Family(
+            "starforge_idle_gpu_seconds_month",
+            "gauge",
+            "GPU-seconds this UTC month whose GPUs idled, by team, from the runners' reports.",
+            idle,
+        ),
+    ]
 
 
 def _cost_families(now: dt.datetime) -> list[Family]:

@@ -275,8 +275,9 @@ def test_a_scrape_costs_the_same_queries_however_many_jobs(
             end_time=None if n % 2 else NOW + dt.timedelta(seconds=n),
         )
     # 6, and this month's cost (issue 50): the teams with their budgets, the usage records,
-    # the attempts not recorded yet, the check that none was metered meanwhile, the prices.
-    with django_assert_max_num_queries(11):
+    # the attempts not recorded yet, the check that none was metered meanwhile, the prices;
+    # and this month's active and idle GPU-time: the records, the running attempts, the teams.
+    with django_assert_max_num_queries(14):
         assert scrape(authorization=f"Bearer {scrape_token}").status_code == 200
 
 
