@@ -320,6 +320,10 @@ class AttemptOut(Schema):
     native_state: str = Field(description="the backend's own state, as last observed")
     native_message: str = Field(description="the backend's words for why it waits")
     gpu_seconds: float
+    cost: str = Field(description="at the GPU prices in force when it ran (a decimal string)")
+    cost_split: str = Field(
+        description="where the price changed while it ran, the prices it was billed at; else empty"
+    )
 
 
 class StartedOut(Schema):

@@ -87,7 +87,11 @@ def job_cost(
     started: Iterable[tuple[dt.datetime, dt.datetime | None, int]],
     now: dt.datetime,
 ) -> int:
-    """A job's cost in micro-units: its started attempts' (start, end, GPUs in all)."""
+    """A job's cost in micro-units: its started attempts' (start, end, GPUs in all). A job that
+    never started reads no prices."""
+    started = list(started)
+    if not started:
+        return 0
     book = price_book()
     return sum(
         attempt_cost(cluster_id, gpu_type, start, end, gpus, now, book)

@@ -38,13 +38,15 @@ from jobs.schemas import (
 from jobs.states import JobStatus
 from jobs.stores import logstore
 from jobs.stores.snapshots import store_snapshot
+from metering.cost import attempt_costs
+from metering.prices import amount
 from metering.usage import attempt_gpu_seconds
 
 # The CLI sends a token; the console its session (CSRF-checked on POST and DELETE).
 router = Router(auth=[UserToken(), ConsoleSession()], tags=["jobs"])
 DOWNLOAD_PAGE_LINES = 10_000
 # AttemptOut's fields not read straight off the row
-COMPUTED = ("gpu_seconds", "ranks", "gpus")
+COMPUTED = ("gpu_seconds", "ranks", "gpus", "cost", "cost_split")
 LOG_FOLLOW_STEP_S = 0.25  # a held follow looks for new lines this often
 FOLLOW_POLL_S = 1.0  # and a follow not held (SF_LOG_FOLLOW_HOLD_S) is asked again after this
 CONTENT_TYPE = f"{RENDERER.media_type}; charset={RENDERER.charset}"
@@ -216,14 +218,18 @@ def job_diagnostics(request, job_id: int):
 def job_attempts(request, job_id: int):
     job = get_visible_job(request.auth, job_id)
     now = timezone.now()
+    attempts = list(job.attempts.order_by("number"))
+    costs = attempt_costs(job.cluster_id, job.gpu_type, attempts, now)
     return [
         {
             **{f: getattr(a, f) for f in AttemptOut.model_fields if f not in COMPUTED},
             "ranks": rank_rows(a.ranks),
             "gpus": a.total_gpus,  # /api/v1's first name for it
             "gpu_seconds": attempt_gpu_seconds(a.start_time, a.end_time, a.total_gpus, now),
+            "cost": amount(cost.micros),
+            "cost_split": cost.split,
         }
-        for a in job.attempts.order_by("number")
+        for a, cost in zip(attempts, costs, strict=True)
     ]
 
 

@@ -82,3 +82,19 @@ def test_a_jobs_json_has_its_cost(spent, api, team, alice):
     assert (answer["cost"], answer["currency"]) == ("8.00", "USD")  # 2 GPU-h at 1.50, 2 at 2.50
     listed = {row["id"]: row["cost"] for row in api.get("/jobs").json()["items"]}
     assert listed[job.pk] == "8.00"
+
+
+def test_a_jobs_attempts_say_their_cost_and_where_the_price_changed(spent, api, team, alice):
+    job = queued_job(team, alice, total_gpus=1)
+    with_attempt(
+        job,
+        "SUCCEEDED",
+        start_time=CHANGE - dt.timedelta(hours=2),
+        end_time=CHANGE + dt.timedelta(hours=2),
+    )
+    (attempt,) = api.get(f"/jobs/{job.pk}/attempts").json()
+    assert attempt["cost"] == "8.00"  # 2 GPU-h at 1.50, 2 at 2.50
+    assert attempt["cost_split"] == (
+        "billed at 2 prices (the price changed while it ran): 1.50 per GPU-hour from "
+        "2026-11-14 22:00 UTC; 2.50 per GPU-hour from 2026-11-15 00:00 UTC"
+    )
