@@ -1,10 +1,13 @@
 """The usage API (`/api/v1/usage`): GPU-hours of the caller's teams and their cost, grouped one
 way; GPU prices (`/api/v1/prices`: read by members for their teams' clusters, added by staff)
-and a team's money budget (`/api/v1/teams/NAME/budget`, staff: `jobs.actions.money`)."""
+and a team's money budget (`/api/v1/teams/NAME/budget`, staff: `jobs.actions.money`); the
+accounting export (`/api/v1/usage/export`: sacct's fields per attempt, `metering.export`)."""
 
 import datetime as dt
 import re
+from typing import Literal
 
+from django.http import HttpResponse
 from django.utils import timezone
 from ninja import Query, Router, Schema, Status
 from pydantic import Field
@@ -13,6 +16,7 @@ from jobs.actions import money
 from jobs.auth import ConsoleSession, UserToken
 from jobs.errors import BadRequest
 from jobs.schemas import ErrorOut, Text
+from metering import export
 from metering.cost import team_month_cost
 from metering.prices import amount, currency, price_out, visible_prices
 from metering.usage import (
@@ -103,6 +107,58 @@ def usage(request, query: Query[UsageQuery]):
         "total_cost": amount(sum(line.cost_micros for line in lines)),
         "currency": currency(),
     }
+
+
+class ExportQuery(Schema):
+    start: str | None = Field(
+        None, max_length=40, description="UTC, YYYY-MM-DD or ISO 8601 (default: 1st of month)"
+    )
+    end: str | None = Field(None, max_length=40, description="UTC, exclusive (default: now)")
+    format: Literal["csv", "json"] = "csv"
+
+
+class ExportOut(Schema):
+    columns: list[str]
+    rows: list[dict[str, str]] = Field(description="one per attempt, sacct's field names")
+
+
+@router.get(
+    "/usage/export",
+    response={200: ExportOut, (400, 401, 422, 429): ErrorOut},
+    summary="Accounting export: one sacct-shaped record per attempt, CSV or JSON",
+)
+def usage_export(request, query: Query[ExportQuery]):
+    now = timezone.now()
+    start = _instant("start", query.start) or dt.datetime.combine(
+        now.astimezone(dt.UTC).date().replace(day=1), dt.time(), dt.UTC
+    )
+    end = _instant("end", query.end) or now
+    if start >= end:
+        raise BadRequest(
+            f"start {start:%Y-%m-%dT%H:%M:%S} is not before end {end:%Y-%m-%dT%H:%M:%S}"
+        )
+    if (end - start).days > MAX_DAYS:
+        raise BadRequest(f"ask for at most {MAX_DAYS} days at a time")
+    try:
+        rows = export.export_rows(request.auth, start, end, now)
+    except export.TooMany as exc:
+        raise BadRequest(str(exc)) from None
+    if query.format == "csv":
+        answer = HttpResponse(export.as_csv(rows), content_type="text/csv; charset=utf-8")
+        answer["Content-Disposition"] = 'attachment; filename="starforge-accounting.csv"'
+        return answer
+    return {"columns": list(export.COLUMNS), "rows": rows}
+
+
+def _instant(name: str, text: str | None) -> dt.datetime | None:
+    """A UTC day or ISO 8601 instant (naive: UTC)."""
+    if not text:
+        return None
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise BadRequest(f"{name} must be YYYY-MM-DD or an ISO 8601 time, got {text!r}") from None
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
 def _day(name: str, text: str | None) -> dt.date | None:
