@@ -196,3 +196,31 @@ def diagnosis(job_id: int, attempt_id: int | None, billed_gpu_s: float) -> list[
         for dump in dumps or [{"rank": "-", "text": "no stack dump arrived from the runner"}]:
             sentences.append(f"Rank {dump.get('rank')}'s Python stacks:\n{dump.get('text')}")
     return sentences
+
+
+WATCH_EVENTS = {"idle": "idle for", "suspected-hang": "suspected hang"}
+
+
+def watch_note(job_id: int, event: str) -> dict | None:
+    """What a notification of the watch says: the latest event of its kind (its sentence, and
+    for a hang every rank's stacks and the ranks still moving); the job's own text in the dumps
+    is data, escaped by whatever shows it (Slack's text carries only the sentence)."""
+    prefix = WATCH_EVENTS.get(event)
+    if prefix is None:
+        return None
+    found = (
+        JobEvent.objects.filter(job_id=job_id, reason__startswith=prefix)
+        .order_by("-id")
+        .values_list("reason", "attempt", "data")
+        .first()
+    )
+    if found is None:
+        return None
+    reason, attempt, data = found
+    data = data if isinstance(data, dict) else {}
+    return {
+        "reason": reason,
+        "attempt": attempt,
+        "dumps": data.get("dumps", []),
+        "moving_ranks": data.get("moving_ranks", []),
+    }

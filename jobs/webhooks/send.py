@@ -23,6 +23,7 @@ from django.core import mail
 from django.urls import reverse
 
 from jobs.models import Attempt, Job, Webhook, WebhookDelivery
+from jobs.reads.activity import watch_note
 from jobs.webhooks.targets import Refused, resolve
 from metering.usage import job_gpu_seconds
 
@@ -67,6 +68,9 @@ def payload(delivery: WebhookDelivery, now: dt.datetime) -> dict:
         "status_changed_at": _iso(job.status_changed_at),
         "url": console_url(job.pk),
     }
+    note = watch_note(job.pk, delivery.event)
+    if note is not None:  # idle, suspected-hang: the watch's sentence and the ranks' stacks
+        body["activity"] = note
     return body
 
 
@@ -82,9 +86,14 @@ def summary(body: dict) -> str:
     what = {
         Event.WAITING: f"has waited in the queue since {job['status_changed_at'][:19]} UTC",
         Event.PREEMPTED: "was preempted",
+        Event.IDLE: "is idle",
+        Event.HUNG: "is suspected hung",
     }.get(body["event"], f"is {job['status']}")
     hours = job["gpu_seconds"] / 3600
     reason = (job["reason"].splitlines() or [job["status"]])[0].removesuffix("; last lines:")
+    note = body.get("activity")
+    if isinstance(note, dict) and isinstance(note.get("reason"), str):
+        reason = note["reason"]  # the watch's own sentence: why it is idle or hung
     return (
         f"Starforge job {job['id']} ({job['name'] or job['run_id']}, team {job['team']}) {what}"
         f": {reason} — {hours:.2f} GPU-hours. {job['url']}"

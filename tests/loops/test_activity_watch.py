@@ -18,6 +18,7 @@ from jobs.models import (
     WebhookDelivery,
 )
 from jobs.states import JobStatus
+from jobs.webhooks.send import payload, slack_text, summary
 from tests.factories import queued_job, with_attempt
 from tests.sockets import signed_in
 
@@ -89,7 +90,12 @@ def test_a_stall_is_reported_once_with_its_dumps_escaped_on_the_page(running, te
     assert watch_activity(NOW + dt.timedelta(seconds=3)).hung == []
     (event,) = JobEvent.objects.filter(job=job, reason__startswith="suspected hang")
     assert event.data["dumps"][0]["text"] == dump and event.data["action"] == "notify"
-    assert WebhookDelivery.objects.filter(event="suspected-hang").count() == 1
+    (delivery,) = WebhookDelivery.objects.filter(event="suspected-hang")
+    body = payload(delivery, NOW)
+    assert body["activity"]["dumps"][0]["text"] == dump  # in the notification, as data
+    line = slack_text(summary(body))
+    assert "is suspected hung: suspected hang: no progress for" in line
+    assert "<script>" not in line
     page = signed_in(alice).get(f"/jobs/{job.pk}/").content.decode()
     assert "waiting_here (train.py:9)" in page
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;" in page
