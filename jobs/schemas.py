@@ -312,8 +312,14 @@ class AttemptOut(Schema):
     ranks: list[RankOut]
     submitted_at: dt.datetime
     pending_at: dt.datetime | None
-    start_time: dt.datetime | None
-    end_time: dt.datetime | None
+    start_time: dt.datetime | None = Field(description="billed start")
+    end_time: dt.datetime | None = Field(description="billed end")
+    engine_start: dt.datetime | None = Field(
+        description="the engine's own start (Slurm's Start...), where it reported one"
+    )
+    engine_end: dt.datetime | None = Field(
+        description="the engine's own end; the billed times never leave the engine's"
+    )
     exit_code: int | None
     end_reason: str
     failure: str = Field(description=FAILURES)

@@ -1,6 +1,6 @@
 """Owns `sf job`: its verbs' parser, and one job shown (status, why), controlled (stop, pause,
-resume, retry) or deleted; `sf job list` and `sf job logs` have modules of their own, and an
-array's id (`aN`) goes to `sf.commands.arrays`."""
+resume, retry) or deleted; `sf job list`, `sf job logs` and `sf job attempts` have modules of
+their own, and an array's id (`aN`) goes to `sf.commands.arrays`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from sf.commands import listing, logs
+from sf.commands import attempts, listing, logs
 from sf.commands.arrays import act_on_array, array_id, show_array
 from sf.commands.common import (
     api_client,
@@ -35,6 +35,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     why.set_defaults(handler=cmd_why, parser=why)
     listing.add_parser(verbs, common)
     logs.add_parser(verbs, common)
+    attempts.add_parser(verbs, common)
     for verb in ("stop", "pause", "resume", "retry"):
         p = verbs.add_parser(verb, parents=[common], help=f"{verb} a job (default: latest)")
         p.add_argument(
