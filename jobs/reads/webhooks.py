@@ -14,7 +14,7 @@ from django.contrib.auth.models import User
 from django.db.models import Q, QuerySet
 
 from jobs.errors import NotFound
-from jobs.models import Job, Membership, Webhook, WebhookDelivery
+from jobs.models import Job, Membership, Team, Webhook, WebhookDelivery
 
 TEST_EVENT = "test"  # a test delivery's event: about no job
 
@@ -72,6 +72,8 @@ def refusal(delivery: WebhookDelivery) -> str:
     """Why this delivery may not be sent now ("" when it may), read at every try: the owner
     may have been removed from the job's team or deactivated since it was written."""
     hook = delivery.webhook
+    if delivery.event == Webhook.Event.BUDGET:
+        return _team_refusal(hook, (delivery.payload or {}).get("team"))
     if delivery.job_id is None or delivery.event == TEST_EVENT:
         return "" if hook.owner.is_active else "the webhook's owner is deactivated"
     team_id = Job.objects.filter(pk=delivery.job_id).values_list("team_id", flat=True).first()
@@ -82,3 +84,17 @@ def refusal(delivery: WebhookDelivery) -> str:
     if hook.team_id is not None:
         return "the webhook's owner no longer admins its team"
     return "the webhook's owner is no longer in the job's team"
+
+
+def _team_refusal(hook: Webhook, team_name: object) -> str:
+    """A team's budget alert (about no job): its owner must still be told about the team."""
+    if not hook.owner.is_active:
+        return "the webhook's owner is deactivated"
+    team_id = Team.objects.filter(name=str(team_name)).values_list("pk", flat=True).first()
+    if team_id is None:
+        return "the team the alert is about is gone"
+    if may_tell([hook], {team_id})(hook, team_id):
+        return ""
+    if hook.team_id is not None:
+        return "the webhook's owner no longer admins its team"
+    return "the webhook's owner is no longer in the team"

@@ -158,3 +158,20 @@ def test_only_owners_who_may_still_be_told_get_an_alert(nlp, make_user, make_tea
     nlp.membership_set.filter(user=ann).delete()
     notify_budget_alerts(NOW + dt.timedelta(hours=2))  # 80%: ann is no longer in nlp
     assert WebhookDelivery.objects.count() == 1
+
+
+def test_an_alert_written_before_its_owner_left_the_team_is_not_sent(nlp, make_user, settings):
+    """Checked again at every try, as a job's deliveries are: a member who leaves the team (or a
+    team admin demoted) between the alert's write and its try is not told."""
+    settings.SF_NOTIFY_EMAIL = True
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    ann = make_user("ann", nlp)
+    webhooks.create(ann, "mailto:ann@example.com", ["budget-alert"])
+    spent(nlp, ann, hours=6)
+    assert notify_budget_alerts(NOW) == [(nlp.pk, 50)]
+    nlp.membership_set.filter(user=ann).delete()
+    deliveries.deliver_due(now=NOW)
+    assert mail.outbox == []
+    delivery = WebhookDelivery.objects.get()
+    assert delivery.state != WebhookDelivery.State.DELIVERED
+    assert "no longer in the team" in str(delivery.tries)

@@ -4,6 +4,10 @@
 from starforge.api import api
 
 PINNED = {
+    ("GET", "/api/v1/usage/export"): "metering_api_usage_export",
+    ("GET", "/api/v1/prices"): "metering_api_prices",
+    ("POST", "/api/v1/prices"): "metering_api_add_price",
+    ("PUT", "/api/v1/teams/{name}/budget"): "metering_api_set_budget",
     ("GET", "/api/v1/audit"): "jobs_api_audit_list_audit",
     ("GET", "/api/v1/audit.csv"): "jobs_api_audit_audit_csv",
     ("GET", "/api/v1/audit/{entry_id}"): "jobs_api_audit_get_audit",
