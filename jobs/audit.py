@@ -17,9 +17,7 @@ never a secret). The request (address, door, token) defaults to the one being se
 from __future__ import annotations
 
 import contextvars
-import csv
 import datetime as dt
-import io
 import json
 import os
 from dataclasses import dataclass, field
@@ -34,24 +32,10 @@ from django.utils import timezone
 
 from jobs.addresses import client_address
 from jobs.audited import AuditEntry
+from jobs.reads.audit import csv_rows
 
 # Purging is the one path past the trigger: this session variable, set LOCAL to one transaction.
 PURGE_SETTING = "starforge.audit_purge"
-CSV_COLUMNS = (
-    "id",
-    "time",
-    "actor",
-    "token",
-    "door",
-    "action",
-    "target_type",
-    "target_id",
-    "target",
-    "team",
-    "before",
-    "after",
-    "address",
-)
 FIELD_MAX = {"actor": 150, "target": 200, "action": 64, "target_id": 64, "address": 64}
 
 
@@ -208,43 +192,6 @@ def retention_days() -> int:
     return int(getattr(settings, "SF_AUDIT_RETENTION_DAYS", 365))
 
 
-def csv_rows(entries) -> io.StringIO:
-    """The rows as CSV (header first), the shape the console's export and the purge write."""
-    out = io.StringIO()
-    writer = csv.writer(out)
-    writer.writerow(CSV_COLUMNS)
-    for e in entries:
-        writer.writerow(csv_row(e))
-    return out
-
-
-def csv_row(e: AuditEntry) -> list[str]:
-    dumped = {
-        k: json.dumps(getattr(e, k)) if getattr(e, k) is not None else ""
-        for k in ("before", "after")
-    }
-    return [
-        str(e.pk),
-        e.time.isoformat(),
-        _cell(e.actor),
-        e.token,
-        e.door,
-        e.action,
-        e.target_type,
-        _cell(e.target_id),
-        _cell(e.target),
-        _cell(e.team),
-        _cell(dumped["before"]),
-        _cell(dumped["after"]),
-        e.address,
-    ]
-
-
-def _cell(text: str) -> str:
-    """Text a spreadsheet will not run as a formula (CSV injection)."""
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
-
-
 def purge(now: dt.datetime | None = None, days: int | None = None, out_dir=None) -> tuple[int, str]:
     """Export the rows older than the retention to a CSV file, then remove them; returns how
     many and the file. The file is written and synced before the rows go, in the transaction
@@ -357,9 +304,9 @@ def state_of(obj: models.Model, kind: str = "") -> dict:
 def _team_extras(team: models.Model) -> dict:
     from jobs.models import ActivityPolicy, ClusterGrant
 
-    grants = ClusterGrant.objects.filter(team=team).order_by("cluster__name")
+    grants = ClusterGrant.objects.filter(team_id=team.pk).order_by("cluster__name")
     extras: dict[str, Any] = {"clusters": list(grants.values_list("cluster__name", flat=True))}
-    policy = ActivityPolicy.objects.filter(team=team).first()
+    policy = ActivityPolicy.objects.filter(team_id=team.pk).first()
     if policy is not None:
         for f in policy._meta.concrete_fields:
             if f.attname != "team_id":
@@ -381,13 +328,17 @@ def snapshot_target(sha: str, request: HttpRequest) -> Target:
     return Target("snapshot", sha, f"snapshot {sha[:12]}", claim.team_id, claim.team.name)
 
 
-def newest_token(user: Any, since: dt.datetime) -> Target | None:
-    row = _model("token").objects.filter(user=user, created_at__gte=since).order_by("-pk").first()
-    return None if row is None else _model_target(row)
+# Who made a row of a kind, for `newest_made`.
+MADE_BY = {"token": "user", "webhook": "owner", "gpuprice": None}
 
 
-def newest_webhook(user: Any, since: dt.datetime) -> Target | None:
-    row = (
-        _model("webhook").objects.filter(owner=user, created_at__gte=since).order_by("-pk").first()
-    )
+def newest_made(kind: str, user: Any, since: dt.datetime) -> Target | None:
+    """The newest row of `kind` made since `since` (by `user`, where the row says who)."""
+    if kind not in MADE_BY:
+        return None
+    rows = _model(kind).objects.filter(created_at__gte=since)
+    made_by = MADE_BY[kind]
+    if made_by is not None:
+        rows = rows.filter(**{made_by: user})
+    row = rows.order_by("-pk").first()
     return None if row is None else _model_target(row)

@@ -16,6 +16,7 @@ thing from the answer (its `id`) or, for the console's token form, the newest to
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from django.http import HttpRequest, HttpResponse
 from jobs import audit
 from jobs.audit import Target
 
+log = logging.getLogger(__name__)
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Paths no person changes anything through, with why (tests/audit/test_audit_completeness.py):
 NOT_A_PERSONS = (
@@ -101,7 +103,10 @@ class AuditTrail:
         mark = audit.serving(request)
         try:
             response = self.get_response(request)
-            _after(request, response)
+            try:
+                _after(request, response)
+            except Exception:  # the change is committed: its answer stands, the loss is logged
+                log.exception("no audit row for %s %s", request.method, request.path)
         finally:
             audit.done(mark)
         return response
@@ -111,7 +116,7 @@ class AuditTrail:
         if call is None or call.request is not request or _exempt(request.path):
             return None
         match = request.resolver_match
-        route = ROUTES.get((request.method, match.route)) if match else None
+        route = ROUTES.get((request.method or "", match.route)) if match else None
         call.extra["route"] = route
         call.extra["kwargs"] = dict(view_kwargs)
         call.extra["since"] = audit.now()
@@ -140,7 +145,9 @@ def _after(request: HttpRequest, response: HttpResponse) -> None:
         audit.record(person, f"{request.method} {match.route if match else request.path}", "")
         return
     target = call.extra.get("target")
-    if route.created:
+    if route.kind == "user":
+        target = audit.as_target(person)
+    elif route.created:
         target = _created(route.kind, request, response, kwargs, call.extra["since"])
     before = call.extra.get("before")
     after = audit.state_of_target(target)
@@ -181,13 +188,10 @@ def _created(
     if kind == "member":
         username = body.get("username") or request.POST.get("username", "")
         return audit.find_target("member", {**kwargs, "username": username})
-    if kind == "token" and "id" not in body:  # the console's form: the newest token made now
-        return audit.newest_token(_person(request), since)
     if "id" in body:
         return audit.find_target(kind, {f"{kind}_id": body["id"]})
-    if kind == "webhook":
-        return audit.newest_webhook(_person(request), since)
-    return None
+    # A console form answers a page, and a price no id: the newest row made during the request.
+    return audit.newest_made(kind, _person(request), since)
 
 
 def _json(response: HttpResponse) -> dict:

@@ -16,6 +16,7 @@ from django.db import models
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_save
 
 from jobs import audit
+from jobs.audited import AuditEntry
 
 ADMIN_PREFIX = "/admin/"
 
@@ -53,7 +54,7 @@ def _shown_models() -> set[type[models.Model]]:
 
 
 def _watched(sender) -> bool:
-    return sender in _shown_models()
+    return sender is not AuditEntry and sender in _shown_models()
 
 
 def before_save(sender, instance, raw=False, update_fields=None, **kwargs) -> None:
@@ -73,6 +74,8 @@ def after_save(sender, instance, created=False, raw=False, update_fields=None, *
         return  # a sign-in's own write; recorded as the sign-in
     old = call.extra.get("admin_before", {}).pop((sender, str(instance.pk)), None)
     new = audit.state_of(instance)
+    before: dict | None
+    after: dict | None
     if created:
         action, before, after = "add", None, new
     else:

@@ -6,7 +6,7 @@ from sf.contract import TRACKING_PATH
 from jobs import throttle
 from jobs.api import mlflow
 from jobs.api.prometheus import metrics_view
-from jobs.console import arrays, compare, notify, teams, views
+from jobs.console import arrays, audit, compare, notify, teams, views
 from metering.views import usage_page
 from starforge.api import api
 
@@ -24,6 +24,7 @@ urlpatterns = [
     path("compare/", compare.compare, name="compare"),
     path("states/", views.states_help, name="states"),
     path("usage/", usage_page, name="usage"),
+    path("audit/", audit.audit_page, name="audit"),
     path("metrics", metrics_view, name="metrics"),
     path("teams/", teams.team_list, name="teams"),
     path("teams/<slug:name>/", teams.team_detail, name="team-detail"),

@@ -6,11 +6,10 @@ naming another team or one of its rows is a 404."""
 import datetime as dt
 from typing import Any
 
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import StreamingHttpResponse
 from ninja import Query, Router, Schema
 from pydantic import Field
 
-from jobs import audit
 from jobs.audited import AuditEntry
 from jobs.auth import ConsoleSession, UserToken
 from jobs.reads import audit as audit_reads
@@ -89,7 +88,7 @@ def list_audit(request, query: Query[AuditQuery]):
     response={200: None, (400, 401, 404, 422, 429): ErrorOut},
     summary="Every matching audit entry as CSV (same filters; no paging)",
 )
-def audit_csv(request, query: Query[AuditQuery]) -> HttpResponse:
+def audit_csv(request, query: Query[AuditQuery]) -> StreamingHttpResponse:
     return csv_response(audit_reads.all_entries(request.auth, _wanted(query, paged=False)))
 
 
@@ -103,24 +102,8 @@ def get_audit(request, entry_id: int):
 
 
 def csv_response(rows) -> StreamingHttpResponse:
-    """The rows as a CSV download, written a thousand at a time."""
-
-    def chunks():
-        yield audit.csv_rows([]).getvalue()
-        batch = []
-        for e in rows.iterator(chunk_size=1000):
-            batch.append(e)
-            if len(batch) == 1000:
-                yield _body(batch)
-                batch = []
-        if batch:
-            yield _body(batch)
-
-    response = StreamingHttpResponse(chunks(), content_type="text/csv; charset=utf-8")
+    response = StreamingHttpResponse(
+        audit_reads.csv_chunks(rows), content_type="text/csv; charset=utf-8"
+    )
     response["Content-Disposition"] = 'attachment; filename="starforge-audit.csv"'
     return response
-
-
-def _body(batch: list[AuditEntry]) -> str:
-    text = audit.csv_rows(batch).getvalue()
-    return text.split("\r\n", 1)[1]  # without its header

@@ -22,7 +22,7 @@ from jobs.actions import control, tokens
 from jobs.errors import ApiError, BadRequest, Forbidden, NotFound
 from jobs.ledger.transitions import TransitionRefused
 from jobs.models import Attempt, Cluster, Membership
-from jobs.reads import diagnostics, teams
+from jobs.reads import audit, diagnostics, teams
 from jobs.reads.queue import queue_places, queue_row
 from jobs.reads.tokens import user_tokens
 from jobs.reads.visible import (
@@ -179,6 +179,7 @@ def job_detail(request, job_id: int):
     ]
     attempt = current_attempt(job)
     ranks = attempt.ranks if attempt and job.nodes > 1 else []
+    people = audit.job_people(request.user, job)  # who stopped it, and how (issue 51)
     return render(
         request,
         "jobs/detail.html",
@@ -189,7 +190,8 @@ def job_detail(request, job_id: int):
             "rank_choices": _rank_choices(job, ranks),
             "attempts": attempts,
             "cost": shown(sum(cost.micros for cost in costs)),
-            "events": job.events.order_by("pk"),
+            "events": audit.mark_people(job.events.order_by("pk"), people),
+            "people": people,
             "diagnostics": diagnostics.explain(job, now),
             "actions": _actions(job, teams.can_control_jobs(request.user, job.team_id)),
             "follow_ons_json": json.dumps(

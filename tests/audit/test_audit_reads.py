@@ -70,3 +70,19 @@ def test_the_csv_has_every_matching_row_of_the_reader(api_as, rows):
 
 def test_a_member_who_administers_nothing_reads_nothing(api_as, rows, alice):
     assert api_as(alice).get("/audit").json() == {"items": [], "next_before": None}
+
+
+def test_the_console_page_lists_and_exports_what_the_admin_reads(client, rows):
+    ada, _, made = rows
+    client.force_login(ada)
+    page = client.get("/audit/", {"action": "job."})
+    assert page.status_code == 200
+    assert b"job 1" in page.content and b"job 2" not in page.content
+    assert client.get("/audit/", {"team": "nlp"}).status_code == 404
+    assert client.get("/audit/", {"since": "yesterday"}).status_code == 400
+    export = client.get("/audit/", {"format": "csv", "team": "vision"})
+    text = b"".join(export.streaming_content).decode()
+    assert [r["id"] for r in csv.DictReader(io.StringIO(text))] == [
+        str(made[0].pk),
+        str(made[1].pk),
+    ]

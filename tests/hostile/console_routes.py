@@ -8,6 +8,7 @@ ROUTE_ARGS = {
     "job-action": {"job_id": "JOB", "verb": "stop"},
     "states": {},
     "usage": {},
+    "audit": {},
     "metrics": {},
     "teams": {},
     "team-detail": {"name": "vision"},
