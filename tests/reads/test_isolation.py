@@ -12,6 +12,7 @@ import datetime as dt
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from decimal import Decimal
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -25,6 +26,9 @@ from jobs.actions.tokens import create_token
 from jobs.ledger.transitions import transition
 from jobs.models import (
     ApiToken,
+    Cluster,
+    ClusterGrant,
+    GpuPrice,
     Job,
     JobArray,
     JobEvent,
@@ -155,6 +159,7 @@ def untouched(w: World) -> None:
     assert roles == {"alice": "member", "ada": "admin", "vic": "viewer"}
     team = Team.objects.get(pk=w.team.pk)
     assert (team.default_max_retries, team.default_cluster_id) == (0, w.team.default_cluster_id)
+    assert team.money_budget_per_month is None
     assert ApiToken.objects.get(pk=w.token.pk).revoked_at is None
 
 
@@ -538,6 +543,60 @@ async def _stop_alices_job(w: World) -> None:
 
 # -- the table -----------------------------------------------------------------------------------
 
+
+# -- MLflow, prices and money budgets --------------------------------------------------------------
+
+
+def mlflow_run_outsider(w: World) -> None:
+    """Bob's token through MLflow's own API: alice's run is one that does not exist."""
+    path = f"/mlflow/api/2.0/mlflow/runs/get?run_id={w.job.pk}-1"
+    response = send(w.api(w.bob), "GET", path)
+    assert response.status_code == 404, response.content
+    assert json.loads(response.content)["error_code"] == "RESOURCE_DOES_NOT_EXIST"
+    assert not leaks(body(response), w)
+
+
+def mlflow_run_viewer(w: World) -> None:
+    path = f"/mlflow/api/2.0/mlflow/runs/get?run_id={w.job.pk}-1"
+    response = send(w.api(w.vic), "GET", path)
+    assert response.status_code == 200, response.content
+    assert json.loads(response.content)["run"]["info"]["run_id"] == f"{w.job.pk}-1"
+
+
+def vision_only_price(w: World) -> GpuPrice:
+    """A price on a cluster only team vision may use."""
+    cluster = Cluster.objects.create(name="vision-only", kind="noop", settings={"gpus": 8})
+    ClusterGrant.objects.create(team=w.team, cluster=cluster)
+    return GpuPrice.objects.create(
+        cluster=cluster, per_gpu_hour=Decimal("7.77"), valid_from=timezone.now()
+    )
+
+
+def prices_outsider(w: World) -> None:
+    vision_only_price(w)
+    response = send(w.api(w.bob), "GET", "/api/v1/prices")
+    assert response.status_code == 200, response.content
+    assert "vision-only" not in body(response) and "7.77" not in body(response)
+
+
+def prices_viewer(w: World) -> None:
+    vision_only_price(w)
+    shows(send(w.api(w.vic), "GET", "/api/v1/prices"), "vision-only", "7.77")
+
+
+def price_add(user_of: Callable[[World], User]) -> Callable[[World], None]:
+    """Adding a price is staff's: a team admin of another team and a viewer get 403."""
+
+    def probe(w: World) -> None:
+        data = {"cluster": "local", "per_gpu_hour": "1.00", "valid_from": "2999-01-01T00:00:00Z"}
+        response = send(w.api(user_of(w)), "POST", "/api/v1/prices", data)
+        assert response.status_code == 403, response.content
+        assert not GpuPrice.objects.exists()
+        untouched(w)
+
+    return probe
+
+
 JOB = "/api/v1/jobs/{job_id}"
 TEAM = "/api/v1/teams/{name}"
 NOT_LEDGER = "no ledger data: the same page for everyone"
@@ -673,6 +732,12 @@ ROUTES: dict[str, Check | Exempt] = {
         "DELETE", TEAM + "/clusters/{cluster}"
     ),
     "GET /api/v1/usage": Check(usage_api_outsider, usage_api_viewer),
+    "* /mlflow/(?P<path>.*)": Check(mlflow_run_outsider, mlflow_run_viewer),
+    "GET /api/v1/prices": Check(prices_outsider, prices_viewer),
+    "POST /api/v1/prices": Check(price_add(lambda w: w.bob), price_add(lambda w: w.vic)),
+    "PUT /api/v1/teams/{name}/budget": api_control(
+        "PUT", TEAM + "/budget", {"money_budget_per_month": "1"}
+    ),
     # The websockets.
     "WS /ws/jobs/": Check(socket_outsider=list_socket_outsider, socket_viewer=list_socket_viewer),
     "WS /ws/jobs/<int:job_id>/": Check(
