@@ -53,6 +53,11 @@ class UsageRowOut(Schema):
         description="the part of gpu_hours that ran on GPUs borrowed from other teams"
     )
     cost: str = Field(description="at the prices in force when it ran: a decimal string")
+    active_gpu_hours: float = Field(
+        description="the part of gpu_hours whose GPUs worked, by the runners' activity reports"
+    )
+    idle_gpu_hours: float = Field(description="the part of gpu_hours whose GPUs idled")
+    efficiency: float | None = Field(description="active_gpu_hours / gpu_hours")
 
 
 class UsageOut(Schema):
@@ -86,6 +91,8 @@ def usage(request, query: Query[UsageQuery]):
     lines = usage_lines(usage_teams(request.auth, query.team), since, until)
     borrowed = dict(totals_by(lines, query.by, borrowed=True))
     costs = dict(totals_by(lines, query.by, cost=True))
+    active = dict(totals_by(lines, query.by, figure="active_us"))
+    idle = dict(totals_by(lines, query.by, figure="idle_us"))
     rows = [
         {
             query.by: value,
@@ -93,6 +100,9 @@ def usage(request, query: Query[UsageQuery]):
             "gpu_hours": gpu_hours(gpu_us),
             "borrowed_gpu_hours": gpu_hours(borrowed.get((value,), 0)),
             "cost": amount(costs.get((value,), 0)),
+            "active_gpu_hours": gpu_hours(active.get((value,), 0)),
+            "idle_gpu_hours": gpu_hours(idle.get((value,), 0)),
+            "efficiency": round(active.get((value,), 0) / gpu_us, 4) if gpu_us else None,
         }
         for (value,), gpu_us in totals_by(lines, query.by)
     ]

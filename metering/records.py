@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
-from jobs.models import Attempt
+from jobs.models import Attempt, AttemptActivity
 from jobs.reads.prepared import Prepared
 from metering.models import UsageRecord
 from metering.prices import PriceBook, Schedule, cost_of, price_spans, read_prices
@@ -310,3 +310,35 @@ def _read_consistently(
 
 def _midnight(day: dt.date) -> dt.datetime:
     return dt.datetime.combine(day, dt.time(), dt.UTC)
+
+
+def usage_activity(
+    since: dt.date, until: dt.date, team_ids: list[int], now: dt.datetime
+) -> dict[Key, tuple[int, int]]:
+    """Active and idle GPU-µs per (day, team, user, cluster) in [since, until): the usage
+    records' (ended attempts, split over their days) and, on today's key, the running
+    attempts' counters so far. Two queries."""
+    out: dict[Key, list[int]] = {}
+    records = (
+        UsageRecord.objects.filter(day__gte=since, day__lt=until, team_id__in=team_ids)
+        .values("day", "team_id", "user_id", "cluster_id")
+        .annotate(on=Sum("active_gpu_us"), off=Sum("idle_gpu_us"))
+        .values_list("day", "team_id", "user_id", "cluster_id", "on", "off")
+    )
+    for day, team, user, cluster, on, off in records:
+        out[(day, team, user, cluster)] = [on or 0, off or 0]
+    today = now.astimezone(dt.UTC).date()
+    if since <= today < until:
+        running = AttemptActivity.objects.filter(
+            attempt__metered=False,
+            attempt__start_time__isnull=False,
+            attempt__job__team_id__in=team_ids,
+        ).values_list(
+            "attempt__job__team_id", "attempt__job__user_id", "attempt__job__cluster_id",
+            "active_gpu_us", "idle_gpu_us",
+        )  # fmt: skip
+        for team, user, cluster, on, off in running:
+            pair = out.setdefault((today, team, user, cluster), [0, 0])
+            pair[0] += on
+            pair[1] += off
+    return {key: (on, off) for key, (on, off) in out.items()}

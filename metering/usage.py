@@ -24,7 +24,7 @@ from jobs.models import Attempt, Cluster
 from jobs.reads.prepared import Prepared, reader
 from jobs.reads.teams import visible_teams
 from metering.cost import usage_cost
-from metering.records import usage_totals
+from metering.records import usage_activity, usage_totals
 
 US_PER_SECOND = 10**6
 US_PER_HOUR = 3600 * US_PER_SECOND
@@ -90,6 +90,8 @@ class UsageLine(NamedTuple):
     gpu_us: int
     borrowed_us: int = 0  # the part of gpu_us that ran on GPUs borrowed from another team
     cost_micros: int = 0  # what gpu_us cost at the prices in force then (metering.cost)
+    active_us: int = 0  # the part of gpu_us whose GPUs worked (metering.activity)
+    idle_us: int = 0  # the part whose GPUs idled; what was not reported is neither
 
 
 def _team_names(shape: tuple, user_id: int = 0, name: str = "") -> QuerySet:
@@ -125,6 +127,7 @@ def usage_lines(
     if not any(rows.values()):
         return []
     costs = usage_cost(since, until, now, teams)
+    worked = usage_activity(since, until, list(teams), now)
     users = dict(User.objects.filter(pk__in={k[2] for k in rows}).values_list("pk", "username"))
     clusters = dict(Cluster.objects.filter(pk__in={k[3] for k in rows}).values_list("pk", "name"))
     return sorted(
@@ -136,6 +139,9 @@ def usage_lines(
             gpu_us,
             borrowed.get(key, 0),
             costs.get(key, 0),
+            # a line's activity never shows more than its GPU-time (the rest: unreported)
+            min(worked.get(key, (0, 0))[0], gpu_us),
+            min(worked.get(key, (0, 0))[1], gpu_us - min(worked.get(key, (0, 0))[0], gpu_us)),
         )
         for key, gpu_us in rows.items()
         for day, team, user, cluster in (key,)
@@ -144,12 +150,16 @@ def usage_lines(
 
 
 def totals_by(
-    lines: Iterable[UsageLine], *dimensions: Dimension, borrowed: bool = False, cost: bool = False
+    lines: Iterable[UsageLine],
+    *dimensions: Dimension,
+    borrowed: bool = False,
+    cost: bool = False,
+    figure: str = "",
 ) -> list[tuple[tuple, int]]:
     """GPU-µs per value of `dimensions` (e.g. ("team", "user")), sorted by those values; with
     `borrowed`, only those on GPUs borrowed from other teams; with `cost`, what they cost in
-    micro-units instead."""
-    figure = "cost_micros" if cost else "borrowed_us" if borrowed else "gpu_us"
+    micro-units instead; with `figure`, that field of the lines (`active_us`, `idle_us`)."""
+    figure = figure or ("cost_micros" if cost else "borrowed_us" if borrowed else "gpu_us")
     totals: dict[tuple, int] = defaultdict(int)
     for line in lines:
         totals[tuple(getattr(line, d) for d in dimensions)] += getattr(line, figure)

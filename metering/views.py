@@ -28,7 +28,7 @@ from metering.usage import (
 MONTH = re.compile(r"(\d{4})-(\d{2})")
 CSV_COLUMNS = (
     "day", "team", "user", "cluster", "gpu_hours", "gpu_seconds", "borrowed_gpu_hours",
-    "cost", "currency",
+    "active_gpu_seconds", "idle_gpu_seconds", "cost", "currency",
 )  # fmt: skip
 
 
@@ -117,6 +117,8 @@ def _csv(lines: list[UsageLine], month: dt.date) -> HttpResponse:
                 gpu_hours(line.gpu_us),
                 gpu_seconds(line.gpu_us),
                 gpu_hours(line.borrowed_us),
+                gpu_seconds(line.active_us),
+                gpu_seconds(line.idle_us),
                 amount(line.cost_micros),
                 currency(),
             )

@@ -64,3 +64,25 @@ def test_with_gpu_readings_a_gpu_under_the_threshold_is_idle_whatever_the_cpu():
     # One GPU worked; two read under the threshold; the fourth reported nothing: idle.
     assert (judged.active_us, judged.idle_us, judged.busy) == (1e6, 3e6, True)
     assert judged.moved_ranks == [0]  # its lines and CPU: progress, for the hang rule
+
+
+def test_usage_answers_carry_active_and_idle_gpu_time_by_team_and_in_the_csv(team, alice, api_as):
+    import csv
+    import io
+
+    from django.test import Client
+
+    ended(team, alice, hours=2, total_gpus=2, active_us=3 * HOUR_US, idle_us=HOUR_US)
+    meter_ended()
+    answer = api_as(alice).get(
+        "/usage", team="vision", since="2026-10-01", until="2026-12-01", by="team"
+    )
+    (row,) = answer.json()["rows"]
+    assert (row["active_gpu_hours"], row["idle_gpu_hours"], row["efficiency"]) == (3.0, 1.0, 0.75)
+    client = Client()
+    client.force_login(alice)
+    sheet = client.get("/usage/", {"month": "2026-11", "format": "csv"}).content.decode()
+    rows = list(csv.DictReader(io.StringIO(sheet)))
+    assert [(r["active_gpu_seconds"], r["idle_gpu_seconds"]) for r in rows] == [
+        ("5400.0", "1800.0")
+    ]

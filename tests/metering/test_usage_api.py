@@ -52,6 +52,9 @@ def test_defaults_to_this_month_by_team_of_my_teams_with_running_attempts_live(u
                 "gpu_hours": 5.0,
                 "borrowed_gpu_hours": 0.0,
                 "cost": "0.00",  # no GPU prices set
+                "active_gpu_hours": 0.0,  # no runner reported activity
+                "idle_gpu_hours": 0.0,
+                "efficiency": 0.0,
             }
         ],
         "total_gpu_seconds": 5 * 3600.0,
@@ -74,7 +77,9 @@ def test_grouped_by_user_cluster_or_day(usage, api, by, rows):
     assert answer["by"] == by
     assert [(row[by], row["gpu_hours"]) for row in answer["rows"]] == rows
     assert all(
-        set(row) == {by, "gpu_seconds", "gpu_hours", "borrowed_gpu_hours", "cost"}
+        set(row)
+        == {by, "gpu_seconds", "gpu_hours", "borrowed_gpu_hours", "cost"}
+        | {"active_gpu_hours", "idle_gpu_hours", "efficiency"}
         for row in answer["rows"]
     )
 
@@ -88,6 +93,9 @@ def test_since_and_until_choose_the_days(usage, api):
             "gpu_hours": 7.0,
             "borrowed_gpu_hours": 0.0,
             "cost": "0.00",
+            "active_gpu_hours": 0.0,
+            "idle_gpu_hours": 0.0,
+            "efficiency": 0.0,
         }
     ]
 
@@ -111,6 +119,9 @@ def test_a_viewer_reads_their_teams_usage(usage, make_user, api_as):
             "gpu_hours": 5.0,
             "borrowed_gpu_hours": 0.0,
             "cost": "0.00",
+            "active_gpu_hours": 0.0,
+            "idle_gpu_hours": 0.0,
+            "efficiency": 0.0,
         }
     ]
 

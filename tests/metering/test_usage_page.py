@@ -121,12 +121,50 @@ def test_csv_export_has_one_row_per_day_team_user_cluster(page):
             "gpu_hours",
             "gpu_seconds",
             "borrowed_gpu_hours",
+            "active_gpu_seconds",
+            "idle_gpu_seconds",
             "cost",
             "currency",
         ],
-        ["2026-11-01", "vision", "alice", "local", "2.0", "7200.0", "0.0", "0.00", "USD"],
-        ["2026-11-05", "nlp", "alice", "local", "3.0", "10800.0", "0.0", "0.00", "USD"],
-        ["2026-11-20", "vision", "bob", "local", "2.0", "7200.0", "0.0", "0.00", "USD"],
+        [
+            "2026-11-01",
+            "vision",
+            "alice",
+            "local",
+            "2.0",
+            "7200.0",
+            "0.0",
+            "0.0",
+            "0.0",
+            "0.00",
+            "USD",
+        ],
+        [
+            "2026-11-05",
+            "nlp",
+            "alice",
+            "local",
+            "3.0",
+            "10800.0",
+            "0.0",
+            "0.0",
+            "0.0",
+            "0.00",
+            "USD",
+        ],
+        [
+            "2026-11-20",
+            "vision",
+            "bob",
+            "local",
+            "2.0",
+            "7200.0",
+            "0.0",
+            "0.0",
+            "0.0",
+            "0.00",
+            "USD",
+        ],
     ]
 
 
@@ -144,8 +182,32 @@ def test_gpu_hours_on_borrowed_gpus_are_shown_per_team(page, team, make_user, ap
     assert "<td>vision</td><td>9.00</td><td>5.00</td>" in html
     assert "<td>nlp</td><td>3.00</td><td>0.00</td>" in html
     rows = list(csv.reader(io.StringIO(page.get("/usage/", {"format": "csv"}).content.decode())))
-    assert ["2026-11-10", "vision", "carl", "local", "3.0", "10800.0", "3.0", "0.00", "USD"] in rows
-    assert ["2026-11-20", "vision", "carl", "local", "2.0", "7200.0", "2.0", "0.00", "USD"] in rows
+    assert [
+        "2026-11-10",
+        "vision",
+        "carl",
+        "local",
+        "3.0",
+        "10800.0",
+        "3.0",
+        "0.0",
+        "0.0",
+        "0.00",
+        "USD",
+    ] in rows
+    assert [
+        "2026-11-20",
+        "vision",
+        "carl",
+        "local",
+        "2.0",
+        "7200.0",
+        "2.0",
+        "0.0",
+        "0.0",
+        "0.00",
+        "USD",
+    ] in rows
     by_team = api_as(carl).get("/usage", by="team").json()["rows"]
     assert by_team == [
         {
@@ -154,6 +216,9 @@ def test_gpu_hours_on_borrowed_gpus_are_shown_per_team(page, team, make_user, ap
             "gpu_hours": 9.0,
             "borrowed_gpu_hours": 5.0,
             "cost": "0.00",
+            "active_gpu_hours": 0.0,
+            "idle_gpu_hours": 0.0,
+            "efficiency": 0.0,
         }
     ]
 
