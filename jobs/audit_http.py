@@ -27,6 +27,7 @@ from jobs import audit
 from jobs.audit import Target
 
 log = logging.getLogger(__name__)
+SCIM_PREFIX = "/scim/v2/"
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Paths no person changes anything through, with why (tests/audit/test_audit_completeness.py):
 NOT_A_PERSONS = (
@@ -135,8 +136,12 @@ def _after(request: HttpRequest, response: HttpResponse) -> None:
     call = audit.current()
     if call is None or call.recorded or _exempt(request.path) or "kwargs" not in call.extra:
         return
+    if response.status_code >= 400 or _refused_on_page(request):
+        return
     person = _person(request)
-    if person is None or response.status_code >= 400 or _refused_on_page(request):
+    if person is None:
+        if request.path.startswith(SCIM_PREFIX):  # the IdP's client, by its provisioning token
+            _record_scim(request, call.extra["kwargs"])
         return
     route: Route | None = call.extra.get("route")
     kwargs = call.extra["kwargs"]
@@ -157,6 +162,14 @@ def _after(request: HttpRequest, response: HttpResponse) -> None:
         shown_before, shown_after = audit.changed(before, after)
     action = route.action.format(verb=kwargs.get("verb", ""))
     audit.record(person, action, target, before=shown_before, after=shown_after)
+
+
+def _record_scim(request: HttpRequest, kwargs: dict) -> None:
+    """A SCIM change that recorded nothing itself: who is the provisioning client."""
+    resource = request.path.removeprefix(SCIM_PREFIX).split("/", 1)[0] or "scim"
+    key = next((str(v) for v in kwargs.values()), "")
+    target = Target(resource.lower().rstrip("s")[:32], key, request.path[:200])
+    audit.record("scim", f"scim.{resource.lower()}.{(request.method or '').lower()}", target)
 
 
 def _person(request: HttpRequest):

@@ -96,13 +96,26 @@ def _filtered(user: User, wanted: AuditFilter) -> QuerySet[AuditEntry]:
         rows = rows.filter(target_type=kind)
         if name:
             rows = rows.filter(Q(target_id=name) | Q(target=name))
-    if wanted.since and wanted.until and wanted.since > wanted.until:
+    since, until = _utc("since", wanted.since), _utc("until", wanted.until)
+    if since and until and since > until:
         raise BadRequest("since must not be after until")
-    if wanted.since:
-        rows = rows.filter(time__gte=wanted.since)
-    if wanted.until:
-        rows = rows.filter(time__lt=wanted.until)
+    if since:
+        rows = rows.filter(time__gte=since)
+    if until:
+        rows = rows.filter(time__lt=until)
     return rows
+
+
+def _utc(name: str, moment: dt.datetime | None) -> dt.datetime | None:
+    """A time filter in UTC (naive: UTC), whatever offset it came with."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=dt.UTC)
+    try:
+        return moment.astimezone(dt.UTC)
+    except OverflowError as exc:
+        raise BadRequest(f"{name} is out of range") from exc
 
 
 def _readable_team(user: User, name: str) -> int:
