@@ -25,6 +25,7 @@ from django.http import HttpRequest, HttpResponse
 
 from jobs import audit
 from jobs.audit import Target
+from jobs.schemas import text_fault
 
 log = logging.getLogger(__name__)
 SCIM_PREFIX = "/scim/v2/"
@@ -189,6 +190,10 @@ def _refused_on_page(request: HttpRequest) -> bool:
 
 
 def _existing(kind: str, kwargs: dict, request: HttpRequest) -> Target | None:
+    """The target the route names, unless an argument is text the ledger cannot hold (the view
+    answers its 4xx; nothing is changed, so nothing is recorded)."""
+    if any(isinstance(v, str) and text_fault(v) for v in kwargs.values()):
+        return None
     return audit.find_target(kind, kwargs)
 
 

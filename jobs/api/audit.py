@@ -37,7 +37,7 @@ class AuditOut(Schema):
     id: int
     time: dt.datetime
     actor: str
-    token: str = Field(description="the prefix of the API token used; empty: none")
+    token_prefix: str = Field(description="the prefix of the API token used; empty: none")
     door: str = Field(description="api, console, admin, scim, sign-in or command")
     action: str
     target_type: str
@@ -68,7 +68,8 @@ def _wanted(query: AuditQuery, paged: bool = True) -> audit_reads.AuditFilter:
 
 
 def entry_out(e: AuditEntry) -> dict:
-    return {f: getattr(e, f) for f in AuditOut.model_fields if f != "id"} | {"id": e.pk}
+    shown = {f: getattr(e, f) for f in AuditOut.model_fields if f not in ("id", "token_prefix")}
+    return shown | {"id": e.pk, "token_prefix": e.token}
 
 
 @router.get(
