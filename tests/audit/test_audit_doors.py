@@ -101,3 +101,23 @@ def test_sign_in_its_failure_and_sign_out_are_recorded(alice):
         ("user.sign_in", "alice"),
         ("user.sign_out", "alice"),
     ]
+
+
+def test_a_scim_change_that_records_nothing_itself_is_recorded_as_the_provisioning_client():
+    from django.contrib.auth.models import AnonymousUser
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from jobs.audit_http import AuditTrail
+
+    request = RequestFactory().post("/scim/v2/Users", REMOTE_ADDR="192.0.2.4")
+    request.user = AnonymousUser()
+    trail = AuditTrail(lambda r: (trail.process_view(r, None, (), {}), HttpResponse(status=201))[1])
+    assert trail(request).status_code == 201
+    (row,) = _rows()
+    assert (row.actor, row.action, row.door, row.address) == (
+        "scim",
+        "scim.users.post",
+        "scim",
+        "192.0.2.4",
+    )

@@ -2,6 +2,7 @@
 
 import csv
 import datetime as dt
+import io
 
 import pytest
 from django.db import connection, transaction
@@ -111,3 +112,16 @@ def _backdate(pk: int, when: dt.datetime) -> None:
         row.time = when
         row._state.adding = True
         row.save(force_insert=True)
+
+
+def test_manage_py_audit_purge_reports_what_it_exported(alice, team, tmp_path, settings):
+    from django.core.management import call_command
+
+    settings.SF_AUDIT_RETENTION_DAYS = 30
+    old = audit.record(alice, "job.stop", team)
+    _backdate(old.pk, timezone.now() - dt.timedelta(days=31))
+    out = io.StringIO()
+    call_command("audit_purge", "--out", str(tmp_path), stdout=out)
+    assert "1 audit row(s) exported to" in out.getvalue()
+    assert not AuditEntry.objects.filter(pk=old.pk).exists()
+    assert len(list(tmp_path.glob("audit-until-*.csv"))) == 1
