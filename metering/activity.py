@@ -219,3 +219,19 @@ def team_activity_month(now: dt.datetime) -> dict[int, tuple[int, int]]:
         pair[0] += on
         pair[1] += off
     return {team: (on, off) for team, (on, off) in totals.items()}
+
+
+def job_efficiency(attempts: list, now: dt.datetime) -> float | None:
+    """Active ÷ billed GPU-seconds over a job's attempts (each attempt's activity clamped to
+    what it was billed); None before any was billed. `attempts` carry their `activity` row
+    where they have one (`select_related("activity")`)."""
+    active_us = billed_us = 0
+    for attempt in attempts:
+        if attempt.start_time is None:
+            continue
+        billed = attempt_gpu_seconds(attempt.start_time, attempt.end_time, attempt.total_gpus, now)
+        row = attempt.activity if hasattr(attempt, "activity") else None
+        shown = figures(row.active_gpu_us if row else 0, row.idle_gpu_us if row else 0, billed)
+        active_us += round(shown.active_gpu_s * 1e6)
+        billed_us += round(billed * 1e6)
+    return round(active_us / billed_us, 4) if billed_us else None

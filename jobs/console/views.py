@@ -33,6 +33,7 @@ from jobs.reads.visible import (
 )
 from jobs.schemas import text_fault
 from jobs.states import VERBS, JobStatus
+from metering.activity import job_efficiency
 from metering.cost import attempt_costs, job_cost
 from metering.prices import shown
 from metering.usage import attempt_gpu_seconds, job_gpu_seconds
@@ -120,8 +121,10 @@ def _run_columns(page: list, now) -> None:
     `gpu_seconds_ended` leaves out the attempt that is up (`open_start`; `open_total_gpus` are
     its GPUs in all, else the job's), so the page can count it on (static/js/durations.js)."""
     attempts = defaultdict(list)
-    rows = Attempt.objects.filter(job_id__in=[job.pk for job in page]).only(
-        "job_id", "start_time", "end_time", "total_gpus"
+    rows = (
+        Attempt.objects.filter(job_id__in=[job.pk for job in page])
+        .select_related("activity")
+        .only("job_id", "start_time", "end_time", "total_gpus", "activity")
     )
     for attempt in rows:
         attempts[attempt.job_id].append(attempt)
@@ -147,6 +150,7 @@ def _run_columns(page: list, now) -> None:
             "open_start": up.start_time if up else None,
             "open_total_gpus": up.total_gpus if up else job.total_gpus,
             "cost": shown(job_cost(job.cluster_id, job.gpu_type, _started(mine), now)),
+            "efficiency": job_efficiency(mine, now),  # active / billed GPU-seconds
         }
         if job.status == JobStatus.QUEUED:
             since = job.status_changed_at

@@ -3,6 +3,7 @@ policy's warning, then notice and pause, each once; an exempt job left alone; a 
 reported once per stall with its dumps (escaped on the job page) and its notification."""
 
 import datetime as dt
+import re
 
 import pytest
 from django.utils import timezone
@@ -122,3 +123,12 @@ def test_a_rank_still_moving_while_another_waits_is_named(running, team):
     assert watch_activity(NOW).hung == [job.pk]
     (event,) = JobEvent.objects.filter(job=job, reason__startswith="suspected hang")
     assert event.data["moving_ranks"] == [0] and "rank(s) 0 still progressing" in event.reason
+
+
+def test_the_jobs_list_shows_each_jobs_efficiency(running, alice):
+    job, attempt = running
+    AttemptActivity.objects.create(attempt=attempt, active_gpu_us=25 * 10**6)  # of 100 s billed
+    page = signed_in(alice).get("/").content.decode()
+    assert "Efficiency</th>" in page
+    # 25 GPU-s active of the 100 s billed at NOW, a little more by the time the page renders
+    assert re.search(r'<td class="efficiency mono">2[0-5] %</td>', page), page
