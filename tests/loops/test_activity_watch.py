@@ -132,3 +132,12 @@ def test_the_jobs_list_shows_each_jobs_efficiency(running, alice):
     assert "Efficiency</th>" in page
     # 25 GPU-s active of the 100 s billed at NOW, a little more by the time the page renders
     assert re.search(r'<td class="efficiency mono">2[0-5] %</td>', page), page
+
+
+def test_a_runner_that_never_reports_does_not_escape_the_policy(running, team):
+    job, _ = running  # started 100 s ago; no activity row at all: its runner said nothing
+    ActivityPolicy.objects.create(team=team, idle_after_s=30, hang_after_s=60)
+    result = watch_activity(NOW)
+    assert result.warned == [job.pk] and result.hung == [job.pk]
+    (hang,) = JobEvent.objects.filter(job=job, reason__startswith="suspected hang")
+    assert hang.data["dumps"] == []  # none came; the page says so
