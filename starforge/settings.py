@@ -22,6 +22,8 @@ SF_TRUSTED_PROXIES   CIDRs of reverse proxies whose X-Forwarded-For names the cl
                      for the throttles and SF_METRICS_ALLOWED_NETS (default: none)
 SF_SCIM_TOKEN        the identity provider's SCIM provisioning token for /scim/v2/ (default:
                      none, SCIM off)
+SF_OIDC_*            OpenID Connect sign-in (jobs/oidc_config.py lists them; default: off);
+                     SF_PASSWORD_LOGIN=0 turns password sign-in off once it is on
 """
 
 import ipaddress
@@ -162,6 +164,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "jobs.oidc.SessionRecheck",  # ends an OIDC session the provider stopped vouching for
     "django.contrib.messages.middleware.MessageMiddleware",
     "jobs.audit_http.AuditTrail",  # records the changes a request makes (jobs.audit)
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -179,6 +182,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "starforge.serving.websocket_port",
+                "jobs.oidc.sign_in_options",
             ],
         },
     },
@@ -430,6 +434,17 @@ SF_METRICS_ALLOWED_NETS = _env_cidrs("SF_METRICS_ALLOWED_NETS")
 SF_TRUSTED_PROXIES = _env_cidrs("SF_TRUSTED_PROXIES")
 # Audit rows older than this many days are exported, then removed (`manage.py audit_purge`).
 SF_AUDIT_RETENTION_DAYS = _env_int("SF_AUDIT_RETENTION_DAYS", 365)
+# OpenID Connect sign-in (jobs.oidc; the variables: jobs.oidc_config). None: password only.
+from jobs.oidc_config import oidc_from_environ, password_login  # noqa: E402  (stdlib only)
+
+SF_OIDC = oidc_from_environ(os.environ)
+SF_PASSWORD_LOGIN = password_login(os.environ, SF_OIDC)
+# The OIDC backend answers only the provider's callback; without password sign-in (the
+# console's form and the admin's) Django's ModelBackend is left out.
+AUTHENTICATION_BACKENDS = [
+    *(["django.contrib.auth.backends.ModelBackend"] if SF_PASSWORD_LOGIN else []),
+    "jobs.oidc.Backend",
+]
 # SCIM 2.0 provisioning under /scim/v2/ (jobs.scim): the identity provider's one credential,
 # `Authorization: Bearer <SF_SCIM_TOKEN>`; empty: SCIM is off (401). Never a user's token.
 SF_SCIM_TOKEN = os.environ.get("SF_SCIM_TOKEN", "").strip()

@@ -57,6 +57,10 @@ urlpatterns = [
     # The console's own assets (Plotly's bundle included) are served by the app: it works
     # with no internet access and without a separate web server.
     re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}),
+    # Identities (issue 51): the OpenID provider's sign-in and callback (jobs.oidc, 404 while
+    # not configured); SCIM 2.0 provisioning for the IdP's client (jobs.scim).
+    path("oidc/", include("jobs.oidc")),
+    path("scim/v2/", include(("jobs.scim_urls", "scim"), namespace="scim")),
     path("accounts/login/", throttle.login, name="login"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/login/", throttle.sign_in_view(admin.site.login)),
