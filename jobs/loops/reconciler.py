@@ -338,7 +338,14 @@ def _reconcile_attempt(
         return
     job = attempt.job
     if lending.ends_preempted(attempt.preempted_at, target, obs.end_time):
-        preemption.pause(attempt, now, end=obs.end_time, started=obs.start_time, code=obs.exit_code)
+        preemption.pause(
+            attempt,
+            now,
+            end=obs.end_time,
+            started=obs.start_time,
+            code=obs.exit_code,
+            engine=(obs.engine_start, obs.engine_end),
+        )
         return
     if lending.past_grace(attempt.preempted_at, grace_s, now):
         log.info("preempted %s is past its grace of %s s: cancelling", attempt.job_ref, grace_s)

@@ -113,6 +113,18 @@ def test_its_end_pauses_the_job_billed_as_run_and_spends_no_retry(borrower, clus
 
 
 @pytest.mark.django_db
+def test_its_bill_never_passes_the_engines_own_end(borrower, cluster, make_user):
+    """As for every end (`jobs.ledger.clocks`): the runner's exit came after the engine's own
+    end, so the engine's end is billed, and both are kept on the attempt."""
+    preemption.send_notices([notice_for(borrower, make_user)], {cluster.pk: cluster}, T0)
+    engine = (T0 - SEC, T0 + 48 * SEC)
+    preemption.pause(borrower, T0 + 60 * SEC, end=T0 + 50 * SEC, code=143, engine=engine)
+    attempt = Attempt.objects.get(pk=borrower.pk)
+    assert (attempt.engine_start, attempt.engine_end) == engine
+    assert attempt.end_time == T0 + 48 * SEC
+
+
+@pytest.mark.django_db
 def test_requeue_takes_back_only_the_jobs_still_the_preemptions(borrower, cluster, make_user):
     preemption.send_notices([notice_for(borrower, make_user)], {cluster.pk: cluster}, T0)
     job = paused(borrower)
