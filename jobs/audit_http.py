@@ -40,6 +40,11 @@ NOT_A_PERSONS = (
 )
 
 
+# The hot paths of jobs' own reports are not even marked as served (the admin's and sign-in's
+# are: their signals read the request being served).
+NOT_SERVED = NOT_A_PERSONS[:2]
+
+
 @dataclass(frozen=True)
 class Route:
     action: str
@@ -100,7 +105,7 @@ class AuditTrail:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.method not in MUTATING:
+        if request.method not in MUTATING or request.path.startswith(NOT_SERVED):
             return self.get_response(request)
         mark = audit.serving(request)
         try:

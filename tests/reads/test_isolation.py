@@ -462,6 +462,31 @@ def price_add(user_of: Callable[[World], User]) -> Callable[[World], None]:
 JOB = "/api/v1/jobs/{job_id}"
 TEAM = "/api/v1/teams/{name}"
 NOT_LEDGER = "no ledger data: the same page for everyone"
+
+
+def audit_reader(reader: Callable[[World], User], outsider: bool) -> Probe:
+    """Bob (another team's admin) and vic (vision's viewer) read none of vision's audit rows:
+    the list and CSV hold none of them, the row and the team filter are a 404."""
+
+    def check(w: World) -> None:
+        from jobs import audit
+
+        row = audit.record(w.job.user, "job.retry", w.job, {"status": "FAILED"}, None)
+        api_client, console = w.api(reader(w)), w.console(reader(w))
+        for answer in (api_client.get("/api/v1/audit"), api_client.get("/api/v1/audit.csv")):
+            absent(answer, w, team_too=outsider)
+            assert "job.retry" not in body(answer)
+        hidden(api_client.get(f"/api/v1/audit/{row.pk}"), w)
+        hidden(api_client.get("/api/v1/audit", {"team": "vision"}), w)
+        absent(console.get("/audit/"), w, team_too=outsider)
+        assert "job.retry" not in body(console.get("/audit/"))
+        hidden(console.get("/audit/", {"team": "vision"}), w)
+
+    return check
+
+
+AUDIT = Check(audit_reader(lambda w: w.bob, True), audit_reader(lambda w: w.vic, False))
+
 RUNNER = (
     "the runner's door: a signed job token names one job and attempt, and a user's token or "
     "session is not accepted"
@@ -476,6 +501,7 @@ ROUTES: dict[str, Check | Exempt] = {
     "* /jobs/<int:job_id>/<str:verb>/": Check(console_verbs_outsider, console_verbs_viewer),
     "* /states/": Exempt(NOT_LEDGER),
     "* /usage/": Check(usage_page_outsider, usage_page_viewer),
+    "* /audit/": AUDIT,
     "* /metrics": Check(metrics_endpoint_outsider),
     "* /teams/": Check(
         lambda w: absent(w.console(w.bob).get("/teams/"), w),
@@ -600,6 +626,9 @@ ROUTES: dict[str, Check | Exempt] = {
     "PUT /api/v1/teams/{name}/budget": api_control(
         "PUT", TEAM + "/budget", {"money_budget_per_month": "1"}
     ),
+    "GET /api/v1/audit": AUDIT,
+    "GET /api/v1/audit.csv": AUDIT,
+    "GET /api/v1/audit/{entry_id}": AUDIT,
     # The websockets.
     "WS /ws/jobs/": Check(socket_outsider=list_socket_outsider, socket_viewer=list_socket_viewer),
     "WS /ws/jobs/<int:job_id>/": Check(
