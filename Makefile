@@ -56,7 +56,13 @@ sandbox-tools: ## Install bubblewrap, passt and nftables (Debian) for the job sa
 run: venv sandbox-tools ## Start the whole product (SQLite, local executor, its own Redis with a password)
 	$(PY) manage.py runstack
 
-test: venv jobenv engines sandbox-tools ## Run the whole suite in two shards side by side (.ci/suite.py; starts PostgreSQL, Slurm and Ray when not running)
+# The OpenID provider the identity tests start (npm's oidc-provider, tests/identity/provider).
+IDP := tests/identity/provider
+$(IDP)/node_modules/.installed: $(IDP)/package.json $(IDP)/package-lock.json
+	npm ci --prefix $(IDP) --no-audit --no-fund --silent
+	touch $@
+
+test: venv jobenv engines sandbox-tools $(IDP)/node_modules/.installed ## Run the whole suite in two shards side by side (.ci/suite.py; starts PostgreSQL, Slurm and Ray when not running)
 	@command -v chromium >/dev/null || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@.ci/services.sh start postgres
