@@ -39,7 +39,7 @@ MAX_COUNT = 10**9
 
 
 def util_threshold() -> float:
-    return float(getattr(settings, "SF_IDLE_GPU_UTIL_PERCENT", 10.0))
+    return float(settings.SF_IDLE_GPU_UTIL_PERCENT)
 
 
 @dataclass(frozen=True)

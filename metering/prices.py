@@ -11,7 +11,6 @@ at the price in force when it ran (`metering.records.priced_day_pieces`).
 """
 
 import datetime as dt
-import os
 import threading
 import time
 from collections import defaultdict
@@ -35,7 +34,7 @@ Schedule = tuple[Rate, ...]  # sorted by time
 
 def currency() -> str:
     """The one currency every figure is in (`SF_CURRENCY`, default USD)."""
-    return str(getattr(settings, "SF_CURRENCY", "") or os.environ.get("SF_CURRENCY") or "USD")
+    return str(settings.SF_CURRENCY)
 
 
 def to_micros(amount: Decimal | int | str) -> int:

@@ -408,6 +408,16 @@ SF_LOG_FOLLOW_HOLD_S = _env_int("SF_LOG_FOLLOW_HOLD_S", 0 if SF_SERVING == "wsgi
 # note in the log and on the timeline (jobs.stores.logstore, jobs.stores.metrics).
 SF_ATTEMPT_MAX_LOG_BYTES = _env_int("SF_ATTEMPT_MAX_LOG_MB", 1024) * 1024 * 1024
 SF_ATTEMPT_MAX_METRIC_POINTS = _env_int("SF_ATTEMPT_MAX_METRIC_POINTS", 5_000_000)
+# Money: every price, cost and budget is in this one currency (metering.prices), an ISO 4217
+# code such as USD or EUR.
+SF_CURRENCY = os.environ.get("SF_CURRENCY", "").strip().upper() or "USD"
+if not (len(SF_CURRENCY) == 3 and SF_CURRENCY.isalpha() and SF_CURRENCY.isascii()):
+    raise RuntimeError(f"SF_CURRENCY must be a three-letter currency code, got {SF_CURRENCY!r}")
+# A GPU is active over a report's interval when its utilisation reached this percent, idle
+# below it (metering.activity).
+SF_IDLE_GPU_UTIL_PERCENT = _env_int("SF_IDLE_GPU_UTIL_PERCENT", 10)
+if not 0 <= SF_IDLE_GPU_UTIL_PERCENT <= 100:
+    raise RuntimeError("SF_IDLE_GPU_UTIL_PERCENT must be a percent from 0 to 100")
 # Brute-force throttles (jobs.throttle): failed sign-ins per username and address, unknown
 # bearer tokens per address, each within a window; past the limit, 429 until the window ends.
 SF_LOGIN_MAX_FAILURES = _env_int("SF_LOGIN_MAX_FAILURES", 10)
