@@ -5,7 +5,7 @@ import time
 from celery import shared_task
 from django.utils import timezone
 
-from jobs import kick
+from jobs import audit, kick
 from jobs.ledger import outbox
 from jobs.loops import tickstats
 from jobs.loops.activity import watch_activity
@@ -69,3 +69,9 @@ def deliver_webhooks(ids: list[int] | None = None) -> None:
 def notify_waiting() -> None:
     outbox.notify_waiting()
     deliver_due()
+
+
+@shared_task(ignore_result=True)
+def purge_audit() -> None:
+    """Export the audit rows past the retention, then remove them (`jobs.audit.purge`)."""
+    audit.purge()

@@ -530,3 +530,9 @@ CELERY_BEAT_SCHEDULE["notify-waiting"] = {
     "schedule": 60.0,
     "options": {"expires": 50},
 }
+# Audit rows past SF_AUDIT_RETENTION_DAYS: exported to $SF_VAR_DIR/audit/, then removed, daily.
+CELERY_BEAT_SCHEDULE["audit-purge"] = {
+    "task": "jobs.tasks.purge_audit",
+    "schedule": 86400.0,
+    "options": {"expires": 3600},
+}

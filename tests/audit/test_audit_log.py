@@ -125,3 +125,16 @@ def test_manage_py_audit_purge_reports_what_it_exported(alice, team, tmp_path, s
     assert "1 audit row(s) exported to" in out.getvalue()
     assert not AuditEntry.objects.filter(pk=old.pk).exists()
     assert len(list(tmp_path.glob("audit-until-*.csv"))) == 1
+
+
+def test_beat_purges_daily_through_the_task(alice, team, settings, tmp_path):
+    from jobs.tasks import purge_audit
+
+    assert settings.CELERY_BEAT_SCHEDULE["audit-purge"]["task"] == "jobs.tasks.purge_audit"
+    settings.SF_VAR_DIR = tmp_path
+    settings.SF_AUDIT_RETENTION_DAYS = 30
+    old = audit.record(alice, "job.stop", team)
+    _backdate(old.pk, timezone.now() - dt.timedelta(days=31))
+    purge_audit()
+    assert not AuditEntry.objects.filter(pk=old.pk).exists()
+    assert len(list((tmp_path / "audit").glob("*.csv"))) == 1
