@@ -10,7 +10,7 @@ server writes them.
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from django.http import HttpRequest, HttpResponse
@@ -176,9 +176,9 @@ def metric_columns(items: Any) -> MetricColumns:
     for i, item in enumerate(items):
         if type(item) is not dict:
             raise invalid(f"metric {i} must be an object")
-        key, value, step, ts = item.get("key"), item.get("value"), item.get("step"), None
+        key, value, step = item.get("key"), item.get("value"), item.get("step")
         kind = kinds.get(key) if type(key) is str else None
-        if kind is None:
+        if kind is None:  # a key not seen yet: checked (and refused) by the field checker
             key = _metric_key(item, i)
             kind = kinds[key] = metric_kind(key)
         if not (type(value) is float and isfinite(value)):
@@ -187,11 +187,11 @@ def metric_columns(items: Any) -> MetricColumns:
             step = integer(item, "step", 0)
         stamp = item.get("timestamp")
         if type(stamp) is int and 0 <= stamp <= BIGINT_MAX:
-            ts = stamp / 1000
+            ts: float = stamp / 1000
         else:
             ts = integer(item, "timestamp", 0) / 1000
         out.kind.append(kind)
-        out.name.append(key)
+        out.name.append(cast(str, key))  # a key of `kinds`: checked
         out.step.append(step)
         out.value.append(value)
         out.ts.append(ts)
