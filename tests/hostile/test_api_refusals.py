@@ -13,6 +13,7 @@ from jobs.actions.tokens import create_token
 from jobs.job_tokens import job_token
 from jobs.models import MetricChunk
 from jobs.states import JobStatus
+from jobs.stores.metrics.ingest import TRACKING_SEQ_BASE
 from tests.factories import queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
@@ -89,8 +90,13 @@ def test_metric_point_the_ledger_cannot_hold_is_refused(clients, bad):
     assert not MetricChunk.objects.exists()
 
 
-def test_largest_bigint_seq_and_step_are_stored(clients):
-    body = {"attempt": 1, "points": [point(seq=2**63 - 1, step=2**63 - 1)]}
+def test_the_runners_largest_seq_and_a_bigint_step_are_stored(clients):
+    """The runner's seqs stop below MLflow's range (`TRACKING_SEQ_BASE`), which the server
+    numbers itself; a step may be any bigint."""
+    body = {"attempt": 1, "points": [point(seq=TRACKING_SEQ_BASE - 1, step=2**63 - 1)]}
     response = send(clients["runner"], "post", "/api/v1/ingest/metrics", body)
     assert response.status_code == 200, response.content[:300]
     assert response.json()["accepted"] == 1
+    body = {"attempt": 1, "points": [point(seq=TRACKING_SEQ_BASE)]}
+    response = send(clients["runner"], "post", "/api/v1/ingest/metrics", body)
+    assert response.status_code == 400, response.content[:300]
