@@ -229,8 +229,9 @@ def _set(doc: dict[str, Any], op: str, key: str, value: Any) -> None:
 
 def _apply_filtered(doc: dict[str, Any], op: str, attr: str, value: str) -> None:
     if op != "remove":
-        raise exceptions.NotImplementedError(
-            f'only remove takes a filtered path ({attr}[value eq "..."])'
+        raise exceptions.BadRequestError(
+            f'only remove takes a filtered path ({attr}[value eq "..."])',
+            scim_type="invalidPath",
         )
     items = doc.get(attr)
     if isinstance(items, list):

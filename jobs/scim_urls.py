@@ -117,6 +117,12 @@ class _Narrowed:
         body = json.loads(request.body or b"{}")
         return projected(response, body.get("attributes"), body.get("excludedAttributes"))
 
+    def load_body(self, body: bytes) -> dict[str, Any]:
+        doc = super().load_body(body)  # type: ignore[misc]
+        if not isinstance(doc, dict):
+            raise exceptions.BadRequestError("the body is a JSON object")
+        return doc
+
     def get_object(self) -> Any:
         key = self.kwargs.get("uuid") or ""
         found = self.find(key) if len(key) <= ID_MAX and not text_fault(key) else None
