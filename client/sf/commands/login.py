@@ -22,7 +22,11 @@ def cmd_login(args: argparse.Namespace) -> None:
     url = getattr(args, "url", None) or os.environ.get(config.URL_VAR)
     token = getattr(args, "token", None) or os.environ.get(config.TOKEN_VAR)
     if not url or not token:
-        usage_error(args.parser, "login needs --url URL and --token TOKEN")
+        usage_error(
+            args.parser,
+            "login needs --url URL and --token TOKEN; make a token on the console's Tokens "
+            "page (URL/tokens/) once signed in, by password or single sign-on",
+        )
     try:
         me = Client(url, token).request("GET", "/api/v1/me")
     except ValueError as exc:
