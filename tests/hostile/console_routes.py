@@ -25,6 +25,8 @@ ROUTE_ARGS = {
     "notification-add": {},
     "notification-test": {"webhook_id": "HOOK"},
     "notification-remove": {"webhook_id": "HOOK"},
+    "oidc_authentication_init": {},
+    "oidc_authentication_callback": {},
     "login": {},
     "logout": {},
     "password_change": {},

@@ -172,3 +172,16 @@ def test_a_user_token_writes_nothing(job, alice, path):
         path, {"run_id": f"{job.pk}-1", "experiment_id": "0", "name": "x"}, issue_token(alice)
     )
     assert code_of(response) == (403, "PERMISSION_DENIED")
+
+
+def test_a_console_session_is_no_credential_here(job, alice):
+    """MLflow's routes take bearer tokens only: a signed-in browser's cookie reads and writes
+    nothing (so a page of another site cannot make a member's browser log into a run)."""
+    browser = Client()
+    browser.force_login(alice)
+    read = browser.get(f"{ROOT}/runs/get", {"run_id": f"{job.pk}-1"})
+    assert read.status_code == 401, read.content
+    body = {"run_id": f"{job.pk}-1", "key": "loss", "value": 1.0, "step": 0, "timestamp": 0}
+    written = browser.post(f"{ROOT}/runs/log-metric", json.dumps(body), "application/json")
+    assert written.status_code == 401, written.content
+    assert written.json()["error_code"] == "UNAUTHENTICATED"
