@@ -72,7 +72,7 @@ test: venv jobenv engines sandbox-tools $(IDP)/node_modules/.installed ## Run th
 # One part of the suite at a time, in the foreground, against REDIS_URL (default: db 11 of the
 # Redis on 6379). pytest exits 5 when it collected nothing: a suite that ran nothing is a failure.
 # The ledger suite, which runs on either database (.ci/suite.py's LEDGER names the same folders).
-LEDGER_TESTS := $(addprefix tests/,ledger loops actions reads api console stores executors metering)
+LEDGER_TESTS := $(addprefix tests/,ledger loops actions reads api console stores executors metering audit)
 test-postgres: export REDIS_URL ?= redis://127.0.0.1:6379/11
 test-sqlite: export REDIS_URL ?= redis://127.0.0.1:6379/11
 test-postgres:

@@ -47,7 +47,7 @@ WAITS = ["tests/chaos", "tests/e2e", "tests/engines/slurm"]
 # database (the Makefile's test-sqlite names the same folders). Not the real S3 server's.
 LEDGER = [
     f"tests/{folder}"
-    for folder in "ledger loops actions reads api console stores executors metering".split()
+    for folder in "ledger loops actions reads api console stores executors metering audit".split()
 ]
 
 
