@@ -174,10 +174,8 @@ def _new_account(claims: dict[str, Any]) -> User:
         suffix += 1
         username = f"{wanted[:140]}-{suffix}"
     email = claims.get("email") if isinstance(claims.get("email"), str) else ""
-    user = User.objects.create_user(username=username, email=(email or "")[:254])
-    user.set_unusable_password()
-    user.save(update_fields=["password"])
-    return user
+    # No password given: an unusable one, so this account signs in through the IdP only.
+    return User.objects.create_user(username=username, email=(email or "")[:254])
 
 
 def mapped_roles(groups: Any, group_map: dict[str, list[tuple[str, str]]]) -> dict[str, str | None]:
