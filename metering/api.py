@@ -136,6 +136,18 @@ class ExportOut(Schema):
     "/usage/export",
     response={200: ExportOut, (400, 401, 422, 429): ErrorOut},
     summary="Accounting export: one sacct-shaped record per attempt, CSV or JSON",
+    # `format=csv` (the default) answers CSV, `format=json` the schema's JSON.
+    openapi_extra={
+        "responses": {
+            "200": {
+                "description": "OK",
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/ExportOut"}},
+                    "text/csv": {"schema": {"type": "string"}},
+                },
+            }
+        }
+    },
 )
 def usage_export(request, query: Query[ExportQuery]):
     now = timezone.now()

@@ -75,7 +75,7 @@ def exempt_job(request, job_id: int, data: ExemptionIn):
 
 @router.delete(
     "/jobs/{job_id}/idle-exemption",
-    response={204: None, (401, 403, 404, 429): ErrorOut},
+    response={204: None, (401, 403, 404, 422, 429): ErrorOut},
     summary="Let the team's idle policy apply to the job again (team admins and staff)",
 )
 def lift_exemption(request, job_id: int):
