@@ -406,6 +406,22 @@ async def _stop_alices_job(w: World) -> None:
 # -- the table -----------------------------------------------------------------------------------
 
 
+def export_rows(w: World, user: User) -> list[dict]:
+    response = send(w.api(user), "GET", "/api/v1/usage/export", {"format": "json"})
+    assert response.status_code == 200, response.content
+    return response.json()["rows"]
+
+
+def export_outsider(w: World) -> None:
+    """Another team's admin exports none of alice's attempts (the accounting export)."""
+    assert str(w.job.pk) not in {row["JobID"] for row in export_rows(w, w.bob)}
+
+
+def export_viewer(w: World) -> None:
+    """A viewer of alice's team is no team admin: their export holds only their own attempts."""
+    assert str(w.job.pk) not in {row["JobID"] for row in export_rows(w, w.vic)}
+
+
 # -- MLflow, prices and money budgets --------------------------------------------------------------
 
 
@@ -536,6 +552,11 @@ ROUTES: dict[str, Check | Exempt] = {
     "* /static/…": Exempt("the console's own assets (CSS, scripts, Plotly): " + NOT_LEDGER),
     "* /accounts/…": Exempt("Django's sign-in, sign-out and password pages: " + NOT_LEDGER),
     "* /admin/…": Exempt("the Django admin: staff only, checked by the admin site"),
+    "* /scim/v2/…": Exempt(
+        "SCIM answers the provisioning token (SF_SCIM_TOKEN) only, never a member's token or "
+        "session (tests/hostile/test_scim_access.py), and never shows jobs"
+    ),
+    "* /oidc/…": Exempt("the OpenID sign-in's redirect and callback: " + NOT_LEDGER),
     "* /api/": Exempt("the API's index: " + NOT_LEDGER),
     "* /api/docs": Exempt("the API's documentation: " + NOT_LEDGER),
     "* /api/openapi.json": Exempt("the API's schema: " + NOT_LEDGER),
@@ -620,6 +641,7 @@ ROUTES: dict[str, Check | Exempt] = {
         "DELETE", TEAM + "/clusters/{cluster}"
     ),
     "GET /api/v1/usage": Check(usage_api_outsider, usage_api_viewer),
+    "GET /api/v1/usage/export": Check(export_outsider, export_viewer),
     "* /mlflow/(?P<path>.*)": Check(mlflow_run_outsider, mlflow_run_viewer),
     "GET /api/v1/prices": Check(prices_outsider, prices_viewer),
     "POST /api/v1/prices": Check(price_add(lambda w: w.bob), price_add(lambda w: w.vic)),
@@ -639,7 +661,8 @@ ROUTES: dict[str, Check | Exempt] = {
 
 # -- the routes the project serves ---------------------------------------------------------------
 
-COLLAPSED = ("/admin/", "/accounts/", "/static/")  # one entry each for what they hold
+# One entry each for what they hold.
+COLLAPSED = ("/admin/", "/accounts/", "/static/", "/scim/v2/", "/oidc/")
 
 
 def served_routes() -> set[str]:
