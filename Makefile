@@ -67,7 +67,8 @@ test: venv jobenv engines sandbox-tools $(IDP)/node_modules/.installed ## Run th
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@.ci/services.sh start postgres
 	@trap '.ci/services.sh stop' EXIT; PG_URL=$(PG_URL) \
-		SF_TEST_JOB_PYTHON=$(CURDIR)/$(VENV_JOBS)/bin/python $(PY) .ci/suite.py
+		SF_TEST_JOB_PYTHON=$(CURDIR)/$(VENV_JOBS)/bin/python \
+		SF_SANDBOX_SOFTWARE=$(CURDIR)/$(VENV_JOBS) $(PY) .ci/suite.py
 
 # One part of the suite at a time, in the foreground, against REDIS_URL (default: db 11 of the
 # Redis on 6379). pytest exits 5 when it collected nothing: a suite that ran nothing is a failure.

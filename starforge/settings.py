@@ -13,6 +13,7 @@ SF_SECRET_KEY  signs sessions and job tokens (default: this installation's own k
 SF_LOCAL_GPU_SLOTS   virtual GPU slots of the local executor when NVML finds no GPU (default 4)
 SF_SANDBOX_ALLOW_NETS  CIDRs besides the public internet that sandboxed local jobs may reach
                      (default: none; private, shared and link-local networks are refused)
+SF_SANDBOX_SOFTWARE  software folders under /tmp or /run that sandboxed jobs run with, read-only
 SF_METRICS_TOKEN     a scrape token for /metrics (`Authorization: Bearer <it>`), as well as staff
                      users' API tokens (default: none, only staff tokens)
 SF_METRICS_ALLOWED_NETS   CIDRs that may read /metrics without any credential (default: none;
@@ -375,6 +376,12 @@ SF_LOCAL_GPU_SLOTS = _env_int("SF_LOCAL_GPU_SLOTS", 4)
 SF_SANDBOX_NET_GID = _env_int("SF_SANDBOX_NET_GID", 199_999)
 SF_SANDBOX_ALLOW_NETS = _env_cidrs("SF_SANDBOX_ALLOW_NETS")
 SF_SANDBOX_DEVICES = os.environ.get("SF_SANDBOX_DEVICES", "/dev/nvidia*")
+# Software folders a sandboxed job may run with although they live under a folder the sandbox
+# masks (/tmp, /var/tmp, /run, /dev/shm): a site's shared environments, read-only in every
+# sandbox. The operator's list, never a job's (colon-separated absolute paths).
+SF_SANDBOX_SOFTWARE = [p for p in os.environ.get("SF_SANDBOX_SOFTWARE", "").split(":") if p]
+if not all(os.path.isabs(p) for p in SF_SANDBOX_SOFTWARE):
+    raise RuntimeError("SF_SANDBOX_SOFTWARE must hold absolute paths, separated by ':'")
 SF_MAX_SNAPSHOT_BYTES = _env_int("SF_MAX_SNAPSHOT_MB", 100) * 1024 * 1024
 SF_MAX_SNAPSHOT_UNPACKED_BYTES = _env_int("SF_MAX_SNAPSHOT_UNPACKED_MB", 1024) * 1024 * 1024
 SF_PENDING_DEADLINE_S = _env_int("SF_PENDING_DEADLINE_S", 1800)

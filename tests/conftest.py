@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
@@ -43,6 +44,15 @@ def job_python() -> Path:
     python = Path(named) if named else Path(__file__).resolve().parents[1] / ".venv-jobs/bin/python"
     if not python.exists():
         pytest.fail(f"no job environment at {python}: run `make jobenv` (make test does)")
+    venv = python.parent.parent
+    masked = ("/tmp/", "/var/tmp/", "/run/", "/dev/shm/")
+    if str(venv.resolve()).startswith(masked) and not any(
+        str(venv.resolve()).startswith(os.path.realpath(p)) for p in settings.SF_SANDBOX_SOFTWARE
+    ):
+        pytest.fail(
+            f"{venv} lies under a folder the job sandbox masks: name it in SF_SANDBOX_SOFTWARE "
+            "(make test does)"
+        )
     if os.geteuid() == 0:
         open_the_way(interpreter_paths(str(python)))
     return python

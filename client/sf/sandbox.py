@@ -71,10 +71,12 @@ class SandboxError(Exception):
 @dataclass(frozen=True)
 class SandboxConfig:
     """What the executor asked for (SF_SANDBOX, JSON): the group the network helper runs
-    under, and the device nodes the job gets (each at /dev/<its name>)."""
+    under, the device nodes the job gets (each at /dev/<its name>), and the operator's
+    software folders the job reads although they may live under a mask."""
 
     net_gid: int
     devices: tuple[str, ...] = ()
+    software: tuple[str, ...] = ()
 
     @classmethod
     def from_environ(cls, environ: dict[str, str]) -> SandboxConfig | None:
@@ -87,14 +89,20 @@ class SandboxConfig:
             raise SandboxError(f"{SANDBOX_VAR} is not valid JSON: {exc}") from exc
         if not isinstance(value, dict):
             raise SandboxError(f"{SANDBOX_VAR} must be a JSON object")
-        gid, devices = value.get("net_gid"), value.get("devices", [])
+        gid = value.get("net_gid")
         if not isinstance(gid, int) or isinstance(gid, bool) or gid <= 0:
             raise SandboxError(f"{SANDBOX_VAR} needs net_gid, a positive group id")
-        if not isinstance(devices, list) or not all(
-            isinstance(d, str) and d.startswith("/") for d in devices
-        ):
-            raise SandboxError(f"{SANDBOX_VAR}'s devices must be a list of absolute paths")
-        return cls(gid, tuple(devices))
+        devices, software = (_paths(value, name) for name in ("devices", "software"))
+        return cls(gid, devices, software)
+
+
+def _paths(value: dict, name: str) -> tuple[str, ...]:
+    paths = value.get(name, [])
+    if not isinstance(paths, list) or not all(
+        isinstance(p, str) and p.startswith("/") for p in paths
+    ):
+        raise SandboxError(f"{SANDBOX_VAR}'s {name} must be a list of absolute paths")
+    return tuple(paths)
 
 
 def holder_argv(config: SandboxConfig, writable: list[str], readable: list[str]) -> list[str]:
@@ -183,7 +191,9 @@ class Sandbox:
         env = {"PATH": TOOLS_PATH}
         try:
             holder = subprocess.Popen(
-                holder_argv(config, writable, [*job_readable(), *(readable or [])]),
+                holder_argv(
+                    config, writable, [*job_readable(), *config.software, *(readable or [])]
+                ),
                 env=env,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # out of the runner's group: a stop signals the job

@@ -81,7 +81,11 @@ def problem() -> str:
 
 def runner_config(net_gid: int) -> dict:
     """What the runner needs to build the sandbox (sf.contract.SANDBOX_VAR)."""
-    return {"net_gid": net_gid, "devices": gpu_devices()}
+    return {
+        "net_gid": net_gid,
+        "devices": gpu_devices(),
+        "software": list(settings.SF_SANDBOX_SOFTWARE),
+    }
 
 
 def gpu_devices() -> list[str]:

@@ -62,11 +62,25 @@ def test_the_holder_masks_the_hosts_sockets_and_temporary_files_and_binds_the_jo
         '{"net_gid": 0}',
         '{"net_gid": true}',
         '{"net_gid": 5, "devices": ["rel"]}',
+        '{"net_gid": 5, "software": "/opt/envs"}',
+        '{"net_gid": 5, "software": ["envs"]}',
     ],
 )
 def test_a_malformed_sandbox_request_is_refused_with_a_sentence(raw):
     with pytest.raises(SandboxError, match=SANDBOX_VAR):
         SandboxConfig.from_environ({SANDBOX_VAR: raw})
+
+
+def test_the_operators_software_under_a_mask_is_bound_back_read_only():
+    """SF_SANDBOX_SOFTWARE's folders reach the runner as `software`: a job's own Python under
+    /tmp (a checkout there, as CI's) runs in the sandbox, and nothing else of /tmp shows."""
+    raw = json.dumps({"net_gid": 7, "software": ["/tmp/ci/.venv-jobs"]})
+    config = SandboxConfig.from_environ({SANDBOX_VAR: raw})
+    assert config == SandboxConfig(7, (), ("/tmp/ci/.venv-jobs",))
+    argv = holder_argv(config, [], list(config.software))
+    bound = argv.index("/tmp/ci/.venv-jobs")
+    assert argv[bound - 1] == "--ro-bind" and argv[bound + 1] == "/tmp/ci/.venv-jobs"
+    assert argv.index("--tmpfs") < bound  # over the mask, not under it
 
 
 def test_no_request_no_sandbox():
