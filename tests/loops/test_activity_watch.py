@@ -125,12 +125,15 @@ def test_a_rank_still_moving_while_another_waits_is_named(running, team):
     assert event.data["moving_ranks"] == [0] and "rank(s) 0 still progressing" in event.reason
 
 
-def test_the_jobs_list_shows_each_jobs_efficiency(running, alice):
-    job, attempt = running
+def test_the_jobs_list_shows_each_jobs_efficiency(team, alice):
+    # Up 100 s before the page renders (not before NOW: this module's clock was read at import).
+    job = queued_job(team, alice)
+    started = timezone.now() - dt.timedelta(seconds=100)
+    attempt = with_attempt(job, JobStatus.RUNNING, start_time=started)
     AttemptActivity.objects.create(attempt=attempt, active_gpu_us=25 * 10**6)  # of 100 s billed
     page = signed_in(alice).get("/").content.decode()
     assert "Efficiency</th>" in page
-    # 25 GPU-s active of the 100 s billed at NOW, a little more by the time the page renders
+    # 25 GPU-s active of the 100 s billed, a little more by the time the page renders
     assert re.search(r'<td class="efficiency mono">2[0-5] %</td>', page), page
 
 
