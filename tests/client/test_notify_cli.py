@@ -114,7 +114,7 @@ def test_add_for_a_team_as_its_admin_json_prints_the_answer(
         (
             [HOOK, "--on", "failed,nonsense"],
             "unknown event 'nonsense': say which of succeeded, failed, stopped, preempted, "
-            "waiting-too-long to be told about",
+            "waiting-too-long, budget-alert, idle, suspected-hang to be told about",
         ),
         (
             ["ftp://x", "--on", "failed"],

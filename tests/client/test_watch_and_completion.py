@@ -163,6 +163,7 @@ def test_bash_completes_the_verbs_of_a_command(bash_script: Path) -> None:
         "add-member",
         "remove-member",
         "set-role",
+        "set",
     ]
 
 

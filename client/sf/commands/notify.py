@@ -20,7 +20,16 @@ from sf.commands.common import (
 
 # For the help only: the server's list is the one that counts, and it names an unknown event.
 # Mirrors jobs.models.Webhook.Event (tests/client/test_mirrors.py).
-NOTIFY_EVENTS = ("succeeded", "failed", "stopped", "preempted", "waiting-too-long")
+NOTIFY_EVENTS = (
+    "succeeded",
+    "failed",
+    "stopped",
+    "preempted",
+    "waiting-too-long",
+    "budget-alert",
+    "idle",
+    "suspected-hang",
+)
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
