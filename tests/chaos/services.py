@@ -70,6 +70,9 @@ class Slurm:
             "SF_SLURM_DIR": str(state_dir),
             "SF_SLURM_PORT": str(self.port),
             "SF_SLURM_GPUS": str(GPUS),
+            # No accounting: the round compares nothing with sacct, and its MariaDB and
+            # slurmdbd would take the ports of the engine suites' Slurm beside it.
+            "SF_SLURM_ACCOUNTING": "0",
         }
         self.conf = str(state_dir / "etc" / "slurm.conf")
 
