@@ -19,6 +19,7 @@ from jobs.models import Cluster, ClusterGrant, Membership, Team
 from jobs.redis_client import client
 from jobs.stores import objects, queueplan
 from jobs.traversable import interpreter_paths, open_the_way
+from metering.prices import forget_prices
 from tests.access import let_jobs_reach_the_interpreter, let_jobs_through
 from tests.s3 import s3_url, serve_s3
 from tests.scripted import ScriptedExecutor
@@ -56,6 +57,15 @@ def job_python() -> Path:
     if os.geteuid() == 0:
         open_the_way(interpreter_paths(str(python)))
     return python
+
+
+@pytest.fixture(autouse=True)
+def _no_prices_of_another_test():
+    """Pages read GPU prices through a short per-process cache (metering.prices): a test's
+    rollback deletes its prices without a signal, so none may be left for the next test."""
+    forget_prices()
+    yield
+    forget_prices()
 
 
 @pytest.fixture(autouse=True)
