@@ -8,8 +8,10 @@ from metering.prices import shown
 
 @admin.register(UsageRecord)
 class UsageRecordAdmin(admin.ModelAdmin):
-    list_display = ("day", "team", "user", "cluster", "gpu_hours", "cost", "deleted_gpu_us")
-    list_filter = ("team", "cluster")
+    list_display = (
+        "day", "team", "user", "cluster", "gpu_type", "gpu_hours", "cost", "deleted_gpu_us",
+    )  # fmt: skip
+    list_filter = ("team", "cluster", "gpu_type")
     date_hierarchy = "day"
 
     @admin.display(description="GPU-hours")

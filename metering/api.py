@@ -1,5 +1,6 @@
-"""The usage API (`/api/v1/usage`): GPU-hours of the caller's teams and their cost, grouped one
-way; GPU prices (`/api/v1/prices`: read by members for their teams' clusters, added by staff)
+"""The usage API (`/api/v1/usage`): GPU-hours of the caller's teams, their cost and what the GPUs
+did (active and idle GPU-hours, efficiency), grouped one way (team, user, cluster, GPU type, UTC
+day); GPU prices (`/api/v1/prices`: read by members for their teams' clusters, added by staff)
 and a team's money budget (`/api/v1/teams/NAME/budget`, staff: `jobs.actions.money`); the
 accounting export (`/api/v1/usage/export`: sacct's fields per attempt, `metering.export`)."""
 
@@ -46,6 +47,9 @@ class UsageRowOut(Schema):
     team: str | None = None
     user: str | None = None
     cluster: str | None = None
+    gpu_type: str | None = Field(
+        None, description="the GPU type the jobs asked for, which prices them; empty: any"
+    )
     day: dt.date | None = None
     gpu_seconds: float
     gpu_hours: float
@@ -75,7 +79,7 @@ class UsageOut(Schema):
     "/usage",
     response={200: UsageOut, (400, 401, 404, 422, 429): ErrorOut},
     exclude_none=True,
-    summary="GPU-hours of my teams by team, user, cluster or UTC day",
+    summary="GPU-hours of my teams by team, user, cluster, GPU type or UTC day",
 )
 def usage(request, query: Query[UsageQuery]):
     today = timezone.now().astimezone(dt.UTC).date()

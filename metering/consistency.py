@@ -5,6 +5,9 @@ cluster), `gpu_us - deleted_gpu_us` equals the sum of `day_pieces` over the mete
 still in the ledger, and `borrowed_gpu_us` that sum over its attempts on borrowed GPUs (exactly
 where no job of the key was deleted; never more than `gpu_us` anywhere). An ended attempt left
 unmetered for long means the metering sweep is stuck.
+
+The GPU types of a (day, team, user, cluster) are summed: records metered before they had a
+type (migration 0005) hold their typed attempts' usage as typeless.
 """
 
 import datetime as dt
@@ -16,9 +19,10 @@ from django.utils import timezone
 
 from jobs.models import Attempt, Cluster, Team
 from metering.models import UsageRecord
-from metering.records import Key, day_pieces
+from metering.records import day_pieces
 
 STUCK_AFTER = dt.timedelta(minutes=10)
+Where = tuple[dt.date, int, int, int]  # day, team_id, user_id, cluster_id: what is compared
 MAX_LINES = 50  # per kind of violation; the rest is summed up in one line
 
 
@@ -32,18 +36,14 @@ def check_usage_records(now: dt.datetime | None = None) -> UsageCheck:
     """Compare every usage record with its metered attempts; list stuck, unmetered attempts."""
     now = now or timezone.now()
     expected, borrowed, metered = _metered_totals()
-    recorded: dict[Key, int] = {}
-    lent_wrong: list[str] = []
-    for day, team, user, cluster, gpu_us, deleted, lent in UsageRecord.objects.values_list(
-        "day", "team_id", "user_id", "cluster_id", "gpu_us", "deleted_gpu_us", "borrowed_gpu_us"
-    ).iterator(chunk_size=5000):
-        key = (day, team, user, cluster)
-        recorded[key] = gpu_us - deleted
-        if lent > gpu_us or (not deleted and lent != borrowed.get(key, 0)):
-            lent_wrong.append(
-                f"{_Names([key]).where(key)}: the records say {lent} GPU-µs on borrowed GPUs "
-                f"(of {gpu_us}), the metered attempts on borrowed GPUs {borrowed.get(key, 0)}"
-            )
+    records = _recorded_totals()
+    recorded = {key: gpu_us - deleted for key, (gpu_us, deleted, _) in records.items()}
+    lent_wrong = [
+        f"{_Names([key]).where(key)}: the records say {lent} GPU-µs on borrowed GPUs "
+        f"(of {gpu_us}), the metered attempts on borrowed GPUs {borrowed.get(key, 0)}"
+        for key, (gpu_us, deleted, lent) in sorted(records.items())
+        if lent > gpu_us or (not deleted and lent != borrowed.get(key, 0))
+    ]
     wrong = sorted(
         key for key in recorded.keys() | expected.keys() if recorded.get(key, 0) != expected[key]
     )
@@ -63,10 +63,23 @@ def usage_violations(now: dt.datetime | None = None) -> list[str]:
     return check_usage_records(now).violations
 
 
-def _metered_totals() -> tuple[dict[Key, int], dict[Key, int], int]:
+def _recorded_totals() -> dict[Where, tuple[int, int, int]]:
+    """The records' GPU-µs, deleted part and borrowed part per key, GPU types summed."""
+    totals: dict[Where, list[int]] = defaultdict(lambda: [0, 0, 0])
+    rows = UsageRecord.objects.values_list(
+        "day", "team_id", "user_id", "cluster_id", "gpu_us", "deleted_gpu_us", "borrowed_gpu_us"
+    )
+    for day, team, user, cluster, *figures in rows.iterator(chunk_size=5000):
+        summed = totals[(day, team, user, cluster)]
+        for index, value in enumerate(figures):
+            summed[index] += value
+    return {key: (gpu_us, deleted, lent) for key, (gpu_us, deleted, lent) in totals.items()}
+
+
+def _metered_totals() -> tuple[dict[Where, int], dict[Where, int], int]:
     """GPU-µs of the metered attempts per key, in all and on borrowed GPUs; their count."""
-    totals: dict[Key, int] = defaultdict(int)
-    borrowed: dict[Key, int] = defaultdict(int)
+    totals: dict[Where, int] = defaultdict(int)
+    borrowed: dict[Where, int] = defaultdict(int)
     count = 0
     rows = Attempt.objects.filter(metered=True).values_list(
         "job__team_id", "job__user_id", "job__cluster_id", "start_time", "end_time", "total_gpus",
@@ -100,7 +113,7 @@ def _more(total: int, what: str) -> list[str]:
 class _Names:
     """Team, user and cluster names for the keys a report mentions (ids when one is gone)."""
 
-    def __init__(self, keys: list[Key]) -> None:
+    def __init__(self, keys: list[Where]) -> None:
         self.teams = dict(
             Team.objects.filter(pk__in={k[1] for k in keys}).values_list("pk", "name")
         )
@@ -111,7 +124,7 @@ class _Names:
             Cluster.objects.filter(pk__in={k[3] for k in keys}).values_list("pk", "name")
         )
 
-    def where(self, key: Key) -> str:
+    def where(self, key: Where) -> str:
         day, team, user, cluster = key
         return (
             f"{day} team {self.teams.get(team, team)} user {self.users.get(user, user)} "

@@ -22,6 +22,7 @@ from jobs.models import Attempt
 from metering.models import UsageRecord
 from metering.prices import PriceBook, amount, price_book, price_spans, read_prices
 from metering.records import (
+    KEY_COLUMNS,
     Key,
     _midnight,
     _read_consistently,
@@ -102,29 +103,29 @@ def job_cost(
 def usage_cost(
     since: dt.date, until: dt.date, now: dt.datetime, teams: Iterable[int]
 ) -> dict[Key, int]:
-    """Cost in micro-units per (day, team, user, cluster) for days in [since, until) of
-    `teams`: the records' cost plus the attempts not recorded yet, priced now."""
+    """Cost in micro-units per (day, team, user, cluster, GPU type) for days in [since, until)
+    of `teams`: the records' cost plus the attempts not recorded yet, priced now."""
     team_ids = sorted(set(teams))
     totals: dict[Key, int] = defaultdict(int)
     if not team_ids:
         return totals
     records = UsageRecord.objects.filter(day__gte=since, day__lt=until, team_id__in=team_ids)
     recorded, running = _read_consistently(
-        lambda: list(records.values_list("day", "team_id", "user_id", "cluster_id", "cost_micros")),
+        lambda: list(records.values_list(*KEY_COLUMNS, "cost_micros")),
         lambda: list(
             _unrecorded_since(_midnight(since))
             .filter(job__team_id__in=team_ids)
             .values_list(*PRICED_COLUMNS)
         ),
     )
-    for day, team, user, cluster, cost in recorded:
-        totals[(day, team, user, cluster)] += cost
+    for day, team, user, cluster, gpu_type, cost in recorded:
+        totals[(day, team, user, cluster, gpu_type)] += cost
     book = read_prices()
     for team, user, cluster, start, end, gpus, gpu_type in running:
         schedule = book.schedule(cluster, gpu_type)
         for day, _, cost in priced_day_pieces(start, end, gpus, schedule, now):
             if since <= day < until:
-                totals[(day, team, user, cluster)] += cost
+                totals[(day, team, user, cluster, gpu_type)] += cost
     return totals
 
 

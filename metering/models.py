@@ -1,4 +1,5 @@
-"""Usage records: GPU-microseconds per (UTC day, team, user, cluster), from ended attempts.
+"""Usage records: GPU-microseconds per (UTC day, team, user, cluster, GPU type), from ended
+attempts.
 
 An attempt is added exactly once, when it has ended, in the transaction that sets its
 `metered` flag (`metering.records.meter_ended`). Running and just-ended attempts are not in
@@ -17,6 +18,8 @@ class UsageRecord(models.Model):
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="usage_records")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT)
+    # The GPU type the job asked for ("": any), the one its cost is priced by (metering.cost).
+    gpu_type = models.CharField(max_length=64, blank=True, default="")
     gpu_us = models.BigIntegerField(default=0, help_text="GPU-microseconds of running time")
     # The part of gpu_us whose attempts were deleted with their job: still billed, no longer
     # checkable against attempts.
@@ -34,10 +37,11 @@ class UsageRecord(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["day", "team", "user", "cluster"], name="one_usage_record"
+                fields=["day", "team", "user", "cluster", "gpu_type"], name="one_usage_record"
             ),
         ]
         indexes = [models.Index(fields=["team", "day"], name="usage_team_day")]
 
     def __str__(self) -> str:
-        return f"{self.day} {self.team_id}/{self.user_id}/{self.cluster_id}: {self.gpu_us} GPU-µs"
+        where = f"{self.team_id}/{self.user_id}/{self.cluster_id}/{self.gpu_type or 'any type'}"
+        return f"{self.day} {where}: {self.gpu_us} GPU-µs"

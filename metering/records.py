@@ -1,9 +1,10 @@
 """Writing and reading usage records.
 
 `meter_ended` moves ended attempts into the records exactly once (their `metered` flag flips in
-the same transaction). `usage_rows` answers "GPU-µs per day/team/user/cluster in a range" from
-the records plus the attempts not in them yet (running, or ended since the last sweep), so an
-answer is exact at any moment without scanning every attempt.
+the same transaction). `usage_rows` answers "GPU-µs per day/team/user/cluster/GPU type in a
+range" from the records plus the attempts not in them yet (running, or ended since the last
+sweep), so an answer is exact at any moment without scanning every attempt. A record's GPU type
+is the one its jobs asked for ("": any), the type their cost is priced by.
 """
 
 import datetime as dt
@@ -23,7 +24,8 @@ from metering.prices import PriceBook, Schedule, cost_of, price_spans, read_pric
 SWEEP_BATCH = 5000
 ONE_US = dt.timedelta(microseconds=1)
 IN = ("team", "user")  # a usage read's id parameters: team0, team1, ..., user0, ...
-Key = tuple[dt.date, int, int, int]  # day, team_id, user_id, cluster_id
+Key = tuple[dt.date, int, int, int, str]  # day, team_id, user_id, cluster_id, gpu_type
+KEY_COLUMNS = ("day", "team_id", "user_id", "cluster_id", "gpu_type")  # a record's Key
 
 
 def day_pieces(
@@ -101,13 +103,13 @@ def _add_batch(batch: list[tuple], prices: PriceBook) -> None:
         schedule = prices.schedule(cluster, gpu_type)
         pieces = list(priced_day_pieces(start, end, total_gpus, schedule, end))
         for day, gpu_us, cost in pieces:
-            totals[(day, team, user, cluster)] += gpu_us
-            costs[(day, team, user, cluster)] += cost
+            totals[(day, team, user, cluster, gpu_type)] += gpu_us
+            costs[(day, team, user, cluster, gpu_type)] += cost
             if lender is not None:
-                borrowed[(day, team, user, cluster)] += gpu_us
+                borrowed[(day, team, user, cluster, gpu_type)] += gpu_us
         for (day, _, _), (on, off) in zip(pieces, _activity_pieces(pieces, *worked), strict=True):
-            active[(day, team, user, cluster)] += on
-            idle[(day, team, user, cluster)] += off
+            active[(day, team, user, cluster, gpu_type)] += on
+            idle[(day, team, user, cluster, gpu_type)] += off
     _add(totals)
     _add(borrowed, column="borrowed_gpu_us")
     _add(costs, column="cost_micros")
@@ -152,9 +154,9 @@ def _add(totals: dict[Key, int], column: str = "gpu_us") -> None:
         return
     table = UsageRecord._meta.db_table
     sql = (
-        f"INSERT INTO {table} (day, team_id, user_id, cluster_id, {', '.join(ADDED)}) "
-        f"VALUES (%s, %s, %s, %s, {', '.join('%s' for _ in ADDED)}) "
-        "ON CONFLICT (day, team_id, user_id, cluster_id) "
+        f"INSERT INTO {table} (day, team_id, user_id, cluster_id, gpu_type, {', '.join(ADDED)}) "
+        f"VALUES (%s, %s, %s, %s, %s, {', '.join('%s' for _ in ADDED)}) "
+        "ON CONFLICT (day, team_id, user_id, cluster_id, gpu_type) "
         f"DO UPDATE SET {column} = {table}.{column} + EXCLUDED.{column}"
     )
     # A deleted or borrowed part, or the cost, is of gpu_us, which is added first (same
@@ -162,8 +164,8 @@ def _add(totals: dict[Key, int], column: str = "gpu_us") -> None:
     # In key order: two sweeps that share keys then lock their rows in the same order and
     # cannot deadlock.
     params: list[Any] = [
-        (day, team, user, cluster, *(value if name == column else 0 for name in ADDED))
-        for (day, team, user, cluster), value in sorted(totals.items())
+        (*key, *(value if name == column else 0 for name in ADDED))
+        for key, value in sorted(totals.items())
     ]
     with connection.cursor() as cursor:
         cursor.executemany(sql, params)
@@ -180,11 +182,12 @@ def forget_deleted(job_id: int) -> None:
     meter_ended([job_id])
     totals: dict[Key, int] = defaultdict(int)
     rows = Attempt.objects.filter(job_id=job_id, metered=True).values_list(
-        "job__team_id", "job__user_id", "job__cluster_id", "start_time", "end_time", "total_gpus"
-    )
-    for team, user, cluster, start, end, total_gpus in rows:
+        "job__team_id", "job__user_id", "job__cluster_id", "job__gpu_type",
+        "start_time", "end_time", "total_gpus",
+    )  # fmt: skip
+    for team, user, cluster, gpu_type, start, end, total_gpus in rows:
         for day, gpu_us in day_pieces(start, end, total_gpus, end):
-            totals[(day, team, user, cluster)] += gpu_us
+            totals[(day, team, user, cluster, gpu_type)] += gpu_us
     _add(totals, column="deleted_gpu_us")
 
 
@@ -195,8 +198,8 @@ def usage_rows(
     teams: Iterable[int] | None = None,
     users: Iterable[int] | None = None,
 ) -> dict[Key, int]:
-    """GPU-µs per (day, team, user, cluster) for days in [since, until), records plus the attempts
-    not recorded yet."""
+    """GPU-µs per (day, team, user, cluster, GPU type) for days in [since, until), records plus
+    the attempts not recorded yet."""
     return usage_totals(since, until, now, teams, users)[0]
 
 
@@ -228,23 +231,23 @@ def usage_totals(
         lambda: RECORDS.rows(shape, since=since, until=until, **ids),
         lambda: UNRECORDED.rows(shape, midnight=_midnight(since), **ids),
     )
-    for day, team, user, cluster, gpu_us, lent in recorded:
-        totals[(day, team, user, cluster)] += gpu_us
+    for day, team, user, cluster, gpu_type, gpu_us, lent in recorded:
+        totals[(day, team, user, cluster, gpu_type)] += gpu_us
         if lent:
-            borrowed[(day, team, user, cluster)] += lent
-    for team, user, cluster, start, end, total_gpus, lender in running:
+            borrowed[(day, team, user, cluster, gpu_type)] += lent
+    for team, user, cluster, gpu_type, start, end, total_gpus, lender in running:
         for day, gpu_us in day_pieces(start, end, total_gpus, now):
             if since <= day < until:
-                totals[(day, team, user, cluster)] += gpu_us
+                totals[(day, team, user, cluster, gpu_type)] += gpu_us
                 if lender is not None:
-                    borrowed[(day, team, user, cluster)] += gpu_us
+                    borrowed[(day, team, user, cluster, gpu_type)] += gpu_us
     return totals, borrowed
 
 
 def _records(shape: tuple, since: dt.date, until: dt.date, **ids: int) -> QuerySet:
     records = UsageRecord.objects.filter(day__gte=since, day__lt=until)
     return _narrowed(records, shape, ids, "team_id", "user_id").values_list(
-        "day", "team_id", "user_id", "cluster_id", "gpu_us", "borrowed_gpu_us"
+        *KEY_COLUMNS, "gpu_us", "borrowed_gpu_us"
     )
 
 
@@ -263,7 +266,7 @@ def _narrowed(rows: QuerySet, shape: tuple, ids: dict[str, int], *fields: str) -
 
 
 UNRECORDED_COLUMNS = (
-    "pk", "job__team_id", "job__user_id", "job__cluster_id",
+    "pk", "job__team_id", "job__user_id", "job__cluster_id", "job__gpu_type",
     "start_time", "end_time", "total_gpus", "borrowed_from_id",
 )  # fmt: skip
 RECORDS = Prepared(_records)
@@ -279,7 +282,7 @@ def team_gpu_us(since: dt.date, now: dt.datetime) -> dict[int, int]:
     totals: dict[int, int] = defaultdict(int)
     for team, gpu_us in recorded:
         totals[team] += gpu_us or 0
-    for team, _, _, start, end, total_gpus, _ in running:
+    for team, _, _, _, start, end, total_gpus, _ in running:
         for day, gpu_us in day_pieces(start, end, total_gpus, now):
             if day >= since:
                 totals[team] += gpu_us
@@ -315,18 +318,15 @@ def _midnight(day: dt.date) -> dt.datetime:
 def usage_activity(
     since: dt.date, until: dt.date, team_ids: list[int], now: dt.datetime
 ) -> dict[Key, tuple[int, int]]:
-    """Active and idle GPU-µs per (day, team, user, cluster) in [since, until): the usage
-    records' (ended attempts, split over their days) and, on today's key, the running
+    """Active and idle GPU-µs per (day, team, user, cluster, GPU type) in [since, until): the
+    usage records' (ended attempts, split over their days) and, on today's key, the running
     attempts' counters so far. Two queries."""
     out: dict[Key, list[int]] = {}
-    records = (
-        UsageRecord.objects.filter(day__gte=since, day__lt=until, team_id__in=team_ids)
-        .values("day", "team_id", "user_id", "cluster_id")
-        .annotate(on=Sum("active_gpu_us"), off=Sum("idle_gpu_us"))
-        .values_list("day", "team_id", "user_id", "cluster_id", "on", "off")
-    )
-    for day, team, user, cluster, on, off in records:
-        out[(day, team, user, cluster)] = [on or 0, off or 0]
+    records = UsageRecord.objects.filter(
+        day__gte=since, day__lt=until, team_id__in=team_ids
+    ).values_list(*KEY_COLUMNS, "active_gpu_us", "idle_gpu_us")
+    for day, team, user, cluster, gpu_type, on, off in records:
+        out[(day, team, user, cluster, gpu_type)] = [on, off]
     today = now.astimezone(dt.UTC).date()
     if since <= today < until:
         running = AttemptActivity.objects.filter(
@@ -335,10 +335,10 @@ def usage_activity(
             attempt__job__team_id__in=team_ids,
         ).values_list(
             "attempt__job__team_id", "attempt__job__user_id", "attempt__job__cluster_id",
-            "active_gpu_us", "idle_gpu_us",
+            "attempt__job__gpu_type", "active_gpu_us", "idle_gpu_us",
         )  # fmt: skip
-        for team, user, cluster, on, off in running:
-            pair = out.setdefault((today, team, user, cluster), [0, 0])
+        for team, user, cluster, gpu_type, on, off in running:
+            pair = out.setdefault((today, team, user, cluster, gpu_type), [0, 0])
             pair[0] += on
             pair[1] += off
     return {key: (on, off) for key, (on, off) in out.items()}

@@ -28,7 +28,7 @@ from metering.records import usage_activity, usage_totals
 
 US_PER_SECOND = 10**6
 US_PER_HOUR = 3600 * US_PER_SECOND
-Dimension = Literal["team", "user", "cluster", "day"]
+Dimension = Literal["team", "user", "cluster", "gpu_type", "day"]
 
 
 def attempt_gpu_seconds(
@@ -80,13 +80,14 @@ def gpu_seconds_by_team(now: dt.datetime) -> dict[str, float]:
 
 
 class UsageLine(NamedTuple):
-    """GPU-µs of one (UTC day, team, user, cluster), with names for display (a tuple: the page
-    and the API sort and sum thousands of them per request)."""
+    """GPU-µs of one (UTC day, team, user, cluster, GPU type), with names for display (a tuple:
+    the page and the API sort and sum thousands of them per request)."""
 
     day: dt.date
     team: str
     user: str
     cluster: str
+    gpu_type: str  # the type the jobs asked for, the one their cost is priced by; "": any
     gpu_us: int
     borrowed_us: int = 0  # the part of gpu_us that ran on GPUs borrowed from another team
     cost_micros: int = 0  # what gpu_us cost at the prices in force then (metering.cost)
@@ -119,7 +120,8 @@ def usage_teams(user: User, name: str | None = None) -> dict[int, str]:
 def usage_lines(
     teams: dict[int, str], since: dt.date, until: dt.date, now: dt.datetime | None = None
 ) -> list[UsageLine]:
-    """Usage of `teams` per (day, team, user, cluster) for days in [since, until), sorted."""
+    """Usage of `teams` per (day, team, user, cluster, GPU type) for days in [since, until),
+    sorted."""
     if not teams:
         return []
     now = now or timezone.now()
@@ -130,23 +132,29 @@ def usage_lines(
     worked = usage_activity(since, until, list(teams), now)
     users = dict(User.objects.filter(pk__in={k[2] for k in rows}).values_list("pk", "username"))
     clusters = dict(Cluster.objects.filter(pk__in={k[3] for k in rows}).values_list("pk", "name"))
-    return sorted(
-        UsageLine(
-            day,
-            teams[team],
-            users[user],
-            clusters[cluster],
-            gpu_us,
-            borrowed.get(key, 0),
-            costs.get(key, 0),
-            # a line's activity never shows more than its GPU-time (the rest: unreported)
-            min(worked.get(key, (0, 0))[0], gpu_us),
-            min(worked.get(key, (0, 0))[1], gpu_us - min(worked.get(key, (0, 0))[0], gpu_us)),
+    lines = []
+    for key, gpu_us in rows.items():
+        if not gpu_us:
+            continue
+        day, team, user, cluster, gpu_type = key
+        # a line's activity never shows more than its GPU-time (the rest: unreported)
+        on, off = worked.get(key, (0, 0))
+        active = min(on, gpu_us)
+        lines.append(
+            UsageLine(
+                day,
+                teams[team],
+                users[user],
+                clusters[cluster],
+                gpu_type,
+                gpu_us,
+                borrowed.get(key, 0),
+                costs.get(key, 0),
+                active,
+                min(off, gpu_us - active),
+            )
         )
-        for key, gpu_us in rows.items()
-        for day, team, user, cluster in (key,)
-        if gpu_us
-    )
+    return sorted(lines)
 
 
 def totals_by(

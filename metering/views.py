@@ -1,6 +1,7 @@
-"""The usage page (`/usage/`): a month of GPU-hours and their cost by team, user, cluster and UTC
-day, a chart stacked by team, and the same month as CSV (`?format=csv`). Reads only the usage
-records plus the attempts not recorded yet (`metering.usage.usage_lines`)."""
+"""The usage page (`/usage/`): a month of GPU-hours, their cost and what the GPUs did (active and
+idle GPU-hours, efficiency = active ÷ billed) by team, user, cluster, GPU type and UTC day, a
+chart stacked by team, and the same month as CSV (`?format=csv`). Reads only the usage records
+plus the attempts not recorded yet (`metering.usage.usage_lines`)."""
 
 import csv
 import datetime as dt
@@ -17,6 +18,7 @@ from jobs.reads.teams import visible_teams
 from jobs.schemas import text_fault
 from metering.prices import amount, currency, shown
 from metering.usage import (
+    Dimension,
     UsageLine,
     gpu_hours,
     gpu_seconds,
@@ -26,9 +28,21 @@ from metering.usage import (
 )
 
 MONTH = re.compile(r"(\d{4})-(\d{2})")
+# How the page names the usage of jobs that asked for no GPU type (""): a type name cannot hold
+# a space, so no real type reads the same.
+ANY_TYPE = "any type"
+# The page's tables: each groups the month's lines by these.
+TABLES: dict[str, tuple[Dimension, ...]] = {
+    "team": ("team",),
+    "user": ("team", "user"),
+    "cluster": ("cluster",),
+    "gpu_type": ("gpu_type",),
+    "day": ("day",),
+}
+# The usage CSV: one row per (day, team, user, cluster, GPU type; "": any).
 CSV_COLUMNS = (
-    "day", "team", "user", "cluster", "gpu_hours", "gpu_seconds", "borrowed_gpu_hours",
-    "active_gpu_seconds", "idle_gpu_seconds", "cost", "currency",
+    "day", "team", "user", "cluster", "gpu_type", "gpu_hours", "gpu_seconds",
+    "borrowed_gpu_hours", "active_gpu_seconds", "idle_gpu_seconds", "cost", "currency",
 )  # fmt: skip
 
 
@@ -51,21 +65,6 @@ def usage_page(request):
     lines = usage_lines(teams, month, until)
     if request.GET.get("format") == "csv":
         return _csv(lines, month)
-    borrowed = dict(totals_by(lines, "team", borrowed=True))
-    hours = {
-        dim: [
-            (*key, gpu_hours(us), shown(micros))
-            for (key, us), (_, micros) in zip(
-                totals_by(lines, *dims), totals_by(lines, *dims, cost=True), strict=True
-            )
-        ]
-        for dim, dims in (
-            ("team", ("team",)),
-            ("user", ("team", "user")),
-            ("cluster", ("cluster",)),
-            ("day", ("day",)),
-        )
-    }
     return render(
         request,
         "metering/usage.html",
@@ -73,17 +72,37 @@ def usage_page(request):
             "month": month,
             "team": team,
             "teams": visible_teams(request.user).values_list("name", flat=True),
-            "hours": hours,
+            "tables": {name: usage_table(lines, *dims) for name, dims in TABLES.items()},
             "total": gpu_hours(sum(line.gpu_us for line in lines)),
             "total_cost": shown(sum(line.cost_micros for line in lines)),
-            # Per team: GPU-hours, and the part on GPUs borrowed from other teams' idle quota.
-            "by_team": [
-                (team, team_hours, gpu_hours(borrowed.get((team,), 0)), cost)
-                for team, team_hours, cost in hours["team"]
-            ],
             "chart": json.dumps(stacked_chart(lines)),
         },
     )
+
+
+def usage_table(lines: list[UsageLine], *dims: Dimension) -> list[dict]:
+    """One row per value of `dims`, sorted: its names (`names`, a GPU type named as the page
+    shows it), GPU-hours, the part on borrowed GPUs, cost, active and idle GPU-hours and the
+    efficiency (active ÷ billed, None without GPU-time)."""
+    figures = {
+        figure: dict(totals_by(lines, *dims, figure=figure))
+        for figure in ("borrowed_us", "cost_micros", "active_us", "idle_us")
+    }
+    return [
+        {
+            "names": [
+                (value or ANY_TYPE) if dim == "gpu_type" else value
+                for dim, value in zip(dims, key, strict=True)
+            ],
+            "hours": gpu_hours(gpu_us),
+            "borrowed": gpu_hours(figures["borrowed_us"][key]),
+            "cost": shown(figures["cost_micros"][key]),
+            "active": gpu_hours(figures["active_us"][key]),
+            "idle": gpu_hours(figures["idle_us"][key]),
+            "efficiency": figures["active_us"][key] / gpu_us if gpu_us else None,
+        }
+        for key, gpu_us in totals_by(lines, *dims)
+    ]
 
 
 def stacked_chart(lines: list[UsageLine]) -> dict:
@@ -114,6 +133,7 @@ def _csv(lines: list[UsageLine], month: dt.date) -> HttpResponse:
                 line.team,
                 line.user,
                 line.cluster,
+                line.gpu_type,
                 gpu_hours(line.gpu_us),
                 gpu_seconds(line.gpu_us),
                 gpu_hours(line.borrowed_us),

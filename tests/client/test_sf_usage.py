@@ -66,3 +66,19 @@ def test_usage_refused_prints_the_servers_sentence(
 def test_usage_rejects_an_unknown_grouping(api: FakeApi, capsys: pytest.CaptureFixture) -> None:
     assert run_cli(["usage", "--by", "week"]) == 2
     assert api.requests == []
+
+
+def test_usage_by_gpu_type_names_the_typeless_usage(
+    api: FakeApi, capsys: pytest.CaptureFixture
+) -> None:
+    rows = [
+        {"gpu_type": "", "gpu_seconds": 3600.0, "gpu_hours": 1.0, "borrowed_gpu_hours": 0.0},
+        {"gpu_type": "a100", "gpu_seconds": 7200.0, "gpu_hours": 2.0, "borrowed_gpu_hours": 0.0},
+    ]
+    answer = {**ANSWER, "by": "gpu_type", "rows": rows}
+    api.route("GET /api/v1/usage", lambda r: (200, answer))
+    assert run_cli(["usage", "--by", "gpu_type"]) == 0
+    assert api.requests[-1].query == {"by": "gpu_type"}
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split() == ["any", "type", "1.00", "3,600", "0.00"]
+    assert lines[3].split() == ["a100", "2.00", "7,200", "0.00"]

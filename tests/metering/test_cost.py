@@ -84,7 +84,7 @@ def test_a_running_attempt_costs_up_to_now_and_the_records_keep_its_final_cost(t
     with_attempt(job, "RUNNING", start_time=NOW - dt.timedelta(minutes=30))
     assert team_cost(DEC, NOW) == {team.pk: to_micros("6.00")}  # 2 GPU-h x 3
     users = usage_cost(DEC, dt.date(2027, 1, 1), NOW, [team.pk])
-    assert users == {(dt.date(2026, 12, 19), team.pk, alice.pk, priced.pk): to_micros("6.00")}
+    assert users == {(dt.date(2026, 12, 19), team.pk, alice.pk, priced.pk, ""): to_micros("6.00")}
 
 
 def test_a_gpu_type_pays_its_own_price_from_its_first_and_the_default_otherwise(

@@ -24,7 +24,8 @@ def ended(team, user, start, hours, total_gpus=1):
 
 def recorded() -> dict:
     return {
-        (r.day, r.team_id, r.user_id, r.cluster_id): r.gpu_us for r in UsageRecord.objects.all()
+        (r.day, r.team_id, r.user_id, r.cluster_id, r.gpu_type): r.gpu_us
+        for r in UsageRecord.objects.all()
     }
 
 
@@ -34,8 +35,8 @@ def test_an_attempt_across_the_month_boundary_bills_each_month_its_share(team, a
     october = usage_rows(OCT, NOV, now=OCT31_23H + dt.timedelta(days=5))
     november = usage_rows(NOV, DEC, now=OCT31_23H + dt.timedelta(days=5))
     cluster = team.default_cluster_id
-    assert october == {(dt.date(2026, 10, 31), team.pk, alice.pk, cluster): 2 * HOUR_US}
-    assert november == {(dt.date(2026, 11, 1), team.pk, alice.pk, cluster): 2 * HOUR_US}
+    assert october == {(dt.date(2026, 10, 31), team.pk, alice.pk, cluster, ""): 2 * HOUR_US}
+    assert november == {(dt.date(2026, 11, 1), team.pk, alice.pk, cluster, ""): 2 * HOUR_US}
 
 
 def test_metering_twice_adds_each_attempt_once(team, alice):
@@ -43,11 +44,8 @@ def test_metering_twice_adds_each_attempt_once(team, alice):
     assert meter_ended() == 1
     first = recorded()
     assert meter_ended() == 0
-    assert (
-        recorded()
-        == first
-        == {(dt.date(2026, 10, 31), team.pk, alice.pk, team.default_cluster_id): 3 * HOUR_US}
-    )
+    key = (dt.date(2026, 10, 31), team.pk, alice.pk, team.default_cluster_id, "")
+    assert recorded() == first == {key: 3 * HOUR_US}
     attempt.refresh_from_db()
     assert attempt.metered
 
@@ -67,7 +65,7 @@ def test_a_running_attempt_counts_live_up_to_now_and_is_not_metered(team, alice)
     assert meter_ended() == 0
     rows = usage_rows(NOV, DEC, now=OCT31_23H + dt.timedelta(hours=1, minutes=30))
     assert rows == {
-        (dt.date(2026, 11, 1), team.pk, alice.pk, team.default_cluster_id): 4 * HOUR_US // 2
+        (dt.date(2026, 11, 1), team.pk, alice.pk, team.default_cluster_id, ""): 4 * HOUR_US // 2
     }
     assert not UsageRecord.objects.exists()
 

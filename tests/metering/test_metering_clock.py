@@ -124,7 +124,7 @@ def test_queued_an_hour_pending_10_minutes_running_30_minutes_on_4_gpus_is_7200_
     assert len(tick(clock, admitted_at)) == 1
     observe(engine, clock, admitted_at, job, "QUEUED")
     observe(engine, clock, started, job, "RUN")
-    key = (DAY, team.pk, alice.pk, team.default_cluster_id)
+    key = (DAY, team.pk, alice.pk, team.default_cluster_id, "")
     assert usage_rows(DAY, DAY + dt.timedelta(days=1), now=started + minutes(15)) == {
         key: 15 * 60 * 4 * US
     }
@@ -156,7 +156,7 @@ def test_an_end_observed_many_times_is_billed_once(engine, clock, vision):
     assert attempt_times(job) == [(T0, T0 + minutes(5), end)]
     assert recorded(team) == {(DAY, alice.pk): 20 * 60 * 2 * US}
     assert usage_rows(DAY, DAY + dt.timedelta(days=1), now=end + minutes(60)) == {
-        (DAY, team.pk, alice.pk, team.default_cluster_id): 20 * 60 * 2 * US
+        (DAY, team.pk, alice.pk, team.default_cluster_id, ""): 20 * 60 * 2 * US
     }
     ends = JobEvent.objects.filter(job=job, kind="status", to_status=S.SUCCEEDED)
     assert ends.count() == 1
@@ -232,15 +232,15 @@ def test_an_attempt_across_a_month_boundary_is_split_between_the_months(engine, 
     observe(engine, clock, midnight - minutes(30), job, "RUN")
     cluster = team.default_cluster_id
     live = midnight + minutes(15)
-    assert usage_rows(*october, now=live) == {(oct31, team.pk, alice.pk, cluster): 7200 * US}
-    assert usage_rows(*november, now=live) == {(nov1, team.pk, alice.pk, cluster): 3600 * US}
+    assert usage_rows(*october, now=live) == {(oct31, team.pk, alice.pk, cluster, ""): 7200 * US}
+    assert usage_rows(*november, now=live) == {(nov1, team.pk, alice.pk, cluster, ""): 3600 * US}
     assert team_gpu_us(nov1, live) == {team.pk: 3600 * US}
 
     observe(engine, clock, midnight + minutes(45), job, "OK", exit_code=0)
     assert meter_ended() == 1
     later = midnight + dt.timedelta(days=3)
-    assert usage_rows(*october, now=later) == {(oct31, team.pk, alice.pk, cluster): 7200 * US}
-    assert usage_rows(*november, now=later) == {(nov1, team.pk, alice.pk, cluster): 10800 * US}
+    assert usage_rows(*october, now=later) == {(oct31, team.pk, alice.pk, cluster, ""): 7200 * US}
+    assert usage_rows(*november, now=later) == {(nov1, team.pk, alice.pk, cluster, ""): 10800 * US}
     assert recorded(team) == {(oct31, alice.pk): 7200 * US, (nov1, alice.pk): 10800 * US}
     assert team_gpu_us(nov1, later) == {team.pk: 10800 * US}  # November's budget sees November
     assert job_gpu_seconds(job.attempts.all(), now=later) == 18000.0

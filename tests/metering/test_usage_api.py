@@ -143,7 +143,11 @@ def test_staff_see_every_team_and_a_user_in_no_team_sees_nothing(usage, make_use
         ({"until": "20261101"}, 400, "until must be a UTC day as YYYY-MM-DD, got '20261101'"),
         ({"since": "2026-11-10", "until": "2026-11-01"}, 400, "since 2026-11-10 is after until"),
         ({"since": "2025-01-01", "until": "2026-01-03"}, 400, "is 367 days; ask for at most 366"),
-        ({"by": "week"}, 422, "by: Input should be 'team', 'user', 'cluster' or 'day'"),
+        (
+            {"by": "week"},
+            422,
+            "by: Input should be 'team', 'user', 'cluster', 'gpu_type' or 'day'",
+        ),
         ({"team": "a\x00b"}, 422, "team: must not contain NUL characters"),
     ],
 )

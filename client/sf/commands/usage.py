@@ -1,5 +1,6 @@
-"""Owns `sf usage`: my teams' GPU-hours and their cost per team, user, cluster or UTC day, with
-the total; `sf usage export`: the accounting export, one sacct-shaped record per attempt."""
+"""Owns `sf usage`: my teams' GPU-hours and their cost per team, user, cluster, GPU type or UTC
+day, with the total; `sf usage export`: the accounting export, one sacct-shaped record per
+attempt."""
 
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--team", help="one team (default: every team of mine)")
     p.add_argument("--since", metavar="YYYY-MM-DD", help="first day (default: 1st of this month)")
     p.add_argument("--until", metavar="YYYY-MM-DD", help="day after the last (default: tomorrow)")
-    p.add_argument("--by", choices=["team", "user", "cluster", "day"], default="team")
+    p.add_argument("--by", choices=["team", "user", "cluster", "gpu_type", "day"], default="team")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_usage, parser=p)
 
 
 def cmd_usage(args: argparse.Namespace) -> None:
-    """GET /api/v1/usage and print one row per team, user, cluster or day, and the total."""
+    """GET /api/v1/usage and print one row per team, user, cluster, GPU type or day, and the
+    total."""
     if args.what == "export":
         cmd_export(args)
         return
@@ -49,7 +51,10 @@ def cmd_usage(args: argparse.Namespace) -> None:
         table.add_column(f"COST ({currency})", display(answer.get("total_cost")), justify="right")
     for row in answer["rows"]:
         cells = [
-            display(row.get(args.by)),
+            # jobs that asked for no GPU type: "" in the answer
+            "any type"
+            if args.by == "gpu_type" and not row.get(args.by)
+            else display(row.get(args.by)),
             f"{row['gpu_hours']:,.2f}",
             f"{row['gpu_seconds']:,.0f}",
             f"{row.get('borrowed_gpu_hours', 0):,.2f}",
