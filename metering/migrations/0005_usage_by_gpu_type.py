@@ -1,6 +1,32 @@
-"""Issue 50: usage by GPU type. Existing records keep their usage as typeless ("")."""
+"""Issue 50: usage by GPU type. Existing records keep their usage as typeless ("").
+
+Going back merges each day, team, user and cluster's types into one typeless record again.
+"""
 
 from django.db import migrations, models
+
+FIGURES = (
+    "gpu_us",
+    "deleted_gpu_us",
+    "borrowed_gpu_us",
+    "cost_micros",
+    "active_gpu_us",
+    "idle_gpu_us",
+)
+
+
+def merge_types(apps, schema_editor):
+    record = apps.get_model("metering", "UsageRecord")
+    typed = record.objects.exclude(gpu_type="").order_by("pk")
+    for row in typed.iterator(chunk_size=1000):
+        into, _ = record.objects.get_or_create(
+            day=row.day, team_id=row.team_id, user_id=row.user_id, cluster_id=row.cluster_id,
+            gpu_type="",
+        )  # fmt: skip
+        for name in FIGURES:
+            setattr(into, name, getattr(into, name) + getattr(row, name))
+        into.save(update_fields=FIGURES)
+        row.delete()
 
 
 class Migration(migrations.Migration):
@@ -21,4 +47,5 @@ class Migration(migrations.Migration):
                 fields=("day", "team", "user", "cluster", "gpu_type"), name="one_usage_record"
             ),
         ),
+        migrations.RunPython(migrations.RunPython.noop, merge_types),
     ]
