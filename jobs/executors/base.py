@@ -84,6 +84,12 @@ class Observation:
     # signed exit where the executor has one), which the engine's bound.
     engine_start: dt.datetime | None = None
     engine_end: dt.datetime | None = None
+    # Whether the engine's start is when the attempt's run began, so the bill starts there
+    # (Slurm's Start, a single pod's container start). False where the engine's start comes
+    # earlier (Ray's start_time is the submission, before Ray's own queue; a gang's first
+    # rank up while the others waited): it is kept and the bill never starts before it, but
+    # the bill keeps the attempt's own start (invariant 5: queued time is never billed).
+    engine_start_bills: bool = True
 
 
 @dataclass(frozen=True)

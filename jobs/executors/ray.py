@@ -23,6 +23,7 @@ own) and the few variables Ray sets for the job (`RAY_PROVIDED`): the Ray cluste
 environment does not reach the job either.
 """
 
+import dataclasses
 import datetime as dt
 import http.client
 import json
@@ -403,15 +404,30 @@ class RayExecutor:
 
 
 def observe(job: dict) -> Observation:
-    """One Ray job (a JobDetails of GET /api/jobs/) as an observation."""
+    """One Ray job (a JobDetails of GET /api/jobs/) as an observation, with Ray's own times.
+
+    Ray's start_time is when the job was submitted, its end_time when the job reached its
+    end (ms since the epoch; ray/dashboard/modules/job/job_manager.py, common.py). A Ray job is
+    the whole attempt (Ray places the job's distributed work itself), so they are the engine's
+    record of it. The start is the submission, not the runner's: billing from it would bill
+    the time spent PENDING (Ray's queue), so it only bounds the bill, which starts at the
+    tick that first sees the job RUNNING or at the runner's start report.
+    """
+    seen = _observe_state(job)
+    return dataclasses.replace(
+        seen,
+        engine_start=_from_ms(job.get("start_time")),
+        engine_end=seen.end_time,  # Ray's end_time, once the job ended
+        engine_start_bills=False,
+    )
+
+
+def _observe_state(job: dict) -> Observation:
     state = str(job.get("status"))
     message = job.get("message") or ""
     details = {
         key: job.get(key) for key in ("error_type", "driver_exit_code", "start_time", "end_time")
     }
-    # Ray's start_time is when the job was submitted, not when the runner started: it would
-    # bill the time spent PENDING. No start time is reported; the reconciler takes the tick
-    # that first sees the job RUNNING.
     end_time = _from_ms(job.get("end_time"))
     if state == "SUCCEEDED":
         return Observation(state, exit_code=0, end_time=end_time, message=message, details=details)
@@ -490,4 +506,7 @@ def _dig(value: Any, *keys: str) -> Any:
 
 
 def _from_ms(value: Any) -> dt.datetime | None:
-    return dt.datetime.fromtimestamp(value / 1000, dt.UTC) if value else None
+    """Ray's milliseconds since the epoch; None where it gave none (or not a number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return dt.datetime.fromtimestamp(value / 1000, dt.UTC)

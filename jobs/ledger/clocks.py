@@ -21,9 +21,14 @@ The rules every write follows:
   (`engine_start`, `engine_end`) and bound the bill. The billed end is the earlier of the
   reported end (the runner's signed exit) and the engine's, bounded below by the last
   sighting alive; the engine's end caps even that, since the engine, not the job, wrote it.
-  The billed start is the engine's start (never before the admission): the allocation held
-  the GPUs from then, the runner reports its start only after its own startup, and an
-  engine that keeps whole seconds (Slurm) bills from that second too. That start is the one
+  Where the engine's start is when the attempt's run began (Slurm's Start, a single pod's
+  container start), the billed start is the engine's start (never before the admission): the
+  allocation held the GPUs from then, the runner reports its start only after its own
+  startup, and an engine that keeps whole seconds (Slurm, Kubernetes) bills from that second
+  too. Where the engine's start comes earlier than the run (Ray's start_time is the
+  submission, before Ray's own queue; a gang's earliest rank, up while the others waited:
+  `EngineTimes.start_bills` False), the billed start stays the attempt's own, never before
+  the engine's (invariant 5: queued time is never billed). That start is the one
   change to a written clock, made once in the close that learns the engine's times. A stop
   or a pause is the server's decision, closed at its clock; the engine's end of it, learnt
   later, brings the end back within the engine's while the attempt is not metered yet.
@@ -31,6 +36,7 @@ The rules every write follows:
 
 import datetime as dt
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from django.db.models import Q, QuerySet
 
@@ -41,6 +47,18 @@ from jobs.models import Attempt
 ALIVE_RESOLUTION = dt.timedelta(seconds=1)
 # What a close writes besides the end: the start (bounded by the engine's) and the engine's times.
 ENGINE_FIELDS = ("start_time", "engine_start", "engine_end")
+
+
+class EngineTimes(NamedTuple):
+    """The engine's own start and end of an attempt, where it reported them (None: not yet),
+    and whether the bill starts at that start (see the module's docstring)."""
+
+    start: dt.datetime | None = None
+    end: dt.datetime | None = None
+    start_bills: bool = True
+
+
+NOT_REPORTED = EngineTimes()  # the engine said nothing of its own times
 
 
 def open_attempts(rows: list[Attempt], now: dt.datetime) -> list[Attempt]:
@@ -91,18 +109,18 @@ def close_many(
     reported_ends: dict[int, dt.datetime | None],
     now: dt.datetime,
     exit_codes: dict[int, int | None],
-    engine: dict[int, tuple[dt.datetime | None, dt.datetime | None]] | None = None,
+    engine: dict[int, EngineTimes] | None = None,
     **fields,
 ) -> int:
     """`close` for each of `attempts`, in two statements for them all: each end bounded as
     `bounded_end` says, each attempt's exit code and the shared `fields` (end_reason, failure)
     written where it is still open. Returns how many it closed: fewer than `attempts` when one
     was closed meanwhile, which the caller must not take as closed (it rolls back). `engine`:
-    each attempt's (engine start, engine end) where the engine reported them."""
+    each attempt's engine times where the engine reported them."""
     _read_clocks(attempts)
     engine = engine or {}
     for attempt in attempts:
-        _engine_bounds(attempt, *engine.get(attempt.pk, (None, None)))
+        _engine_bounds(attempt, engine.get(attempt.pk, NOT_REPORTED))
         attempt.end_time = bounded_end(attempt, reported_ends.get(attempt.pk), now)
         attempt.exit_code = exit_codes.get(attempt.pk)
         for name, value in fields.items():
@@ -144,25 +162,26 @@ def bounded_end(attempt: Attempt, reported: dt.datetime | None, now: dt.datetime
     return end
 
 
-def engine_start_bound(start: dt.datetime | None, engine_start: dt.datetime | None):
+def engine_start_bound(
+    start: dt.datetime | None, engine_start: dt.datetime | None, start_bills: bool = True
+):
     """The billed start given the engine's: the engine's own start, where the attempt ran
-    (see the module's docstring)."""
+    (see the module's docstring); where the engine's start is earlier than the run
+    (`start_bills` False), `start`, never before the engine's."""
     if start is None or engine_start is None:
         return start
-    return engine_start
+    return engine_start if start_bills else max(start, engine_start)
 
 
-def _engine_bounds(
-    attempt: Attempt, engine_start: dt.datetime | None, engine_end: dt.datetime | None
-) -> None:
+def _engine_bounds(attempt: Attempt, engine: EngineTimes) -> None:
     """Take the engine's times onto `attempt` (in memory) as the engine gave them, and bound
     its start by them (`bounded_start` already keeps it after the admission)."""
-    if engine_start is not None:
-        attempt.engine_start = engine_start
-    if engine_end is not None:
-        attempt.engine_end = max(engine_end, attempt.engine_start or engine_end)
+    if engine.start is not None:
+        attempt.engine_start = engine.start
+    if engine.end is not None:
+        attempt.engine_end = max(engine.end, attempt.engine_start or engine.end)
     if attempt.engine_start is not None and attempt.start_time is not None:
-        bound = engine_start_bound(attempt.start_time, attempt.engine_start)
+        bound = engine_start_bound(attempt.start_time, attempt.engine_start, engine.start_bills)
         attempt.start_time = max(bound, attempt.submitted_at)
 
 
@@ -170,14 +189,14 @@ def close(
     attempt: Attempt,
     reported_end: dt.datetime | None,
     now: dt.datetime,
-    engine: tuple[dt.datetime | None, dt.datetime | None] = (None, None),
+    engine: EngineTimes = NOT_REPORTED,
     **fields,
 ) -> bool:
     """Close the attempt once, with `fields` (exit_code, end_reason, failure); True when this
-    call closed it. `engine`: the engine's own (start, end), where it reported them. The end
-    is bounded as `bounded_end` says, the start as `engine_start_bound`."""
+    call closed it. `engine`: the engine's own times, where it reported them. The end is
+    bounded as `bounded_end` says, the start as `engine_start_bound`."""
     _read_clocks([attempt])
-    _engine_bounds(attempt, *engine)
+    _engine_bounds(attempt, engine)
     end = bounded_end(attempt, reported_end, now)
     # A start still unknown is not written: the runner's report may set it meanwhile.
     written = ENGINE_FIELDS if attempt.start_time is not None else ENGINE_FIELDS[1:]
@@ -190,20 +209,19 @@ def close(
     return bool(closed)
 
 
-def engine_record(
-    attempt: Attempt, engine_start: dt.datetime | None, engine_end: dt.datetime | None
-) -> None:
-    """The engine's times of an attempt the server closed itself (a stop, a pause: it closed
-    at its own clock, then cancelled), learnt once the engine ended it: kept beside the
-    billed ones, once, and while the attempt is not metered yet, its start taken as the
-    engine's and its end brought back within the engine's (the job may have ended on the
-    engine just before the stop). A metered attempt keeps its bill."""
-    if engine_end is None or attempt.engine_end is not None:
+def engine_record(attempt: Attempt, engine: EngineTimes) -> None:
+    """The engine's times of an attempt closed before the engine said them all (a stop, a
+    pause: the server closed it at its own clock, then cancelled; a gang whose other ranks
+    were still being killed), learnt once the engine ended it: kept beside the billed ones,
+    once, and while the attempt is not metered yet, its start bounded as `engine_start_bound`
+    says and its end brought back within the engine's (the job may have ended on the engine
+    just before the stop). A metered attempt keeps its bill."""
+    if engine.end is None or attempt.engine_end is not None:
         return  # the engine has not ended it yet, or its times are kept already
     _read_clocks([attempt])
     if attempt.engine_end is not None or attempt.end_time is None:
         return  # known already, or still open: its close takes them
-    _engine_bounds(attempt, engine_start, engine_end)
+    _engine_bounds(attempt, engine)
     rows = Attempt.objects.filter(pk=attempt.pk, engine_end__isnull=True)
     if not rows.update(engine_start=attempt.engine_start, engine_end=attempt.engine_end):
         return

@@ -48,6 +48,11 @@ S = JobStatus
 READ_FIELDS = ("id", "status", "next_attempt_at", "attempt_count", "current_attempt_id", "then")
 
 
+# The engine's own times an end carries (`jobs.ledger.clocks`), for the callers of an end.
+EngineTimes = clocks.EngineTimes
+NOT_REPORTED = clocks.NOT_REPORTED
+
+
 @dataclass(frozen=True)
 class End:
     """How an attempt ended, as its engine reported it or the reconciler found it."""
@@ -59,10 +64,10 @@ class End:
     exit_code: int | None = None
     failure: str = ""  # a FAILED end's cause (`sf.contract.Failure`): it decides the retry
     note: str = ""  # how the end was learnt, when that was unusual
-    # The engine's own start and end (Slurm's Start/End...), where it reported them: kept on
-    # the attempt, and the bill never leaves them (`jobs.ledger.clocks`).
-    engine_start: dt.datetime | None = None
-    engine_end: dt.datetime | None = None
+    # The engine's own start and end (Slurm's Start/End, a pod's container run, Ray's job
+    # times), where it reported them: kept on the attempt, and the bill never leaves them
+    # (`jobs.ledger.clocks`).
+    engine: EngineTimes = NOT_REPORTED
 
 
 def end_attempt(attempt: Attempt, end: End, now: dt.datetime, *, actor: str = "reconciler") -> bool:
@@ -78,7 +83,7 @@ def end_attempt(attempt: Attempt, end: End, now: dt.datetime, *, actor: str = "r
             attempt,
             end.at,
             now,
-            (end.engine_start, end.engine_end),
+            end.engine,
             exit_code=end.exit_code,
             end_reason=end.reason,
             failure=end.failure,
@@ -110,7 +115,7 @@ def end_group(attempts: Sequence[Attempt], ends: Mapping[int, End], now: dt.date
         {pk: end.at for pk, end in ends.items()},
         now,
         {pk: end.exit_code for pk, end in ends.items()},
-        {pk: (end.engine_start, end.engine_end) for pk, end in ends.items()},
+        {pk: end.engine for pk, end in ends.items()},
         end_reason=first.reason,
         failure=first.failure,
     )

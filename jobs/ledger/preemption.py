@@ -115,13 +115,12 @@ def pause(
     end: dt.datetime | None = None,
     started: dt.datetime | None = None,
     code: int | None = None,
-    engine: tuple[dt.datetime | None, dt.datetime | None] = (None, None),
+    engine: ends.EngineTimes = ends.NOT_REPORTED,
 ) -> None:
     """A preempted attempt ended (`end`, `started` and `code` as its engine reported them, and
     the engine's own start and end, which cap the bill as for any end; None: it vanished):
     billed to its end as run, its job PAUSED with `PAUSED_REASON`, and a scheduler tick asked
     for to queue it again."""
-    engine_start, engine_end = engine
     ends.end_attempt(
         attempt,
         ends.End(
@@ -130,8 +129,7 @@ def pause(
             at=end,
             started=started,
             exit_code=code,
-            engine_start=engine_start,
-            engine_end=engine_end,
+            engine=ends.EngineTimes(*engine),
         ),
         now,
     )

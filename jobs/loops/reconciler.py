@@ -344,7 +344,7 @@ def _reconcile_attempt(
             end=obs.end_time,
             started=obs.start_time,
             code=obs.exit_code,
-            engine=(obs.engine_start, obs.engine_end),
+            engine=_engine(obs),
         )
         return
     if lending.past_grace(attempt.preempted_at, grace_s, now):
@@ -456,8 +456,7 @@ def _observed_end(attempt: Attempt, target: JobStatus, obs: Observation, now: dt
                 reason,
                 at=obs.end_time,
                 exit_code=obs.exit_code,
-                engine_start=obs.engine_start,
-                engine_end=obs.engine_end,
+                engine=_engine(obs),
             )
     if target == S.SUCCEEDED:
         reason = _SUCCEEDED_REASON
@@ -475,9 +474,13 @@ def _observed_end(attempt: Attempt, target: JobStatus, obs: Observation, now: dt
         exit_code=obs.exit_code,
         failure=failure,
         note=str(obs.details.get("note", "")),
-        engine_start=obs.engine_start,
-        engine_end=obs.engine_end,
+        engine=_engine(obs),
     )
+
+
+def _engine(obs: Observation) -> clocks.EngineTimes:
+    """The engine's own times in an observation, as the clocks take them."""
+    return clocks.EngineTimes(obs.engine_start, obs.engine_end, obs.engine_start_bills)
 
 
 def _failure_reason(attempt: Attempt, obs: Observation) -> str:
@@ -629,4 +632,4 @@ def _sweep_orphan(
     # How the engine ended it (Slurm: CANCELLED after a stop or a pause), and when.
     if obs.native_state != attempt.native_state:
         Attempt.objects.filter(pk=attempt.pk).update(native_state=obs.native_state[:50])
-    clocks.engine_record(attempt, obs.engine_start, obs.engine_end)
+    clocks.engine_record(attempt, _engine(obs))

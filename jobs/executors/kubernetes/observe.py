@@ -14,6 +14,13 @@ some ranks run and others wait it stays PENDING, saying "not all nodes started: 
 so the pending deadline ends a gang that never fully starts. The reconciler learns each rank's
 state from `details["ranks"]` and which failed first from `details["failed_rank"]`.
 
+The engine's own record of an attempt (`Observation.engine_start`/`engine_end`, which bound the
+bill) is its pods' container run: a pod's `startedAt` and `finishedAt`, whole seconds as
+Kubernetes keeps them. Of a gang, the earliest start of its ranks and, once none of its pods
+runs any more, the latest finish: the span in which any of its pods held GPUs. Its bill still
+starts when the last rank is up (`engine_start_bills` False). A pod the Job controller deleted
+took its times along: the span is that of the pods still there.
+
 Exit codes follow the runner's contract (`sf.contract`): INGEST_EXIT means ingest failed (the
 user's code never ran), 128+N that the entrypoint was killed by signal N (reported as -N).
 """
@@ -112,7 +119,8 @@ def observe_ranks(job: dict, pods: list[dict], nodes: int) -> Observation:
     needs every rank up, and starts with the last of them; until then it is PENDING with the
     words of the first rank still waiting. Every observation carries `details["ranks"]`. The
     start is known only while every rank's pod still says when it started: one the Job
-    controller deleted took its start along, and the ledger keeps what RUNNING set.
+    controller deleted took its start along, and the ledger keeps what RUNNING set. The
+    engine's times are its pods' span (the module's docstring).
     """
     ranks: dict[int, dict] = {}
     for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp", "")):
@@ -120,6 +128,19 @@ def observe_ranks(job: dict, pods: list[dict], nodes: int) -> Observation:
         if index is not None and index < nodes:
             ranks[index] = pod
     seen = {i: observe_pod(pod) for i, pod in ranks.items()}
+    start, end = _container_span(list(seen.values()))
+    return dataclasses.replace(
+        _ranks_state(job, ranks, seen, nodes),
+        engine_start=start,
+        engine_end=end,
+        engine_start_bills=False,  # billed from the last rank's start (module docstring)
+    )
+
+
+def _ranks_state(
+    job: dict, ranks: dict[int, dict], seen: dict[int, Observation], nodes: int
+) -> Observation:
+    """`observe_ranks` but for the engine's times."""
     failed, complete = _condition(job, "Failed"), _condition(job, "Complete")
     ended = [i for i, o in seen.items() if _phase(o) == "Failed"]
     # Kubernetes times an end to the second: of ranks that ended in the same one, a rank that
@@ -137,7 +158,7 @@ def observe_ranks(job: dict, pods: list[dict], nodes: int) -> Observation:
     details: dict[str, Any] = {"ranks": rows}
     if failed and failed.get("reason") == "DeadlineExceeded":
         return dataclasses.replace(
-            _deadline_exceeded(failed, pods), start_time=start, details=details
+            _deadline_exceeded(failed, list(ranks.values())), start_time=start, details=details
         )
     if first is not None:
         details["failed_rank"] = first
@@ -224,9 +245,8 @@ def observe_pod(pod: dict) -> Observation:
     if phase in ("Failed", "Succeeded") or "terminated" in container:
         return _ended(pod, container.get("terminated") or {}, details)
     if "running" in container:
-        return Observation(
-            "Running", start_time=_ts(container["running"].get("startedAt")), details=details
-        )
+        started = _ts(container["running"].get("startedAt"))
+        return Observation("Running", start_time=started, details=details, engine_start=started)
     return _pending(pod, container.get("waiting") or {}, details)
 
 
@@ -309,22 +329,41 @@ def _exited(terminated: dict, details: dict) -> Observation:
 
 
 def _end(state: str, terminated: dict, details: dict, **fields: Any) -> Observation:
-    """An ended attempt, timed by its container's terminated state unless told otherwise."""
-    fields.setdefault("end_time", _ts(terminated.get("finishedAt")))
+    """An ended attempt, timed by its container's terminated state unless told otherwise;
+    the container's run is the engine's record of it, whatever else ended the pod."""
+    started, finished = _ts(terminated.get("startedAt")), _ts(terminated.get("finishedAt"))
+    fields.setdefault("end_time", finished)
     return Observation(
-        state, start_time=_ts(terminated.get("startedAt")), details=details, **fields
+        state,
+        start_time=started,
+        details=details,
+        engine_start=started,
+        engine_end=finished,
+        **fields,
     )
 
 
 def _deadline_exceeded(failed: dict, pods: list[dict]) -> Observation:
     ends = [_container_state(p).get("terminated") or {} for p in pods]
+    engine_start, engine_end = _container_span([observe_pod(pod) for pod in pods])
     return Observation(
         "Failed/DeadlineExceeded",
         failure=Failure.DEADLINE,
         message=_say("DeadlineExceeded", failed.get("message")),
         start_time=next((_ts(t["startedAt"]) for t in ends if t.get("startedAt")), None),
         end_time=_ts(failed.get("lastTransitionTime")),
+        engine_start=engine_start,
+        engine_end=engine_end,
     )
+
+
+def _container_span(seen: list[Observation]) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """The engine's record of these pods together: their containers' earliest start, and,
+    once every one of them has ended, their latest finish (None: not known yet)."""
+    start = min((o.engine_start for o in seen if o.engine_start is not None), default=None)
+    if not seen or any(_phase(o) not in ("Succeeded", "Failed") for o in seen):
+        return start, None
+    return start, max((o.engine_end for o in seen if o.engine_end is not None), default=None)
 
 
 def _through_contract(code: int | None) -> int | None:

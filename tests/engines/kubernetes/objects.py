@@ -146,13 +146,20 @@ def running(started: str = T0) -> dict:
     return scheduled("Running", {"running": {"startedAt": started}})
 
 
-def terminated(code: int, container_reason: str, log_tail: str = "", **pod_fields) -> dict:
+def terminated(
+    code: int,
+    container_reason: str,
+    log_tail: str = "",
+    started: str = T0,
+    finished: str = T1,
+    **pod_fields,
+) -> dict:
     """An ended container; `log_tail` is its termination message (FallbackToLogsOnError)."""
     state = {
         "exitCode": code,
         "reason": container_reason,
-        "startedAt": T0,
-        "finishedAt": T1,
+        "startedAt": started,
+        "finishedAt": finished,
         "containerID": "containerd://4f1c0e9d",
     }
     if log_tail:

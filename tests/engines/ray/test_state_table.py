@@ -114,8 +114,59 @@ def test_an_unasked_stop_is_an_admins_stop_and_times_are_utc():
     obs = observe(ray_job("STOPPED", start_time=1_700_000_000_000, end_time=1_700_000_001_500))
     assert obs.failure == "" and "not through Starforge" in obs.message
     assert obs.end_time == dt.datetime(2023, 11, 14, 22, 13, 21, 500000, tzinfo=dt.UTC)
-    # Ray's start_time is the submission time: reporting it would bill the PENDING time.
+    # Ray's start_time is the submission time: billing from it would bill the PENDING time.
     assert obs.start_time is None and obs.details["start_time"] == 1_700_000_000_000
+
+
+def test_rays_own_times_are_the_engines_and_its_submission_is_not_billed():
+    """Ray's start_time and end_time, kept as the engine's record of the attempt; the start
+    only bounds the bill (it is the submission), the end is billed."""
+    started, ended = 1_700_000_000_000, 1_700_000_090_250
+    for status in ("SUCCEEDED", "FAILED", "STOPPED"):
+        obs = observe(ray_job(status, start_time=started, end_time=ended))
+        assert (obs.engine_start, obs.engine_end) == (
+            dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC),
+            dt.datetime(2023, 11, 14, 22, 14, 50, 250000, tzinfo=dt.UTC),
+        )
+        assert obs.end_time == obs.engine_end and not obs.engine_start_bills
+    running = observe(ray_job("RUNNING", start_time=started))
+    assert (running.engine_start, running.engine_end) == (obs.engine_start, None)
+
+
+@pytest.mark.django_db
+def test_an_ended_ray_job_is_billed_from_its_run_within_rays_times(monkeypatch, team, alice):
+    """Submitted 30 s before the tick saw it RUNNING (Ray's queue): the ledger keeps Ray's
+    times, bills none of the queue, and ends the bill at Ray's end, not at a later sighting."""
+    cluster = Cluster.objects.create(
+        name="ray", kind="ray", settings={"address": "http://127.0.0.1:9"}
+    )
+    job = queued_job(team, alice, cluster=cluster)
+    now = dt.datetime.now(dt.UTC)
+    submitted, ran, ended = (now - dt.timedelta(seconds=s) for s in (100, 70, 10))
+    attempt = with_attempt(
+        job,
+        S.RUNNING,
+        job_ref="sf-r1-a1",
+        submitted_at=submitted - dt.timedelta(seconds=1),
+        start_time=ran,
+        alive_at=ended + dt.timedelta(seconds=2),
+    )
+    done = ray_job("SUCCEEDED", start_time=_ms(submitted), end_time=_ms(ended))
+    monkeypatch.setattr(RayExecutor, "_list_jobs", lambda self: [done])
+    reconcile_all()
+    attempt.refresh_from_db()
+    assert Job.objects.get(pk=job.pk).status == S.SUCCEEDED
+    assert (attempt.engine_start, attempt.engine_end) == (_at_ms(submitted), _at_ms(ended))
+    assert (attempt.start_time, attempt.end_time) == (ran, _at_ms(ended))
+
+
+def _ms(at: dt.datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
+def _at_ms(at: dt.datetime) -> dt.datetime:
+    """`at` as Ray keeps it: whole milliseconds."""
+    return dt.datetime.fromtimestamp(_ms(at) / 1000, dt.UTC)
 
 
 def test_a_pending_job_carries_rays_words():
