@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Q, QuerySet, Sum
+from django.db.models import F, Q, QuerySet, Sum
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from jobs.models import Attempt, AttemptActivity
@@ -22,6 +23,16 @@ from metering.models import UsageRecord
 from metering.prices import PriceBook, Schedule, cost_of, price_spans, read_prices
 
 SWEEP_BATCH = 5000
+# How long the sweep leaves an ended attempt unmetered for its engine's end to bound its bill
+# (`awaiting_engine`). Only an engine that had ended the attempt before the server closed it
+# (a stop, a pause) can bound it, and that engine knows its end already: the reconciler,
+# polling every 2 s, takes it (`jobs.ledger.clocks.engine_record`) on its next poll; 15 ticks
+# leave room for failed polls. Far within the 10 minutes after an end that the reconciler
+# still polls it (`jobs.loops.reconciler.ORPHAN_SWEEP`) and after which `check_usage` calls
+# an unmetered attempt stuck (`metering.consistency.STUCK_AFTER`). An engine that never says
+# (the local executor) only delays its attempts' records by this much: usage answers add
+# unmetered attempts as they read.
+ENGINE_END_GRACE = dt.timedelta(seconds=30)
 ONE_US = dt.timedelta(microseconds=1)
 IN = ("team", "user")  # a usage read's id parameters: team0, team1, ..., user0, ...
 Key = tuple[dt.date, int, int, int, str]  # day, team_id, user_id, cluster_id, gpu_type
@@ -61,18 +72,38 @@ def priced_day_pieces(
             yield day, gpu_us, cost_of(gpu_us, rate)
 
 
-def meter_ended(job_ids: Iterable[int] | None = None) -> int:
+def awaiting_engine(now: dt.datetime) -> Q:
+    """Ended attempts whose engine may still bound their bill: launched on an engine (a
+    `job_ref`), started, ended within ENGINE_END_GRACE, and either without the engine's end
+    or billed past it (the end `engine_record` brings back within it, not written yet)."""
+    return (
+        ~Q(job_ref="")
+        & Q(start_time__isnull=False, end_time__gt=now - ENGINE_END_GRACE)
+        & (Q(engine_end__isnull=True) | Q(end_time__gt=Greatest(F("engine_end"), F("start_time"))))
+    )
+
+
+def meter_ended(
+    job_ids: Iterable[int] | None = None, now: dt.datetime | None = None, *, wait: bool = True
+) -> int:
     """Add ended, unmetered attempts to the usage records; returns how many were added.
+
+    Never bills more than the engine: an attempt whose engine may still bound its end
+    (`awaiting_engine`) waits for it, at most ENGINE_END_GRACE after its end; without `wait`
+    (a job being deleted) every ended attempt is taken.
 
     Safe to run concurrently: the attempts are locked (PostgreSQL) or the write lock is held
     (SQLite, IMMEDIATE transactions), and only rows still unmetered are taken.
     """
+    now = now or timezone.now()
     added = 0
     while True:
         with transaction.atomic():
             rows = Attempt.objects.filter(metered=False, end_time__isnull=False)
             if job_ids is not None:
                 rows = rows.filter(job_id__in=list(job_ids))
+            if wait:
+                rows = rows.exclude(awaiting_engine(now))
             if connection.vendor == "postgresql":
                 rows = rows.select_for_update(skip_locked=True, of=("self",))
             batch = list(
@@ -179,7 +210,7 @@ def forget_deleted(job_id: int) -> None:
     # Wait for a sweep that holds these attempts (its skip_locked would skip them here), so
     # everything it meters is counted as deleted below.
     list(Attempt.objects.select_for_update().filter(job_id=job_id).values_list("pk"))
-    meter_ended([job_id])
+    meter_ended([job_id], wait=False)
     totals: dict[Key, int] = defaultdict(int)
     rows = Attempt.objects.filter(job_id=job_id, metered=True).values_list(
         "job__team_id", "job__user_id", "job__cluster_id", "job__gpu_type",

@@ -31,7 +31,10 @@ The rules every write follows:
   the engine's (invariant 5: queued time is never billed). That start is the one
   change to a written clock, made once in the close that learns the engine's times. A stop
   or a pause is the server's decision, closed at its clock; the engine's end of it, learnt
-  later, brings the end back within the engine's while the attempt is not metered yet.
+  later, brings the end back within the engine's while the attempt is not metered yet, and
+  metering waits for it: an ended attempt on an engine whose end is not known yet, or billed
+  past it, is metered once the engine's end bounds it, or ENGINE_END_GRACE after its end when
+  the engine does not say (`metering.records.awaiting_engine`).
 """
 
 import datetime as dt

@@ -4,6 +4,9 @@ Every `timezone.now()` in the code under test answers the test's clock, and each
 same instant as `now=`, so every billed microsecond is known in advance. Only running time is
 billed (docs/ARCHITECTURE.md, invariant 5): from the attempt's start_time, which the reconciler sets
 when it first sees the entrypoint running, to its end; queued, pending and paused time never.
+
+The scripted engine reports no times of its own, so an ended attempt is metered only once the
+grace in which its engine could still bound its end is past (`ENGINE_END_GRACE`).
 """
 
 import datetime as dt
@@ -20,7 +23,7 @@ from jobs.loops.scheduler import admit_queued_jobs
 from jobs.models import Attempt, Job, JobEvent
 from jobs.states import JobStatus
 from metering.models import UsageRecord
-from metering.records import meter_ended, team_gpu_us, usage_rows
+from metering.records import ENGINE_END_GRACE, meter_ended, team_gpu_us, usage_rows
 from metering.usage import job_gpu_seconds
 from tests.factories import queued_job
 from tests.scripted import ScriptedExecutor
@@ -136,7 +139,7 @@ def test_queued_an_hour_pending_10_minutes_running_30_minutes_on_4_gpus_is_7200_
     later = ended + dt.timedelta(hours=5)
     assert job_gpu_seconds(job.attempts.all(), now=later) == 7200.0
     assert usage_rows(DAY, DAY + dt.timedelta(days=1), now=later) == {key: 7200 * US}
-    meter_ended()  # a scheduler tick may have metered the blocker's attempt already
+    meter_ended(now=later)  # a scheduler tick may have metered the blocker's attempt already
     assert not Attempt.objects.filter(metered=False).exists()
     assert recorded(team) == {(DAY, alice.pk): 7200 * US}
     assert usage_rows(DAY, DAY + dt.timedelta(days=1), now=later) == {key: 7200 * US}
@@ -148,7 +151,9 @@ def test_an_end_observed_many_times_is_billed_once(engine, clock, vision):
     job = queued_job(team, alice, total_gpus=2, submitted_at=T0)
     end = T0 + minutes(25)
     run_attempt(engine, clock, job, T0, T0 + minutes(5), end, exit_code=0)
-    assert meter_ended() == 1  # no tick since the end: the sweep is the first to meter it
+    # No tick since the end: the sweep is the first to meter it, once its engine's grace is past.
+    assert meter_ended() == 0
+    assert meter_ended(now=end + ENGINE_END_GRACE) == 1
     # The engine keeps reporting the end, once with a later end time; sweeps run in between.
     for n, seen_end in enumerate([None, end + minutes(3), None, None], start=1):
         observe(engine, clock, end + minutes(4 * n), job, "OK", exit_code=0, end_time=seen_end)
@@ -186,7 +191,7 @@ def test_pause_and_resume_bill_only_the_running_time_of_both_attempts(engine, cl
     ]
     running_s = (22 + 10) * 60
     assert job_gpu_seconds(job.attempts.all(), now=T0 + minutes(300)) == running_s * 2
-    meter_ended()
+    meter_ended(now=T0 + minutes(300))
     assert not Attempt.objects.filter(metered=False).exists()
     assert recorded(team) == {(DAY, alice.pk): running_s * 2 * US}
 
@@ -202,7 +207,7 @@ def test_a_failed_attempt_and_its_retry_bill_only_their_running_time(engine, clo
     run_attempt(engine, clock, job, T0, T0 + minutes(2), failed_at, native="BAD", exit_code=1)
     job.refresh_from_db()
     assert job.status == S.FAILED
-    meter_ended()
+    meter_ended(now=failed_at + ENGINE_END_GRACE)
     if how == "by hand":
         clock.now = T0 + minutes(40)
         control.retry_job(alice, job.pk)
@@ -217,7 +222,7 @@ def test_a_failed_attempt_and_its_retry_bill_only_their_running_time(engine, clo
     assert (job.status, job.retry_count, job.attempt_count) == (S.SUCCEEDED, 1, 2)
     running_s = (15 + 20) * 60
     assert job_gpu_seconds(job.attempts.all(), now=retry_at + minutes(60)) == running_s * 3
-    meter_ended()
+    meter_ended(now=retry_at + minutes(60))
     assert not Attempt.objects.filter(metered=False).exists()
     assert recorded(team) == {(DAY, alice.pk): running_s * 3 * US}
 
@@ -237,7 +242,7 @@ def test_an_attempt_across_a_month_boundary_is_split_between_the_months(engine, 
     assert team_gpu_us(nov1, live) == {team.pk: 3600 * US}
 
     observe(engine, clock, midnight + minutes(45), job, "OK", exit_code=0)
-    assert meter_ended() == 1
+    assert meter_ended(now=midnight + minutes(45) + ENGINE_END_GRACE) == 1
     later = midnight + dt.timedelta(days=3)
     assert usage_rows(*october, now=later) == {(oct31, team.pk, alice.pk, cluster, ""): 7200 * US}
     assert usage_rows(*november, now=later) == {(nov1, team.pk, alice.pk, cluster, ""): 10800 * US}

@@ -16,7 +16,7 @@ from jobs.reads.ledgercheck import violations
 from jobs.schemas import JobIn
 from jobs.states import JobStatus
 from metering.models import UsageRecord
-from metering.records import meter_ended
+from metering.records import ENGINE_END_GRACE, meter_ended
 from tests.factories import place, queued_job, with_attempt
 
 pytestmark = pytest.mark.django_db
@@ -39,7 +39,9 @@ def ran_ledger(backend, team, alice, make_user):
     reconcile_all()
     control.pause_job(alice, jobs[2].pk)
     launch_attempts(admit_queued_jobs().admitted)  # the fourth job takes the freed GPUs
-    meter_ended()
+    # The paused attempt waits for its engine's end (the scripted engine never says) until
+    # the grace is past.
+    meter_ended(now=dt.datetime.now(dt.UTC) + ENGINE_END_GRACE)
     return jobs
 
 
