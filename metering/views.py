@@ -39,10 +39,12 @@ TABLES: dict[str, tuple[Dimension, ...]] = {
     "gpu_type": ("gpu_type",),
     "day": ("day",),
 }
-# The usage CSV: one row per (day, team, user, cluster, GPU type; "": any).
+# The usage CSV: one row per (day, team, user, cluster, GPU type; "": any); efficiency =
+# active ÷ billed GPU-time.
 CSV_COLUMNS = (
     "day", "team", "user", "cluster", "gpu_type", "gpu_hours", "gpu_seconds",
-    "borrowed_gpu_hours", "active_gpu_seconds", "idle_gpu_seconds", "cost", "currency",
+    "borrowed_gpu_hours", "active_gpu_seconds", "idle_gpu_seconds", "efficiency", "cost",
+    "currency",
 )  # fmt: skip
 
 
@@ -139,6 +141,7 @@ def _csv(lines: list[UsageLine], month: dt.date) -> HttpResponse:
                 gpu_hours(line.borrowed_us),
                 gpu_seconds(line.active_us),
                 gpu_seconds(line.idle_us),
+                round(line.active_us / line.gpu_us, 4),
                 amount(line.cost_micros),
                 currency(),
             )

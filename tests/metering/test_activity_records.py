@@ -83,6 +83,6 @@ def test_usage_answers_carry_active_and_idle_gpu_time_by_team_and_in_the_csv(tea
     client.force_login(alice)
     sheet = client.get("/usage/", {"month": "2026-11", "format": "csv"}).content.decode()
     rows = list(csv.DictReader(io.StringIO(sheet)))
-    assert [(r["active_gpu_seconds"], r["idle_gpu_seconds"]) for r in rows] == [
-        ("5400.0", "1800.0")
+    assert [(r["active_gpu_seconds"], r["idle_gpu_seconds"], r["efficiency"]) for r in rows] == [
+        ("5400.0", "1800.0", "0.75")
     ]

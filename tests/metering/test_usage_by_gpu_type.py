@@ -181,11 +181,12 @@ def test_the_page_shows_a_table_by_gpu_type_and_activity_in_every_table(mixed):
 def test_the_csv_has_a_gpu_type_column(mixed):
     sheet = mixed.get("/usage/", {"month": "2026-11", "format": "csv"}).content.decode()
     rows = list(csv.DictReader(io.StringIO(sheet)))
-    assert [(row["day"], row["gpu_type"], row["gpu_hours"], row["cost"]) for row in rows] == [
-        ("2026-11-10", "", "3.0", "3.00"),
-        ("2026-11-10", "a100", "4.0", "16.00"),
-        ("2026-11-11", "h100", "1.0", "1.00"),
-        ("2026-11-20", "a100", "2.0", "8.00"),
+    shown = [(r["day"], r["gpu_type"], r["gpu_hours"], r["efficiency"], r["cost"]) for r in rows]
+    assert shown == [
+        ("2026-11-10", "", "3.0", "0.0", "3.00"),
+        ("2026-11-10", "a100", "4.0", "0.75", "16.00"),
+        ("2026-11-11", "h100", "1.0", "0.0", "1.00"),
+        ("2026-11-20", "a100", "2.0", "0.0", "8.00"),
     ]
 
 
