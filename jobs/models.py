@@ -425,6 +425,10 @@ class Job(models.Model):
     retry_cooldown_s = models.PositiveIntegerField(default=30)
     # Set while a FAILED job waits out its cooldown before the next automatic attempt.
     next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # The nodes its attempts that hung ran on, oldest first, where its engine can keep an attempt
+    # off nodes (Slurm's --exclude): every later attempt is kept off as many of them as leave it
+    # enough nodes (`jobs.executors.base.nodes_to_avoid`); written by `jobs.ledger.watch`.
+    avoid_nodes = models.JSONField(default=list, blank=True)
     # Follow-on jobs (`--then eval`): the names asked for and their specs from starforge.toml.
     then = models.JSONField(default=list, blank=True)
     follow_on_specs = models.JSONField(default=dict, blank=True)

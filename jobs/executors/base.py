@@ -14,7 +14,7 @@ import fcntl
 import hashlib
 import hmac
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import import_module
@@ -57,6 +57,10 @@ class LaunchSpec:
     # limit; an engine that can enforce a limit itself gets a backstop a little past it.
     time_limit_s: int | None = None
     pending_deadline_s: int = 0  # how long it may wait on the engine before it starts
+    # The nodes the job's hung attempts ran on, oldest first (`Job.avoid_nodes`): an engine
+    # that can keep an attempt off nodes (`AVOIDS_NODES`) keeps it off those `nodes_to_avoid`
+    # names; the others never get any.
+    avoid_nodes: tuple[str, ...] = ()
 
     @property
     def gpus_per_node(self) -> int:
@@ -134,6 +138,22 @@ class Capacity:
         if self.ranks_share_nodes:
             return sum(n.gpus // gpus_per_node for n in fits)
         return sum(1 for n in fits if n.gpus >= gpus_per_node)
+
+
+def nodes_to_avoid(
+    avoid: Sequence[str], capacity: Capacity, ranks: int, gpu_type: str
+) -> list[str]:
+    """Which of `avoid` (the nodes a job's hung attempts ran on, oldest first) its next attempt
+    is kept off: only nodes the engine reports as taking jobs, the most recent first, each only
+    while the nodes left of the job's GPU type still number its `ranks`, so that no job is kept
+    off every node that could run it; the ones hung on longest ago are tried again first. None
+    on a cluster that reports no nodes."""
+    fits = {n.name for n in capacity.nodes if gpu_type_matches(gpu_type, n.gpu_type)}
+    kept: list[str] = []
+    for node in reversed(avoid):
+        if node in fits and node not in kept and len(fits) - len(kept) > ranks:
+            kept.append(node)
+    return kept
 
 
 def gpu_type_matches(wanted: str, have: str) -> bool:

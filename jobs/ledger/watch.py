@@ -7,7 +7,9 @@ write it, and the event, the webhook deliveries (`jobs.ledger.outbox.on_watch`) 
 follows go in the same transaction. A pause or stop goes through `jobs.ledger.halt` (whose
 cancel, after commit, is the runner's notice: the notice file, SIGTERM, SIGKILL after the
 grace); a hang's fail through `jobs.ledger.ends` with cause `hung` (retried per the job's
-budget), its engine told to cancel after commit. The job's dumps are its own text: kept in the
+budget), its engine told to cancel after commit. Where the engine can keep an attempt off nodes
+(Slurm), the nodes the hung attempt ran on join the job's `avoid_nodes`, which its later
+attempts keep off (`_keep_off_hung_nodes`). The job's dumps are its own text: kept in the
 event's data, bounded by the ingest route, escaped wherever shown.
 """
 
@@ -18,9 +20,10 @@ from django.db.models import Q
 from sf.contract import Failure
 
 from jobs.durations import say
+from jobs.executors.base import executor_class
 from jobs.ledger import ends, outbox
 from jobs.ledger.halt import cancel_attempt, halt
-from jobs.models import Attempt, AttemptActivity, JobEvent, Webhook
+from jobs.models import Attempt, AttemptActivity, Cluster, Job, JobEvent, Webhook
 from jobs.reads.activity import Watched, idle_since, moving_ranks, stalled_since
 from jobs.states import JobStatus
 
@@ -146,4 +149,35 @@ def _hang_action(w: Watched, reason: str, now: dt.datetime) -> None:
             failure=Failure.HUNG,
         )
         if ends.end_attempt(attempt, end, now, actor=HANG_ACTOR):
+            _keep_off_hung_nodes(attempt, now)
             transaction.on_commit(lambda: cancel_attempt(w.attempt_id))
+
+
+def _keep_off_hung_nodes(attempt: Attempt, now: dt.datetime) -> None:
+    """The nodes a hung attempt ran on (its ranks, as the engine last reported them) join its
+    job's `avoid_nodes`, the newest last and each once: every later attempt of the job (a retry,
+    a resume) is kept off them, and off those of earlier hangs while enough nodes are left
+    (`jobs.executors.base.nodes_to_avoid`, applied by the scheduler's placement and by the
+    engine). A note tells the job's readers why. Where the engine cannot keep an attempt off a
+    node (`AVOIDS_NODES` unset: local, Ray, Kubernetes) nothing is kept."""
+    nodes = list(dict.fromkeys(r["node"] for r in attempt.ranks or [] if r.get("node")))
+    kind = Cluster.objects.values_list("kind", flat=True).get(pk=attempt.job.cluster_id)
+    if not nodes or not getattr(executor_class(kind), "AVOIDS_NODES", False):
+        return
+    job = Job.objects.select_for_update().only("avoid_nodes").get(pk=attempt.job_id)
+    Job.objects.filter(pk=job.pk).update(
+        avoid_nodes=[n for n in job.avoid_nodes if n not in nodes] + nodes
+    )
+    which = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {', '.join(nodes)}"
+    JobEvent.objects.create(
+        job_id=attempt.job_id,
+        time=now,
+        kind=JobEvent.Kind.NOTE,
+        reason=(
+            f"its retries avoid {which}, which hung attempt {attempt.number} ran on (while "
+            "the cluster has enough other nodes for the job)"
+        ),
+        actor=HANG_ACTOR,
+        attempt=attempt.number,
+        data={"avoid_nodes": nodes, "hung_attempt": attempt.number},
+    )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from jobs.loops import fairshare, queueplan
 from jobs.loops.gates import gate
+from jobs.loops.placement import kept_off
 from jobs.loops.queueplan import Planned
 from jobs.loops.reservations import NoRoom
 from jobs.loops.snapshot import Queued, Snapshot
@@ -88,7 +89,8 @@ def admission_record(snap: Snapshot, tally: Tally, job: Queued, lender: int | No
     admission event so `check_ledger` can verify every admission after the fact; for a job on
     borrowed GPUs, the borrowed sum and the cap. Only the job's own team's figures: every
     member of it reads the event, so the lender (which the attempt keeps) and its holdings and
-    quota stay out (docs/ARCHITECTURE.md, invariant 8)."""
+    quota stay out (docs/ARCHITECTURE.md, invariant 8). For a job whose attempts hung before,
+    the nodes its attempt is kept off, and those it is not (`node_avoidance`)."""
     team = snap.teams[job.team]
     held, member = tally.held.team[team.pk], tally.held.member[(team.pk, job.user)]
     borrowed = {}
@@ -106,4 +108,19 @@ def admission_record(snap: Snapshot, tally: Tally, job: Queued, lender: int | No
         "gpu_quota": team.gpu_quota,
         "max_jobs": team.max_jobs,
         "user_gpu_cap": team.user_gpu_cap,
+        **node_avoidance(snap, job),
+    }
+
+
+def node_avoidance(snap: Snapshot, job: Queued) -> dict:
+    """Where a job's hung attempts ran: the nodes its new attempt is kept off (`kept_off`) and
+    those of the cluster's nodes it is not, since without them too few would be left for it."""
+    capacity = snap.capacities[job.cluster][1]
+    if not job.avoid_nodes or not capacity.nodes:
+        return {}
+    off = kept_off(capacity, job)
+    usable = {n.name for n in capacity.nodes}
+    return {
+        "kept_off": sorted(off),
+        "not_kept_off": [n for n in job.avoid_nodes if n in usable and n not in off],
     }

@@ -15,7 +15,7 @@ borrows from, the notices), which the tick writes after.
 """
 
 from jobs.loops import budgets, lending
-from jobs.loops.placement import Placement
+from jobs.loops.placement import Placement, kept_off
 from jobs.loops.queueplan import Planned
 from jobs.loops.reservations import NoRoom
 from jobs.loops.snapshot import Queued, Snapshot
@@ -162,18 +162,20 @@ def _node_gate(
     nodes = placement.nodes_of(job.cluster)
     g, kind = job.gpus_per_node, job.gpu_type
     avoid = placement.full_types(job) if not kind else frozenset()
-    placed = nodes.place(job.nodes, g, kind, avoid)
+    off = kept_off(capacity, job)
+    placed = nodes.place(job.nodes, g, kind, avoid, off)
     if placed is not None:
         return None, placed
-    have = nodes.room(job.nodes, g, kind, avoid)
+    have = nodes.room(job.nodes, g, kind, avoid, off)
     what = f"{g} free {kind + ' ' if kind else ''}GPU{'s' if g != 1 else ''}"
+    hung = f" (kept off {', '.join(sorted(off))}, where an attempt of it hung)" if off else ""
     if nodes.share:
         return NoRoom(
             f"waiting for capacity: {job.nodes} rank{'s' if job.nodes != 1 else ''} with {what} "
-            f"each on cluster {cluster.name}: room for {have} now"
+            f"each on cluster {cluster.name}: room for {have} now{hung}"
         ), None
     return NoRoom(
         f"waiting for {job.nodes} node{'s' if job.nodes != 1 else ''} with {what}"
         f"{' each' if job.nodes != 1 else ''}: {have} such node{'s' if have != 1 else ''} free "
-        f"on cluster {cluster.name}"
+        f"on cluster {cluster.name}{hung}"
     ), None

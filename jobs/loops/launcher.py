@@ -317,4 +317,5 @@ def launch_spec(job: Job, attempt: Attempt) -> LaunchSpec:
         image=job.image,
         time_limit_s=job.time_limit_s,
         pending_deadline_s=job.pending_deadline_s or settings.SF_PENDING_DEADLINE_S,
+        avoid_nodes=tuple(job.avoid_nodes),
     )

@@ -5,7 +5,8 @@ node with room for it, all at once (gang admission, docs/ARCHITECTURE.md, invari
 node's free GPUs are what the engine reported, less what Starforge's active jobs hold there (on
 the nodes the engine reported for their ranks, else where they would be placed now), less what
 this tick admitted. Best fit: the nodes with the least room that still fits go first, so whole
-nodes stay free for the next gang.
+nodes stay free for the next gang. A job whose attempts hung before is kept off the nodes they
+ran on, as its engine keeps it (`kept_off`: the engine's rule, `nodes_to_avoid`).
 
 GPU types: a team may be capped per GPU type (`TeamGpuTypeQuota`). A job asking for a type
 counts toward the caps it matches; one asking for none, toward the types of the nodes its ranks
@@ -19,7 +20,11 @@ first time a job needs them; nothing here reads the database.
 import heapq
 
 from jobs.executors import Capacity, gpu_type_matches
+from jobs.executors.base import nodes_to_avoid
 from jobs.loops.snapshot import Active, Queued, Snapshot
+
+# A gang's shape as `place` remembers a miss: ranks, GPUs each, type, types and nodes kept off.
+Shape = tuple[int, int, str, frozenset[str], frozenset[str]]
 
 
 class Nodes:
@@ -33,22 +38,28 @@ class Nodes:
         self.free = {n.name: n.gpus for n in capacity.nodes}
         self.types = {n.name: n.gpu_type for n in capacity.nodes}
         self.share = capacity.ranks_share_nodes
-        # shape -> ranks that had room, when too few did
-        self.misses: dict[tuple[int, int, str, frozenset[str]], int] = {}
+        self.misses: dict[Shape, int] = {}  # shape -> ranks that had room, when too few did
         self.where: dict[int, list[str]] = {}  # active job -> the nodes its ranks hold
 
     def place(
-        self, ranks: int, gpus_per_node: int, gpu_type: str, avoid: frozenset[str] = frozenset()
+        self,
+        ranks: int,
+        gpus_per_node: int,
+        gpu_type: str,
+        avoid: frozenset[str] = frozenset(),
+        off: frozenset[str] = frozenset(),
     ) -> list[str] | None:
         """The nodes (one per rank) a gang of `ranks` x `gpus_per_node` would take now, or None;
-        never a node whose type matches one in `avoid`. Best fit, as the module says."""
-        shape = (ranks, gpus_per_node, gpu_type, avoid)
+        never a node whose type matches one in `avoid`, nor one named in `off`. Best fit, as the
+        module says."""
+        shape = (ranks, gpus_per_node, gpu_type, avoid, off)
         if shape in self.misses:
             return None
         fits = [
             (free, name)
             for name, free in self.free.items()
             if free >= gpus_per_node
+            and name not in off
             and gpu_type_matches(gpu_type, self.types[name])
             and not any(gpu_type_matches(a, self.types[name]) for a in avoid)
         ]
@@ -61,14 +72,29 @@ class Nodes:
         self.misses[shape] = len(chosen) if self.share else len(fits)
         return None
 
-    def room(self, ranks: int, gpus_per_node: int, gpu_type: str, avoid: frozenset[str]) -> int:
+    def room(
+        self,
+        ranks: int,
+        gpus_per_node: int,
+        gpu_type: str,
+        avoid: frozenset[str],
+        off: frozenset[str] = frozenset(),
+    ) -> int:
         """How many ranks of that shape had room when `place` last found too few."""
-        return self.misses.get((ranks, gpus_per_node, gpu_type, avoid), 0)
+        return self.misses.get((ranks, gpus_per_node, gpu_type, avoid, off), 0)
 
     def take(self, names: list[str], gpus_per_node: int) -> None:
         for name in names:
             if name in self.free:
                 self.free[name] -= gpus_per_node
+
+
+def kept_off(capacity: Capacity, job: Queued | Active) -> frozenset[str]:
+    """The nodes a job's next attempt is kept off: where its hung attempts ran, as many as
+    leave it enough nodes (`nodes_to_avoid`, which its engine applies too)."""
+    if not job.avoid_nodes:
+        return frozenset()
+    return frozenset(nodes_to_avoid(job.avoid_nodes, capacity, job.nodes, job.gpu_type))
 
 
 def held_nodes(capacity: Capacity, active: list[Active]) -> Nodes:
@@ -81,7 +107,9 @@ def held_nodes(capacity: Capacity, active: list[Active]) -> Nodes:
         placed = (
             seen
             if len(seen) == job.nodes and all(name in nodes.free for name in seen)
-            else nodes.place(job.nodes, job.gpus_per_node, job.gpu_type)
+            else nodes.place(
+                job.nodes, job.gpus_per_node, job.gpu_type, off=kept_off(capacity, job)
+            )
         )
         if placed is not None:
             nodes.take(placed, job.gpus_per_node)

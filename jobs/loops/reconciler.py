@@ -157,7 +157,7 @@ def reconcile_cluster(cluster: Cluster, now: dt.datetime | None = None) -> None:
     ]
     attempts = list(_open(Attempt.objects.filter(pk__in=changed)).select_related("job"))
     _record_native(executor, attempts, mine)
-    _record_ranks(attempts, mine)
+    _record_ranks(executor, attempts, mine)
     for attempt in _in_groups(executor, attempts, mine, now):
         try:
             _reconcile_attempt(executor, attempt, mine.get(attempt.pk), now, grace)
@@ -574,14 +574,20 @@ def _record_native(
     JobEvent.objects.bulk_create(unmapped)
 
 
-def _record_ranks(open_attempts: list[Attempt], observations: dict[int, Observation]) -> None:
-    """Keep each multi-node attempt's ranks as the engine last reported them (node, state,
-    exit code), checked: an engine's rows may come from a record job code could reach."""
+def _record_ranks(
+    executor: Executor, open_attempts: list[Attempt], observations: dict[int, Observation]
+) -> None:
+    """Keep each attempt's ranks as the engine last reported them (node, state, exit code),
+    checked: an engine's rows may come from a record job code could reach. Where it reports
+    only the nodes it gave the attempt, the rows come from those (`allocation_ranks`)."""
     for attempt in open_attempts:
         obs = observations.get(attempt.pk)
-        if obs is None or "ranks" not in obs.details:
+        if obs is None:
             continue
-        ranks = checked_ranks(obs.details["ranks"], attempt.nodes)
+        if "ranks" in obs.details:
+            ranks = checked_ranks(obs.details["ranks"], attempt.nodes)
+        else:
+            ranks = allocation_ranks(executor, attempt, obs)
         known = {r["rank"]: r["node"] for r in attempt.ranks or [] if isinstance(r, dict)}
         for row in ranks:  # a rank whose pod is gone no longer says where it ran
             if not row["node"] and known.get(row["rank"]):
@@ -589,6 +595,34 @@ def _record_ranks(open_attempts: list[Attempt], observations: dict[int, Observat
         if ranks and ranks != attempt.ranks:
             Attempt.objects.filter(pk=attempt.pk).update(ranks=ranks)
             attempt.ranks = ranks
+
+
+# A rank's state where the engine reports only its allocation: the attempt's own (a stop
+# ends it as a stop ends a rank, "killed").
+RANK_STATE_OF = {
+    S.RUNNING: "running",
+    S.SUCCEEDED: "succeeded",
+    S.FAILED: "failed",
+    S.STOPPED: "killed",
+}
+
+
+def allocation_ranks(executor: Executor, attempt: Attempt, obs: Observation) -> list[dict]:
+    """Rank rows from the nodes the engine gave the attempt (`details["nodes"]`, rank r on
+    the r-th: Slurm's NodeList), so that every attempt keeps where it ran (a retry after a hang
+    keeps off there). A single-node attempt's one rank is the attempt: its state and exit code.
+    A multi-node attempt's rows come from its runner, which reports each rank; these stand in
+    only until it has."""
+    nodes = obs.details.get("nodes")
+    target = executor.STATE_TABLE.get(obs.native_state)
+    if not isinstance(nodes, list) or target not in RANK_STATE_OF:
+        return []
+    if attempt.nodes > 1 and attempt.ranks:
+        return []
+    state = RANK_STATE_OF[target]
+    code = obs.exit_code if attempt.nodes == 1 else None
+    rows = [{"rank": r, "node": n, "state": state, "exit_code": code} for r, n in enumerate(nodes)]
+    return checked_ranks(rows, attempt.nodes)
 
 
 def checked_ranks(rows: object, nodes: int) -> list[dict]:

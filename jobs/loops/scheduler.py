@@ -191,14 +191,7 @@ def _submit(admit: list[Admission], now: dt.datetime) -> list[int]:
     total_gpus_by_job = {job_id: total_gpus for job_id, total_gpus, _, _ in admit}
     lender_by_job = {job_id: lender for job_id, _, lender, _ in admit}
     changes = [
-        Change(
-            job_id,
-            "admitted on GPUs borrowed from another team's idle quota (preemptible); launching"
-            if lender is not None
-            else "admitted; launching",
-            data=data,
-        )
-        for job_id, _, lender, data in admit
+        Change(job_id, _admitted(lender, data), data=data) for job_id, _, lender, data in admit
     ]
     changed, _ = apply_transitions(S.SUBMITTED, changes, actor="scheduler", expected={S.QUEUED})
     fields = ("id", "run_id", "attempt_count", "nodes")
@@ -220,6 +213,24 @@ def _submit(admit: list[Admission], now: dt.datetime) -> list[int]:
         attempt_count=F("attempt_count") + 1, current_attempt=Subquery(newest)
     )
     return [a.pk for a in attempts]
+
+
+def _admitted(lender: int | None, data: dict) -> str:
+    """An admission's reason: on whose GPUs, and the nodes kept off where an attempt of the
+    job hung (`jobs.loops.admission.node_avoidance`)."""
+    reason = (
+        "admitted on GPUs borrowed from another team's idle quota (preemptible); launching"
+        if lender is not None
+        else "admitted; launching"
+    )
+    if data.get("kept_off"):
+        reason += f"; kept off {', '.join(data['kept_off'])}, where an attempt of it hung"
+    if data.get("not_kept_off"):
+        reason += (
+            f"; not kept off {', '.join(data['not_kept_off'])}, where an attempt of it hung: "
+            "without it, too few of the cluster's nodes would be left for the job"
+        )
+    return reason
 
 
 def _planner(decided: Decided) -> Callable[[], tuple]:

@@ -60,6 +60,7 @@ class Queued(NamedTuple):
     queued_at: dt.datetime | None = None
     array: int | None = None
     array_cap: int | None = None  # the array's --max-parallel
+    avoid_nodes: list[str] | None = None  # where its hung attempts ran (`Job.avoid_nodes`)
 
     @property
     def gpus_per_node(self) -> int:
@@ -85,6 +86,7 @@ class Active(NamedTuple):
     preempted: dt.datetime | None
     lender: int | None
     ranks: list | None = None
+    avoid_nodes: list[str] | None = None  # where its hung attempts ran (`Job.avoid_nodes`)
 
     @property
     def gpus_per_node(self) -> int:
@@ -168,7 +170,7 @@ def read_queue() -> dict[int, list[Queued]]:
         .values_list(
             "id", "team_id", "user_id", "user__username", "cluster_id", "total_gpus", "window_id",
             "status_reason", "nodes", "gpu_type", "time_limit_s", "status_changed_at",
-            "array_id", "array__max_parallel",
+            "array_id", "array__max_parallel", "avoid_nodes",
         )
     )  # fmt: skip
     for row in rows:
@@ -177,8 +179,8 @@ def read_queue() -> dict[int, list[Queued]]:
 
 
 def read_active(ranks: bool) -> list[Active]:
-    """Every active job in one query; with `ranks`, the nodes its ranks were seen on too (read
-    only where some cluster reports its nodes: they are a list per job)."""
+    """Every active job in one query; with `ranks`, the nodes its ranks were seen on and those
+    it keeps off too (read only where some cluster reports its nodes: they are lists per job)."""
     columns = [
         "pk", "team_id", "user_id", "cluster_id", "total_gpus", "nodes", "gpu_type", "array_id",
         "time_limit_s", "current_attempt_id", "current_attempt__start_time",
@@ -186,7 +188,7 @@ def read_active(ranks: bool) -> list[Active]:
         "current_attempt__borrowed_from",
     ]  # fmt: skip
     if ranks:
-        columns.append("current_attempt__ranks")
+        columns += ["current_attempt__ranks", "avoid_nodes"]
     rows = Job.objects.filter(status__in=S.active()).order_by("pk").values_list(*columns)
     return [Active(*row) for row in rows]
 

@@ -49,3 +49,12 @@ def test_an_admission_takes_its_nodes_and_its_type_for_the_rest_of_the_tick():
     placement.hold(job, placed)
     assert placement.nodes_of(job.cluster).free == {"a": 1}
     assert placement.type_use(NLP.pk, "a100") == 3
+
+
+def test_an_active_job_not_seen_on_its_nodes_yet_is_counted_off_the_nodes_it_keeps_off():
+    """A retry after a hang waits on its engine kept off the node that hung: it is counted
+    where it can go, not on that node (best fit would have put it there)."""
+    _, capacity = nodes(("a", 1, ""), ("b", 4, ""))
+    retry = active(1, NLP, total_gpus=1, ranks=[], avoid_nodes=["a"])
+    held = held_nodes(capacity, [retry])
+    assert held.where == {1: ["b"]} and held.free == {"a": 1, "b": 3}

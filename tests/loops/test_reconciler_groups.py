@@ -105,9 +105,9 @@ def test_a_job_stopped_during_the_tick_sends_its_group_the_per_attempt_way(
     grouped = []
     in_groups = reconciler._in_groups
 
-    def stop_then_record(attempts, observations):  # a person's stop, after the tick's read
+    def stop_then_record(executor, attempts, observations):  # a stop after the tick's read
         halt([stopped_job.pk], S.STOPPED, "stopped by alice", actor="alice", now=timezone.now())
-        record_ranks(attempts, observations)
+        record_ranks(executor, attempts, observations)
 
     def spy(executor, attempts, mine, now):
         rest = in_groups(executor, attempts, mine, now)

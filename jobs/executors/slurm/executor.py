@@ -37,6 +37,12 @@ runner of the attempt: told `SF_RANK_LAUNCH=srun`, it starts one `srun` step per
 passes on (`ranks`, `failed_rank`). Slurm's `--nodes N` means N distinct nodes, so capacity
 reports each node on its own (`ranks_share_nodes=False`), with its GRES type. scancel of the
 job ends every step, and so every rank, with it.
+
+A poll of a job that holds nodes names them (`details["nodes"]`: its NodeList, rank r on the
+r-th, as `sf.ranks` starts them), so the ledger keeps where every attempt ran, single-node ones
+too. An attempt whose job hung before (`LaunchSpec.avoid_nodes`) is submitted with
+`--exclude` of the nodes those attempts ran on, as many as leave the job enough of the
+partition's nodes (`jobs.executors.base.nodes_to_avoid`).
 """
 
 import datetime as dt
@@ -76,6 +82,7 @@ from jobs.executors.base import (
     epoch,
     file_lock,
     gpu_type_matches,
+    nodes_to_avoid,
     passed_on,
     rank_details,
     read_record,
@@ -132,6 +139,8 @@ class SlurmExecutor:
     # shows it to the job's unix user only where AccountingStoreFlags=job_env is set.
     BOOTSTRAP_TOKEN: ClassVar[bool] = False
     PREEMPT_BY_TERM: ClassVar[bool] = True  # scancel --signal reaches the job's steps too
+    # A retry after a hang is kept off the nodes the hung attempt ran on (sbatch --exclude).
+    AVOIDS_NODES: ClassVar[bool] = True
     # Every job state Slurm reports (22.05 and later: base states, then the flags that squeue
     # or the REST API show instead of the base state). COMPLETED and FAILED end with the
     # runner's exit code; the other ends carry the failure kind from END_STATES below.
@@ -360,6 +369,7 @@ class SlurmExecutor:
             partition=self.partition,
             account=self.account,
             time_limit=self.time_limit,
+            exclude=self._exclude(spec),
         )
         with export_file(self._job_env(spec, attempt_dir)) as fd:
             args += [f"--export-file={fd}", f"--wrap=exec {shlex.quote(self.python)} -m sf.runner"]
@@ -368,6 +378,13 @@ class SlurmExecutor:
         if not job_id.isdigit():
             raise SlurmError(f"sbatch answered {out.strip()!r}, not a job id")
         return job_id
+
+    def _exclude(self, spec: LaunchSpec) -> list[str]:
+        """The partition's nodes the attempt is kept off: those its job's hung attempts ran on,
+        as many as leave it enough nodes (`nodes_to_avoid`, the scheduler's rule too)."""
+        if not spec.avoid_nodes:
+            return []
+        return nodes_to_avoid(spec.avoid_nodes, self.capacity(), spec.nodes, spec.gpu_type)
 
     def _gres_type(self, wanted: str) -> str:
         """The partition's own spelling of GPU type `wanted` ("" for any): Slurm matches GRES
@@ -405,6 +422,8 @@ class SlurmExecutor:
         if target == S.PENDING:
             reason = "" if row.reason == "None" else row.reason
             return Observation(row.state, message=reason, details=details, name=row.name)
+        if row.nodes:  # where it runs or ran: a retry after a hang keeps off these
+            details["nodes"] = list(row.nodes)
         if row.state == "RUNNING" and (stale := self._stale_runner_exit(row)):
             details.update(stale)
         records = self.work_dir / row.name
@@ -553,7 +572,7 @@ class SlurmExecutor:
         grace period decides when they count as lost.
         """
         args = ["sacct", "-n", "-P", "-X", "-j", ",".join(ids)]
-        args += ["-o", "JobID,State,Reason,Start,End,ExitCode,JobName"]
+        args += ["-o", "JobID,State,Reason,Start,End,ExitCode,NodeList,JobName"]
         try:
             return parse_sacct(self._slurm(args), dt.datetime.now(dt.UTC))
         except SlurmError:

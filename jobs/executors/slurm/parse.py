@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from sf.contract import entrypoint_code
 
 # squeue -O with a "|" suffix per field: no padding, no truncation; the name goes last.
-POLL_FIELDS = "JobID:|,State:|,Reason:|,StartTime:|,EndTime:|,exit_code:|,Name:|"
+POLL_FIELDS = "JobID:|,State:|,Reason:|,StartTime:|,EndTime:|,exit_code:|,NodeList:|,Name:|"
+# What sacct and squeue write in NodeList for a job that holds no node (yet).
+NO_NODES = frozenset({"", "None assigned", "(null)", "N/A"})
 # Node states (sinfo %T) in which a node takes new jobs; down, drained, draining, reserved and
 # the like do not count. A flag after the state counts only when it is "-" (planned by backfill
 # for a waiting job, still schedulable); `idle*` (not responding), `idle~` (powered down) and the
@@ -41,16 +43,17 @@ class JobRow:
     end: dt.datetime | None
     exit_status: int | None  # the raw wait status: exit 3 is 768, SIGKILL is 9
     name: str
+    nodes: tuple[str, ...] = ()  # the allocation's nodes (NodeList), in the order ranks take them
 
 
 def parse_squeue(out: str, now: dt.datetime) -> list[JobRow]:
     """squeue -O POLL_FIELDS lines; `now` is when squeue answered (see `_epoch`)."""
     rows = []
     for line in out.splitlines():
-        fields = line.split("|", 6)
-        if len(fields) < 7:
+        fields = line.split("|", 7)
+        if len(fields) < 8:
             continue
-        job_id, state, reason, start, end, status, name = fields
+        job_id, state, reason, start, end, status, nodes, name = fields
         rows.append(
             JobRow(
                 job_id.strip(),
@@ -60,24 +63,34 @@ def parse_squeue(out: str, now: dt.datetime) -> list[JobRow]:
                 _epoch(end, now),
                 _int(status),
                 name.removesuffix("|"),
+                _nodes(nodes),
             )
         )
     return rows
 
 
 def parse_sacct(out: str, now: dt.datetime) -> list[JobRow]:
-    """sacct -P lines: JobID|State|Reason|Start|End|ExitCode (code:signal)|JobName."""
+    """sacct -P lines: JobID|State|Reason|Start|End|ExitCode (code:signal)|NodeList|JobName."""
     rows = []
     for line in out.splitlines():
-        fields = line.split("|", 6)
-        if len(fields) < 7 or not fields[0].isdigit():
+        fields = line.split("|", 7)
+        if len(fields) < 8 or not fields[0].isdigit():
             continue
-        job_id, state, reason, start, end, exit_code, name = fields
+        job_id, state, reason, start, end, exit_code, nodes, name = fields
         code, _, signal = exit_code.partition(":")
         status = (_int(code) or 0) << 8 | (_int(signal) or 0)
         state = state.split()[0] if state.strip() else ""  # "CANCELLED by 1000"
         rows.append(
-            JobRow(job_id, state, reason, _epoch(start, now), _epoch(end, now), status, name)
+            JobRow(
+                job_id,
+                state,
+                reason,
+                _epoch(start, now),
+                _epoch(end, now),
+                status,
+                name,
+                _nodes(nodes),
+            )
         )
     return rows
 
@@ -141,6 +154,12 @@ def _expand_host(item: str) -> list[str]:
         for number in range(int(low), int(high or low) + 1):
             names += [f"{head}{number:0{len(low)}d}{tail}" for tail in tails]
     return names
+
+
+def _nodes(nodelist: str) -> tuple[str, ...]:
+    """The node names of a job's NodeList; none for a job that holds none."""
+    nodelist = nodelist.strip()
+    return () if nodelist in NO_NODES else tuple(expand_hostlist(nodelist))
 
 
 def _epoch(value: str, now: dt.datetime) -> dt.datetime | None:

@@ -18,9 +18,11 @@ def sbatch_args(
     partition: str,
     account: str,
     time_limit: str,
+    exclude: list[str] | None = None,
 ) -> list[str]:
     """sbatch and its options for an attempt, less its environment and what it runs;
-    `gres_type` is the partition's spelling of the job's GPU type ("" for any)."""
+    `gres_type` is the partition's spelling of the job's GPU type ("" for any), `exclude` the
+    nodes Slurm must not give it (a retry after a hang keeps off the node that hung)."""
     args = [
         "sbatch",
         "--parsable",
@@ -38,6 +40,8 @@ def sbatch_args(
         args.append(f"--cpus-per-task={spec.cpus}")
     if spec.memory_mb:
         args.append(f"--mem={spec.memory_mb}")  # MiB, per node
+    if exclude:
+        args.append(f"--exclude={','.join(exclude)}")
     for flag, value in (
         ("partition", partition),
         ("account", account),

@@ -86,8 +86,10 @@ def at(epoch: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(epoch, dt.UTC)
 
 
-def squeue_line(job_id, state, reason="None", status=0, name="sf-run-a1", start=START, end=END):
-    return f"{job_id}|{state}|{reason}|{start}|{end}|{status}|{name}|\n"
+def squeue_line(
+    job_id, state, reason="None", status=0, name="sf-run-a1", start=START, end=END, nodes="node1"
+):
+    return f"{job_id}|{state}|{reason}|{start}|{end}|{status}|{nodes}|{name}|\n"
 
 
 def test_the_table_has_a_row_for_every_slurm_job_state():
@@ -205,9 +207,9 @@ def test_jobs_squeue_forgot_come_from_accounting_when_it_exists(executor, fake):
     fake.answer("squeue", squeue_line("1", "RUNNING"))
     fake.answer(
         "sacct",
-        f"2|COMPLETED|None|{START}|{END}|0:0|sf-a-a1\n"
-        f"3|CANCELLED by 1000|None|{START}|{END}|0:15|sf-b-a1\n"
-        f"4|FAILED|NonZeroExitCode|{START}|{END}|3:0|sf-c-a1\n",
+        f"2|COMPLETED|None|{START}|{END}|0:0|node1|sf-a-a1\n"
+        f"3|CANCELLED by 1000|None|{START}|{END}|0:15|node1|sf-b-a1\n"
+        f"4|FAILED|NonZeroExitCode|{START}|{END}|3:0|None assigned|sf-c-a1\n",
     )
     found = executor.poll(["1", "2", "3", "4", "5"])
     assert {k: v.native_state for k, v in found.items()} == {
