@@ -62,7 +62,7 @@ $(IDP)/node_modules/.installed: $(IDP)/package.json $(IDP)/package-lock.json
 	npm ci --prefix $(IDP) --no-audit --no-fund --silent
 	touch $@
 
-test: venv jobenv engines sandbox-tools $(IDP)/node_modules/.installed ## Run the whole suite in two shards side by side (.ci/suite.py; starts PostgreSQL, Slurm and Ray when not running)
+test: venv jobenv engines sandbox-tools $(IDP)/node_modules/.installed ## Run the whole suite as five pytest runs, three at a time (.ci/suite.py; starts PostgreSQL, Slurm and Ray when not running)
 	@command -v chromium >/dev/null || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@.ci/services.sh start postgres

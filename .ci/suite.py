@@ -1,21 +1,28 @@
-"""`make test`: the whole suite as three pytest runs, two at a time, each slot with its own Redis.
+"""`make test`: the whole suite as five pytest runs, three at a time, each slot with its own Redis.
 
-Run one after another the suite takes some 25 minutes here, and the machine sits idle for about
-60% of it: the tests that bring up whole stacks, Slurm or the chaos driver mostly wait (on a
-visibility timeout, a disconnect, processes restarting). So one run takes those ("waits"), one
-takes everything else on PostgreSQL ("rest"), and whichever ends first goes on to the ledger
-suite on the embedded SQLite default ("sqlite").
+Run one after another the suite takes some 40 minutes here, and one run at a time leaves the
+machine idle for most of it: a pytest process uses one core at most, and the tests that bring
+up whole stacks, Slurm or the chaos driver mostly wait (on a visibility timeout, a disconnect,
+processes restarting). A CI run with two slots used 0.7 of its 2 cores on average. So the
+suite is cut where nothing is shared between the parts, and three run at once, the longest
+first:
+- "rest": the layers' tests on PostgreSQL, everything not in another run;
+- "slurm": the Slurm engine's tests and the chaos rounds (one Slurm on the host: these run in
+  one process, one after another);
+- "e2e": the whole stacks (a real Celery worker, the web and websocket servers);
+- "stacks": the browser (Chromium), the Ray and Kubernetes engines' and the identity tests
+  (one Ray on the host: its tests are all here);
+- "sqlite": the ledger suite on the embedded SQLite default.
 
 Each run has its own PostgreSQL test database (pytest-django's `test_` + the URL's name +
-`_` + the run's name) and its own pytest base temp dir; each of the two slots has its own Redis
-server (the embedded one `make run` uses, on a free port), so the Redis database numbers tests
-pick for themselves stay theirs. Slurm's tests are all in one run, as there is one Slurm on the
-host. Output comes line by line, each line led by its run's name. The exit status is the first
-failing run's; a run that collected no tests (pytest's 5) is a failure, and after a failure no
-further run starts.
+`_` + the run's name) and its own pytest base temp dir; each slot has its own Redis server
+(the embedded one `make run` uses, on a free port), so the Redis database numbers tests pick
+for themselves stay theirs. Output comes line by line, each line led by its run's name. The
+exit status is the first failing run's; a run that collected no tests (pytest's 5) is a
+failure, and after a failure no further run starts.
 
     .venv/bin/python .ci/suite.py              # every run
-    .venv/bin/python .ci/suite.py waits sqlite  # some of them
+    .venv/bin/python .ci/suite.py e2e sqlite   # some of them
 """
 
 from __future__ import annotations
@@ -39,16 +46,19 @@ from tests.e2e.stack import Redis  # noqa: E402 - a private redis-server on a fr
 
 PG = os.environ.get("PG_URL", "postgres://postgres@127.0.0.1:5432/starforge_ci")
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-SLOTS = 2  # runs at once: the machines this runs on have 2 cores
+SLOTS = 3  # runs at once: see above (the machines this runs on have 2 cores)
 
-# The tests that mostly wait, all of Slurm's among them (about 13 minutes one after another).
-WAITS = ["tests/chaos", "tests/e2e", "tests/engines/slurm"]
+# The runs besides "rest", each a set of folders (see the module's docstring).
+SLURM = ["tests/chaos", "tests/engines/slurm"]
+E2E = ["tests/e2e"]
+STACKS = ["tests/browser", "tests/engines/ray", "tests/engines/kubernetes", "tests/identity"]
 # The ledger suite: the tests of the server's layers and of metering, which run on either
 # database (the Makefile's test-sqlite names the same folders). Not the real S3 server's.
 LEDGER = [
     f"tests/{folder}"
     for folder in "ledger loops actions reads api console stores executors metering audit".split()
 ]
+DURATIONS = "--durations=10"
 
 
 @dataclass(frozen=True)
@@ -59,13 +69,15 @@ class Run:
     sqlite: bool = False  # the embedded default's ledger (a file of the run's own), else PG
 
 
-RUNS = [
-    Run("waits", "stacks, chaos and Slurm on PostgreSQL", [*WAITS, "--durations=10"]),
+RUNS = [  # the longest first
     Run(
         "rest",
-        "everything else on PostgreSQL",
-        ["tests", *(f"--ignore={path}" for path in WAITS), "--durations=10"],
+        "the layers on PostgreSQL",
+        ["tests", *(f"--ignore={path}" for path in (*SLURM, *E2E, *STACKS)), DURATIONS],
     ),
+    Run("slurm", "Slurm and the chaos rounds on PostgreSQL", [*SLURM, DURATIONS]),
+    Run("e2e", "whole stacks on PostgreSQL", [*E2E, DURATIONS]),
+    Run("stacks", "browser, Ray, Kubernetes and identity on PostgreSQL", [*STACKS, DURATIONS]),
     Run(
         "sqlite",
         "the ledger suite on the embedded SQLite default",
