@@ -5,6 +5,7 @@ Ray's own `JobSubmissionClient` (imported here only, never by the server) to sho
 executor speaks the same Jobs API.
 """
 
+import datetime as dt
 import http.client
 import json
 import os
@@ -210,6 +211,11 @@ def test_the_executor_speaks_the_jobs_api_of_rays_own_client(ray_jobs, ray_addre
     info = client.get_job_info(spec.name)
     assert info.status == JobStatus(obs.native_state) == JobStatus.SUCCEEDED
     assert info.submission_id == spec.name
+    # Ray's own times (ms since the epoch) are the engine's record of the attempt.
+    assert (obs.engine_start, obs.engine_end) == (
+        dt.datetime.fromtimestamp(info.start_time / 1000, dt.UTC),
+        dt.datetime.fromtimestamp(info.end_time / 1000, dt.UTC),
+    )
     sent = ray_jobs.executor._job_request(spec)["runtime_env"]
     assert info.runtime_env == sent
     assert info.metadata == {

@@ -4,6 +4,7 @@ The runner ships its logs to a live API server, as it does in production; the re
 what Ray reports into the ledger, Ray's pending reason included.
 """
 
+import datetime as dt
 import sys
 import time
 import uuid
@@ -106,6 +107,38 @@ def test_a_stop_through_starforge_ends_the_ray_job_and_stays_a_stop(ray_team, us
     reconcile_all()
     job.refresh_from_db()
     assert job.status == S.STOPPED and job.status_reason == "stopped by alice"
+    # Closed at the server's clock, then stopped on Ray: the sweep keeps Ray's own times.
+    attempt = Attempt.objects.get(job=job)
+    assert (attempt.engine_start, attempt.engine_end) == rays_times(ref, ray_team)
+    assert_billed_within_the_engines(attempt)
+
+
+def test_an_ended_attempt_keeps_rays_times_and_is_billed_within_them(ray_team, user):
+    job = ray_job(ray_team, user, total_gpus=1, entrypoint=["sleep", "2"])
+    tick_until(job, {S.SUCCEEDED, S.FAILED})
+    assert job.status == S.SUCCEEDED, job.status_reason
+    attempt = Attempt.objects.get(job=job)
+    assert (attempt.engine_start, attempt.engine_end) == rays_times(attempt.job_ref, ray_team)
+    assert_billed_within_the_engines(attempt)
+    assert attempt.end_time == attempt.engine_end  # the bill ends where Ray's record does
+
+
+def rays_times(ref: str, team: Team) -> tuple[dt.datetime, dt.datetime]:
+    """The job's start_time and end_time as Ray's own client reads them."""
+    from ray.job_submission import JobSubmissionClient
+
+    info = JobSubmissionClient(team.default_cluster.settings["address"]).get_job_info(ref)
+    start, end = (
+        dt.datetime.fromtimestamp(ms / 1000, dt.UTC) for ms in (info.start_time, info.end_time)
+    )
+    return start, end
+
+
+def assert_billed_within_the_engines(attempt: Attempt) -> None:
+    """Billed no more than Ray accounts for, and never outside its times (issue 50)."""
+    assert attempt.engine_start <= attempt.start_time <= attempt.end_time <= attempt.engine_end
+    billed = attempt.end_time - attempt.start_time
+    assert billed <= attempt.engine_end - attempt.engine_start
 
 
 def test_a_job_ray_cannot_place_shows_rays_reason_while_pending(ray_team, user):
