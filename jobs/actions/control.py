@@ -23,6 +23,7 @@ from jobs.reads import teams
 from jobs.reads.visible import get_visible_job, retry_unavailable_reason
 from jobs.states import VERBS, JobStatus
 from jobs.stores import logstore
+from jobs.stores.metrics import ingest
 from jobs.stores.snapshots import release_claim
 from metering.records import forget_deleted
 
@@ -89,6 +90,7 @@ def delete_job(user: User, job_id: int) -> None:
         )
     with transaction.atomic():
         snapshot = _lock_snapshot(job.snapshot_id)
+        ingest.hold_writers(job.pk)  # before the cascade deletes its metric rollups
         forget_deleted(job.pk)  # its GPU time stays billed in the usage records
         job.delete()
         transaction.on_commit(partial(logstore.delete_logs, job_id))

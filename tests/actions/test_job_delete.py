@@ -4,15 +4,30 @@ import datetime as dt
 import gzip
 import io
 import tarfile
+import threading
+import time
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection, transaction
 from django.test import Client
 from django.utils import timezone
 
-from jobs.models import Attempt, Job, JobEvent, LogStream, Snapshot
+from jobs.actions import control
+from jobs.models import (
+    Attempt,
+    Job,
+    JobEvent,
+    LogStream,
+    MetricChunk,
+    MetricRollup,
+    MetricSeries,
+    MetricStream,
+    Snapshot,
+)
 from jobs.states import JobStatus
 from jobs.stores import logstore
+from jobs.stores.metrics import ingest
 from jobs.stores.snapshots import snapshot_path
 from tests.api_helpers import assert_refused, submit
 from tests.factories import place, with_attempt
@@ -464,3 +479,66 @@ def test_the_admin_bulk_delete_still_shows_its_confirmation_page(api, admin_clie
     assert response.status_code == 200
     assert b"Are you sure" in response.content
     assert Job.objects.filter(pk=job_id).exists()
+
+
+def metric_rows(job_id: int) -> list[int]:
+    """The job's metric counters, chunks, series and rollups: rollups have no database
+    constraint tying them to the job (jobs.streamed.MetricRollup.job), the cascade deletes them."""
+    models = (MetricStream, MetricChunk, MetricSeries, MetricRollup)
+    return [model.objects.filter(job_id=job_id).count() for model in models]
+
+
+def store_points(job_id: int, first: int, n: int) -> None:
+    steps = list(range(first, first + n))
+    ingest.append_tracked(
+        job_id, 1, ["train"] * n, ["loss"] * n, steps, [1.0] * n, [1.7e9 + s for s in steps]
+    )
+
+
+def test_a_deleted_jobs_metrics_go_with_it(api, remove):
+    job_id = finished_job(api, S.SUCCEEDED)
+    store_points(job_id, 0, 500)
+    assert all(metric_rows(job_id))
+    assert remove(api, job_id).status_code == 204
+    assert metric_rows(job_id) == [0, 0, 0, 0]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_in_flight_as_its_job_is_deleted_leaves_no_rollup_behind(api, alice):
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrency is proven on PostgreSQL (run by `make test`)")
+    job_id = finished_job(api, S.SUCCEEDED)
+    store_points(job_id, 0, 500)  # the attempt's counter row exists (a first batch's would
+    # not be seen by the deletion: its insert of the job's series fails at commit instead)
+    stored, release, deleted = threading.Event(), threading.Event(), []
+
+    def batch() -> None:  # holds its attempt's counter lock until released
+        try:
+            with transaction.atomic():
+                store_points(job_id, 500, 500)
+                stored.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    def delete() -> None:
+        try:
+            control.delete_job(alice, job_id)
+            deleted.append(True)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=batch)
+    writer.start()
+    assert stored.wait(10)
+    deleter = threading.Thread(target=delete)
+    deleter.start()
+    time.sleep(0.5)  # the deletion waits on the batch's lock, not yet done
+    assert not deleted
+    release.set()
+    writer.join()
+    deleter.join()
+    assert deleted == [True]
+    assert not Job.objects.filter(pk=job_id).exists()
+    assert metric_rows(job_id) == [0, 0, 0, 0]

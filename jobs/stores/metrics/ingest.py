@@ -185,6 +185,14 @@ def _locked_counter(job_id: int, attempt: int) -> tuple[int, int, int]:
     return counter, stored, dropped
 
 
+def hold_writers(job_id: int) -> None:
+    """Wait for the job's metric batches in flight and keep new ones out until the caller's
+    transaction ends: every writer of a job's points and rollups takes its attempt's counter
+    row first (deleting a job takes them before its rollups, which no constraint ties to the
+    job, go; `jobs.streamed.MetricRollup.job`)."""
+    list(MetricStream.objects.select_for_update().filter(job_id=job_id).values_list("pk"))
+
+
 def _cap_event(job_id: int, attempt: int) -> None:
     cap = max_points()
     JobEvent.objects.create(
