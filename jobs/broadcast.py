@@ -13,6 +13,8 @@ Publishing never breaks a write: it runs after commit, is bounded by a timeout, 
 is logged and dropped (pages recover through the API). One commit can change thousands of jobs
 (a scheduler tick), so a publish costs a fixed number of Redis round trips for the groups nobody
 listens to, and the jobs group gets one message per `STATUS_BATCH` changes, not one per job.
+A metrics nudge ("refresh these charts") is not even waited for: a job logging through MLflow
+sends a hundred batches a second, and each would otherwise wait on Redis (`POSTED_LIMIT`).
 """
 
 import asyncio
@@ -35,6 +37,9 @@ log = logging.getLogger(__name__)
 
 JOBS_GROUP = "jobs"
 SEND_TIMEOUT_S = 2.0
+# Metrics nudges posted and not sent yet, per process: past this (Redis stuck) new ones are
+# dropped, as a full channel drops them; the charts catch up through the API.
+POSTED_LIMIT = 100
 STATUS_BATCH = 500  # status changes per message to the jobs group
 
 
@@ -95,7 +100,8 @@ def metrics_message(kinds: Iterable[str], accepted: int) -> dict:
 
 def publish_metrics(job_id: int, kinds: Iterable[str], accepted: int) -> None:
     if accepted and _layer() is not None:
-        _send_on_commit([(job_group(job_id), metrics_message(kinds, accepted))])
+        sends = [(job_group(job_id), metrics_message(kinds, accepted))]
+        transaction.on_commit(lambda: _post_now(sends))
 
 
 def publish_lines(job_id: int, attempt: int, lines: list[dict], cursor: str) -> None:
@@ -168,6 +174,16 @@ def _send_now(sends: list[tuple[str, dict]]) -> None:
         log.exception("live update to %s not sent; pages catch up through the API", groups)
 
 
+def _post_now(sends: list[tuple[str, dict]]) -> None:
+    """`_send_now` without waiting for the send (through the Redis layer; another layer's is
+    waited for, its queues being the caller's loop's)."""
+    layer = _layer()
+    if not isinstance(layer, RedisChannelLayer):
+        _send_now(sends)
+        return
+    _sender_loop().post(_group_send_all(layer, sends), sorted({group for group, _ in sends}))
+
+
 class _SenderLoop:
     """An event loop in a daemon thread that publishes for every thread of this process.
 
@@ -179,11 +195,33 @@ class _SenderLoop:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
+        self.lock, self.posted = threading.Lock(), 0
         threading.Thread(target=self.loop.run_forever, name="live-publish", daemon=True).start()
 
     def run(self, coroutine: Coroutine[Any, Any, None]) -> None:
         future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
         future.result(SEND_TIMEOUT_S + 1)  # the coroutine bounds itself; this is a backstop
+
+    def post(self, coroutine: Coroutine[Any, Any, None], groups: list[str]) -> None:
+        """Run `coroutine` on the loop without waiting for it; its failure is logged."""
+        with self.lock:
+            if self.posted >= POSTED_LIMIT:
+                coroutine.close()
+                log.warning("live update to %s dropped: %d still unsent", groups, self.posted)
+                return
+            self.posted += 1
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        future.add_done_callback(lambda done: self._sent(done, groups))
+
+    def _sent(self, done: Any, groups: list[str]) -> None:
+        with self.lock:
+            self.posted -= 1
+        if not done.cancelled() and done.exception() is not None:
+            log.error(
+                "live update to %s not sent; pages catch up through the API",
+                groups,
+                exc_info=done.exception(),
+            )
 
 
 _sender: _SenderLoop | None = None

@@ -102,43 +102,55 @@ def roll_up(job_id: int, points: Iterable[tuple[str, str, int, float, float]]) -
     """Add newly stored (kind, name, step, ts, value) points, in stored order, to their
     MetricSeries and MetricRollup rows.
 
-    One upsert per table whose ON CONFLICT arithmetic merges the batch's summaries into the
+    An upsert per table whose ON CONFLICT arithmetic merges the batch's summaries into the
     stored rows: no read-modify-write, so a concurrent batch cannot lose an update. The rows
     go in key order, so two batches lock the rows they share in the same order.
     """
     stats, rollups = aggregate(points)
-    _upsert(
-        MetricSeries,
-        SERIES_COLUMNS,
-        SERIES_MERGE,
-        [(*key, *stats[key]) for key in sorted(stats)],
-        job_id,
-    )
+    series = [(*key, *stats[key]) for key in sorted(stats)]
     rows = [(*key, acc[0], *map(float, acc[1:])) for key, acc in sorted(rollups.items())]
-    _upsert(MetricRollup, ROLLUP_COLUMNS, ROLLUP_MERGE, rows, job_id)
-
-
-def _upsert(
-    model: Any, columns: tuple[tuple[str, str], ...], merge: str, rows: list[tuple], job_id: int
-) -> None:
-    """Insert `rows` (values of `columns`, key columns first) of one job, merging conflicts."""
-    table = model._meta.db_table
-    names = ", ".join(["job_id", *(name for name, _ in columns)])
-    head = f"INSERT INTO {table} ({names})"
     if connection.vendor == "postgresql":
-        # One array per column, bound on the server in binary: Django's client-side binding
-        # would write each of a few thousand numbers into the SQL text and PostgreSQL parse it.
-        arrays = ", ".join(f"%b::{kind}[]" for _, kind in columns)
-        columns_of_rows = [list(column) for column in zip(*rows, strict=True)]
+        # Both upserts in one statement (one round trip; every batch's the same statement, so
+        # two batches take the rows' locks in the same order), each table's columns as arrays
+        # bound on the server in binary: Django's client-side binding would write each of a
+        # few thousand numbers into the SQL text and PostgreSQL parse it.
+        sql_series, args_series = _unnest(MetricSeries, SERIES_COLUMNS, SERIES_MERGE, series)
+        sql_rollups, args_rollups = _unnest(MetricRollup, ROLLUP_COLUMNS, ROLLUP_MERGE, rows)
         connection.ensure_connection()
         with psycopg.Cursor(connection.connection) as cursor:
             cursor.execute(
-                f"{head} SELECT %b, * FROM unnest({arrays}) {merge}", [job_id, *columns_of_rows]
+                f"WITH series AS ({sql_series}) {sql_rollups}",
+                [job_id, *args_series, job_id, *args_rollups],
             )
         return
+    _insert_many(MetricSeries, SERIES_COLUMNS, SERIES_MERGE, series, job_id)
+    _insert_many(MetricRollup, ROLLUP_COLUMNS, ROLLUP_MERGE, rows, job_id)
+
+
+def _head(model: Any, columns: tuple[tuple[str, str], ...]) -> str:
+    names = ", ".join(["job_id", *(name for name, _ in columns)])
+    return f"INSERT INTO {model._meta.db_table} ({names})"
+
+
+def _unnest(
+    model: Any, columns: tuple[tuple[str, str], ...], merge: str, rows: list[tuple]
+) -> tuple[str, list]:
+    """PostgreSQL: an upsert of `rows` (values of `columns`, key columns first) of one job
+    (its first parameter), one array per column, and its parameters after the job's."""
+    arrays = ", ".join(f"%b::{kind}[]" for _, kind in columns)
+    columns_of_rows = [list(column) for column in zip(*rows, strict=True)]
+    return f"{_head(model, columns)} SELECT %b, * FROM unnest({arrays}) {merge}", columns_of_rows
+
+
+def _insert_many(
+    model: Any, columns: tuple[tuple[str, str], ...], merge: str, rows: list[tuple], job_id: int
+) -> None:
+    """SQLite: insert `rows` (values of `columns`, key columns first) of one job, merging."""
     marks = ", ".join(["%s"] * (len(columns) + 1))
     with connection.cursor() as cursor:
-        cursor.executemany(f"{head} VALUES ({marks}) {merge}", [(job_id, *row) for row in rows])
+        cursor.executemany(
+            f"{_head(model, columns)} VALUES ({marks}) {merge}", [(job_id, *row) for row in rows]
+        )
 
 
 # Over the complexity limits on purpose: the loop over every stored point has its bucket updates
