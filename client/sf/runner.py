@@ -217,7 +217,7 @@ def run_ranks(env: RunnerEnv, plans: list[RankPlan], sandbox: Sandbox | None) ->
         sink = CountingLineSink(
             console, shipper, ranked=multi or own is not None, marked=multi, counts=counts
         )
-        boards = _follow_tensorboard(env, plans[0].env, metrics, sink, began)
+        boards = _follow_tensorboard(env, plans[0].env, metrics, sink, began, sandbox)
         readers = _read_output(env, plans, procs, sink)
         codes, failed = wait_ranks(procs, supervisor)
         for sampler in samplers:
@@ -226,7 +226,7 @@ def run_ranks(env: RunnerEnv, plans: list[RankPlan], sandbox: Sandbox | None) ->
         supervisor.end_leftovers(readers)
         boards.stop()  # what the job wrote last, told in its log while that is still open
     if sandbox is not None:
-        sandbox.close()  # nothing of the job is left in it: the exit record says so
+        sandbox.close()  # after the last read of its private /tmp; the exit record says so
     metrics.stop()
     checkpoints.stop()  # the checkpoint a preempted job saved on its notice, reported now
     _flush(shipper, metrics.shipper)
@@ -314,14 +314,25 @@ def _start_reporter(
 
 
 def _follow_tensorboard(
-    env: RunnerEnv, job_env: dict[str, str], metrics: MetricsTail, sink: LineSink, began: float
+    env: RunnerEnv,
+    job_env: dict[str, str],
+    metrics: MetricsTail,
+    sink: LineSink,
+    began: float,
+    sandbox: Sandbox | None,
 ) -> TensorBoardTail:
     """The job's TensorBoard scalars into its metrics, numbered with the SDK's points; what a
-    file's problem is goes to the job's own log."""
+    file's problem is goes to the job's own log. In a sandbox its files are read as its anchor
+    sees them (its private /tmp too), so the tail stops before the sandbox closes."""
     folders = tensorboard_roots(env.output_dir, env.run_dir, job_env)
     owner = env.identity.uid if env.identity else None
     tail = TensorBoardTail(
-        folders, metrics.add, began, owner, tell=lambda text: sink.emit("stderr", f"sf: {text}")
+        folders,
+        metrics.add,
+        began,
+        owner,
+        tell=lambda text: sink.emit("stderr", f"sf: {text}"),
+        anchor=sandbox.anchor if sandbox is not None else None,
     )
     tail.start()
     return tail

@@ -13,12 +13,22 @@ are taken (`since`); a file untouched since then is never read. Within an attemp
 is read once (an offset per file); a runner started again in the same attempt numbers from 0
 again and the server keeps each number once.
 
+Paths are the job's view of the file system. Without a sandbox (the runner not sandboxing;
+Slurm, Ray and Kubernetes, where the job shares the runner's view) that is the runner's own
+(`HostView`). A sandboxed job (`sf.sandbox`) has a private /tmp, /var/tmp and /run the host
+never sees: there every path is resolved beneath the root of the sandbox's anchor process,
+/proc/<anchor>/root (`JobView`), so `TENSORBOARD_LOGDIR=/tmp/tb` is read where the job wrote
+it. The anchor lives until the runner closes the sandbox, which it does only after the last
+read; once it is gone nothing more is read (a private /tmp dies with the sandbox).
+
 Everything here is the job's: files are opened without following a link, must be regular
 files (a FIFO would block) and, for a root runner (run_as), the job's own; the walk follows no
-link and looks at `MAX_ENTRIES` entries a pass, `MAX_FILES` files at most; a read takes at
-most `READ_BUDGET` bytes of a file a pass. A file's problem (a bad checksum, a record over
-`sf.tfevents.MAX_RECORD`, lost framing, a final half record) is told once, in the job's log,
-and costs that record or the rest of that file, nothing else.
+link below the roots (in a sandbox none at all, the roots' own components included: a link
+there would be resolved in the runner's view, not the job's) and looks at `MAX_ENTRIES`
+entries a pass, `MAX_FILES` files at most; a read takes at most `READ_BUDGET` bytes of a file
+a pass. A file's problem (a bad checksum, a record over `sf.tfevents.MAX_RECORD`, lost framing,
+a final half record) is told once, in the job's log, and costs that record or the rest of that
+file, nothing else.
 """
 
 from __future__ import annotations
@@ -57,7 +67,9 @@ def kind_of(tag: str) -> str:
 
 
 def roots(output_dir: str, run_dir: str, job_env: dict[str, str]) -> list[str]:
-    """The folders whose event files are the job's: relative names are in its run dir."""
+    """The folders whose event files are the job's: relative names are in its run dir. The
+    executor's folders by their real paths, where a sandbox binds them (`sf.sandbox`)."""
+    output_dir, run_dir = os.path.realpath(output_dir), os.path.realpath(run_dir)
     named = [job_env.get(TENSORBOARD_LOGDIR_VAR, ""), job_env.get(TENSORBOARD_DIR_VAR, "")]
     found = [output_dir, run_dir, *(os.path.join(run_dir, n) for n in named if n)]
     unique: list[str] = []
@@ -65,6 +77,75 @@ def roots(output_dir: str, run_dir: str, job_env: dict[str, str]) -> list[str]:
         if path not in unique:
             unique.append(path)
     return unique
+
+
+class HostView:
+    """The runner's own file system, which is the job's where it is not sandboxed: a root
+    folder may be a link (as the job or the executor named it), nothing below it is followed."""
+
+    def open(self, path: str, flags: int) -> int:
+        return os.open(path, flags)
+
+    def lstat(self, path: str) -> os.stat_result:
+        return os.lstat(path)
+
+    def close(self) -> None:
+        pass
+
+
+class JobView:
+    """A sandboxed job's file system as its anchor process sees it, private /tmp included.
+
+    /proc/<pid>/root is a magic link, and a link beneath it is resolved against the runner's
+    root: /tmp/tb -> /etc would lead out of the job's view. So each path is walked one
+    component at a time from that root, with O_NOFOLLOW and no "." or "..". The pid's /proc
+    folder is opened once: should the anchor end, every later open fails (ENOENT) rather than
+    reach whichever process took its pid next."""
+
+    def __init__(self, pid: int) -> None:
+        try:
+            self.proc: int | None = os.open(f"/proc/{pid}", os.O_PATH | os.O_DIRECTORY)
+        except OSError:
+            self.proc = None  # already gone: nothing is read
+
+    def open(self, path: str, flags: int) -> int:
+        parent, name = self._parent(path)
+        try:
+            return os.open(name, flags | os.O_NOFOLLOW, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def lstat(self, path: str) -> os.stat_result:
+        parent, name = self._parent(path)
+        try:
+            return os.stat(name, dir_fd=parent, follow_symlinks=False)
+        finally:
+            os.close(parent)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            os.close(self.proc)
+            self.proc = None
+
+    def _parent(self, path: str) -> tuple[int, str]:
+        """An O_PATH descriptor of the folder that holds `path` in the job's view, and the
+        name in it ("." for the root itself)."""
+        if self.proc is None:
+            raise FileNotFoundError(path)
+        parts = path.split("/")
+        if not path.startswith("/") or any(p in (".", "..") for p in parts):
+            raise FileNotFoundError(path)  # the roots are absolute, the walk adds names
+        *folders, name = [p for p in parts if p] or ["."]
+        fd = os.open("root", os.O_PATH | os.O_DIRECTORY, dir_fd=self.proc)
+        try:
+            for folder in folders:
+                step = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
+                fd, previous = os.open(folder, step, dir_fd=fd), fd
+                os.close(previous)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd, name
 
 
 @dataclass
@@ -77,7 +158,8 @@ class EventFile:
 
 
 class TensorBoardTail:
-    """Follows the job's event files, handing each new scalar point to `add`."""
+    """Follows the job's event files, handing each new scalar point to `add`; `anchor`: the
+    pid of the job's sandbox anchor, whose view of the files is the job's (`JobView`)."""
 
     def __init__(
         self,
@@ -86,9 +168,11 @@ class TensorBoardTail:
         since: float,
         owner: int | None = None,
         tell: Callable[[str], None] | None = None,
+        anchor: int | None = None,
     ) -> None:
         self.folders, self.add, self.since, self.owner = folders, add, since, owner
         self.tell = tell or (lambda _text: None)
+        self.view = JobView(anchor) if anchor is not None else HostView()
         self.decode = maintained_decoder() or scalars_in
         self.files: dict[str, EventFile] = {}
         self.skipped = 0  # scalars that are no point (a long tag, a negative step, NaN)
@@ -99,11 +183,13 @@ class TensorBoardTail:
         self.thread.start()
 
     def stop(self) -> None:
-        """Read what the job wrote last, then stop; a half record left at an end is told."""
+        """Read what the job wrote last, then stop; a half record left at an end is told.
+        In a sandbox, before the runner closes it."""
         self.done.set()
         if self.thread.is_alive():
             self.thread.join()
         self.poll(FINAL_BUDGET, final=True)
+        self.view.close()
         if self.skipped:
             self.tell(f"skipped {self.skipped} TensorBoard scalars that are no metric point")
 
@@ -122,18 +208,27 @@ class TensorBoardTail:
 
     def scan(self) -> None:
         seen = 0
-        stack = [f for f in self.folders if os.path.isdir(f)]
+        stack = list(self.folders)
         while stack and seen < MAX_ENTRIES and len(self.files) < MAX_FILES:
+            folder = stack.pop()
+            below = 0 if folder in self.folders else os.O_NOFOLLOW
             try:
-                with os.scandir(stack.pop()) as entries:
-                    for entry in entries:
-                        seen += 1
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(entry.path)
-                        elif EVENTS_MARK in entry.name and entry.path not in self.files:
-                            self._found(entry.path)
+                fd = self.view.open(folder, os.O_RDONLY | os.O_DIRECTORY | below)
             except OSError:
                 continue
+            try:
+                with os.scandir(fd) as entries:
+                    for entry in entries:
+                        seen += 1
+                        path = os.path.join(folder, entry.name)
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(path)
+                        elif EVENTS_MARK in entry.name and path not in self.files:
+                            self._found(path)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
 
     def _found(self, path: str) -> None:
         info = self._stat(path)
@@ -143,7 +238,7 @@ class TensorBoardTail:
 
     def _stat(self, path: str) -> os.stat_result | None:
         try:
-            info = os.lstat(path)
+            info = self.view.lstat(path)
         except OSError:
             return None
         if not stat.S_ISREG(info.st_mode):
@@ -157,7 +252,7 @@ class TensorBoardTail:
         if event_file.done:
             return 0
         try:
-            fd = os.open(event_file.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = self.view.open(event_file.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             return 0
         with os.fdopen(fd, "rb") as fh:

@@ -1,19 +1,24 @@
 """TensorBoard scalars for the runner (`sf.tfevents`, `sf.tensorboard`): our reader of the event
 format against files a real `SummaryWriter` wrote and against TensorBoard's own reader, the
 tail's kinds and dedup, and hostile files (truncated, a bad checksum, a huge or corrupt length,
-deep nesting, a link, a FIFO, another uid's file), each costing its record or its file only."""
+deep nesting, a link, a FIFO, another uid's file), each costing its record or its file only; a
+sandboxed job's private /tmp read in its own view, no link there leading into the host's."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from sf import tensorboard, tfevents
+from sf.sandbox import Sandbox, SandboxConfig
 from sf.tensorboard import TensorBoardTail, kind_of
 
 CLIENT = Path(__file__).resolve().parents[2] / "client"
@@ -292,3 +297,68 @@ def test_links_fifos_and_files_not_the_jobs_are_never_read(written, tmp_path):
     assert time.monotonic() - began < 5  # the FIFO blocked nothing
     assert list(tail.files) == [str(mine)]
     assert len(points) == len(written["reference"]) and told == []
+
+
+JOB_UID = 200_001
+# The job, in its sandbox as its uid: an event file of its own in its private /tmp, and links
+# from there to a host folder and a host event file (the host's /tmp, which it cannot see).
+PLANTS_LINKS = """
+import os, sys
+secret, host = sys.argv[1], sys.argv[2]
+os.makedirs("/tmp/tb/mine")
+with open("/tmp/tb/mine/events.out.tfevents.mine", "wb") as fh:
+    fh.write(sys.stdin.buffer.read())
+os.symlink(secret, "/tmp/tb/events.out.tfevents.link")
+os.symlink(host, "/tmp/tb/host")
+os.symlink(host, "/tmp/linked")
+os.symlink(os.path.dirname(host), "/tmp/up")
+print(os.path.exists(secret))
+"""
+
+
+@pytest.fixture
+def sandboxed(written):
+    """A real sandbox whose job planted `PLANTS_LINKS`; the host folder the links name holds
+    an event file of the job's uid, so only the rule on links keeps it out."""
+    work = Path(tempfile.mkdtemp(prefix="sf-tb-"))
+    work.chmod(0o711)
+    for name in ("work", "host"):
+        (work / name).mkdir()
+        os.chown(work / name, JOB_UID, JOB_UID)
+    secret = copy_to(written, work / "host")
+    os.chown(secret, JOB_UID, JOB_UID)
+    sandbox = Sandbox.open(SandboxConfig(199_999), [str(work / "work")], str(work))
+    try:
+        argv = [sys.executable, "-I", "-c", PLANTS_LINKS, str(secret), str(work / "host")]
+        done = subprocess.run(
+            sandbox.enter(argv, str(work / "work"), JOB_UID, JOB_UID),
+            input=Path(written["path"]).read_bytes(),
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == b"False\n"  # the host's /tmp is not the job's
+        yield sandbox, work
+    finally:
+        sandbox.close()
+        shutil.rmtree(work)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root")
+def test_a_sandboxed_jobs_tmp_is_read_in_its_own_view_and_no_link_leads_out_of_it(
+    written, sandboxed
+):
+    sandbox, work = sandboxed
+    folders = ["/tmp/tb", "/tmp/linked", f"/tmp/up/{(work / 'host').name}"]
+    points, told = [], []
+    tail = TensorBoardTail(folders, points.append, 0.0, JOB_UID, told.append, sandbox.anchor)
+    tail.stop()
+    assert list(tail.files) == ["/tmp/tb/mine/events.out.tfevents.mine"]
+    assert len(points) == len(written["reference"]) and told == []
+    # Once the sandbox is gone, so is its /tmp: nothing is read, nothing fails.
+    late: list[dict] = []
+    after = TensorBoardTail(["/tmp/tb"], late.append, 0.0, JOB_UID, anchor=sandbox.anchor)
+    sandbox.close()
+    after.stop()
+    assert late == [] and after.files == {}

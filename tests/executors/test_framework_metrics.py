@@ -2,9 +2,14 @@
 a local job in its own Python (`make jobenv`: PyTorch's CPU build, MLflow's client,
 TensorBoard), run as its team's uid in its sandbox, trains a tiny model and logs its loss the
 way it always has, through `mlflow.log_metric` or through PyTorch's `SummaryWriter` under
-$SF_OUTPUT_DIR. The job's metrics API (`GET /api/v1/jobs/{id}/metrics`, what the Charts tab
-draws) answers each series with the steps the code logged.
+$SF_OUTPUT_DIR or under $TENSORBOARD_LOGDIR in the sandbox's private /tmp. The job's metrics
+API (`GET /api/v1/jobs/{id}/metrics`, what the Charts tab draws) answers each series with the
+steps the code logged.
 """
+
+import os
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -57,8 +62,24 @@ writer.close()
 """
 
 
-def run_to_success(team, alice, job_python, code: str):
-    job = queued_job(team, alice, total_gpus=0, entrypoint=[str(job_python), "-c", code])
+# The same, into the folder the job's environment names: in its sandbox's private /tmp.
+TENSORBOARD_LOGDIR = f"""{TRAIN}
+import os
+from torch.utils.tensorboard import SummaryWriter
+writer = SummaryWriter(os.environ["TENSORBOARD_LOGDIR"])
+for i in range({STEPS}):
+    loss = train_step()
+    writer.add_scalar("loss", loss, i)
+    print("step", i, "loss", loss)
+writer.close()
+print("wrote", *sorted(os.listdir(os.environ["TENSORBOARD_LOGDIR"])))
+"""
+
+
+def run_to_success(team, alice, job_python, code: str, env: dict | None = None):
+    job = queued_job(
+        team, alice, total_gpus=0, entrypoint=[str(job_python), "-c", code], env=env or {}
+    )
     start(job)
     run_until(lambda: finished(job), timeout=120)
     job.refresh_from_db()
@@ -95,3 +116,21 @@ def test_summary_writer_under_the_output_dir_reaches_the_charts(team, alice, api
     assert train["loss"]["y"] == pytest.approx(losses, rel=1e-6)  # float32 in the event file
     validation = charted(api, job, "validation")
     assert validation["val/loss"]["x"] == [STEPS - 1]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox (a private /tmp) needs root")
+def test_summary_writer_in_the_sandboxs_private_tmp_reaches_the_charts(
+    team, alice, api, job_python
+):
+    """TENSORBOARD_LOGDIR=/tmp/...: the job's /tmp is its sandbox's own, which the host never
+    sees; the runner reads the files there as the sandbox's anchor sees them."""
+    logdir = f"/tmp/sf-tb-{uuid.uuid4().hex}"
+    job = run_to_success(
+        team, alice, job_python, TENSORBOARD_LOGDIR, env={"TENSORBOARD_LOGDIR": logdir}
+    )
+    assert any(t.startswith("wrote events.out.tfevents.") for t in texts(job))
+    assert not Path(logdir).exists()  # written in the sandbox's /tmp, not the host's
+    losses = printed_losses(job)
+    train = charted(api, job, "train")
+    assert train["loss"]["x"] == list(range(STEPS))
+    assert train["loss"]["y"] == pytest.approx(losses, rel=1e-6)
