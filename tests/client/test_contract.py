@@ -194,7 +194,7 @@ def test_a_record_the_runner_signs_is_one_the_server_accepts(tmp_path):
 def test_the_slurm_executor_finds_its_own_jobs_by_the_contracts_prefix(tmp_path):
     ours, theirs = contract.backend_name("mine", 1), "train-mine"
     lines = "".join(
-        f"{i}|RUNNING|None|1700000000|0|0|{name}|\n" for i, name in ((1, ours), (2, theirs))
+        f"{i}|RUNNING|None|1700000000|0|0|node1|{name}|\n" for i, name in ((1, ours), (2, theirs))
     )
 
     def run(command, env, fds):
