@@ -169,7 +169,13 @@ def test_bash_completes_the_verbs_of_a_command(bash_script: Path) -> None:
 
 def test_bash_completes_options_and_their_choices(bash_script: Path) -> None:
     assert complete(bash_script, "job", "list", "--w") == ["--watch"]
-    assert complete(bash_script, "usage", "--by", "") == ["team", "user", "cluster", "gpu_type", "day"]
+    assert complete(bash_script, "usage", "--by", "") == [
+        "team",
+        "user",
+        "cluster",
+        "gpu_type",
+        "day",
+    ]
     assert complete(bash_script, "team", "add-member", "v", "bob", "--role", "a") == ["admin"]
     assert complete(bash_script, "team", "set-role", "vision", "bob", "") == [
         "member",
