@@ -120,7 +120,9 @@ def test_an_ended_attempt_keeps_rays_times_and_is_billed_within_them(ray_team, u
     attempt = Attempt.objects.get(job=job)
     assert (attempt.engine_start, attempt.engine_end) == rays_times(attempt.job_ref, ray_team)
     assert_billed_within_the_engines(attempt)
-    assert attempt.end_time == attempt.engine_end  # the bill ends where Ray's record does
+    # The bill ends at the earlier of the runner's signed exit and Ray's end: within a second
+    # below Ray's record (the runner exits a few ms before Ray marks the job ended).
+    assert attempt.engine_end - dt.timedelta(seconds=1) <= attempt.end_time <= attempt.engine_end
 
 
 def rays_times(ref: str, team: Team) -> tuple[dt.datetime, dt.datetime]:
