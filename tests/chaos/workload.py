@@ -96,7 +96,11 @@ print("done", flush=True)
 """
 
 
-def ckpt_code(steps: int = 12, sleep: float = 0.4, every: int = 4) -> str:
+# A checkpointing borrower runs some 10 s: past the stack's 2 s minimum runtime it must still
+# hold the GPUs when the lender's reclaim reaches a tick, which on a loaded machine (three
+# test runs at once) takes seconds; at 5 s the Slurm round's reclaims found their borrowers
+# ended, and nothing was preempted.
+def ckpt_code(steps: int = 25, sleep: float = 0.4, every: int = 4) -> str:
     values = {"STEPS": steps, "SLEEP": sleep, "EVERY": every, "JOURNAL": repr(JOURNAL)}
     return "".join(f"{name} = {value}\n" for name, value in values.items()) + CKPT
 
