@@ -276,15 +276,13 @@ def drive(
     """Faults every `interval` s for `duration` s, then wait (no faults) until all are final.
 
     The faults go on past `duration` until every kind has been injected twice: on a slow or
-    busy machine each restart takes longer, and a round must not end with a kind left out;
-    and until a borrower has been preempted, at most until twice `duration`.
+    busy machine each restart takes longer, and a round must not end with a kind left out.
     The lender takes its GPUs back only meanwhile, so that its reclaims meet the faults.
     """
     rng = random.Random(0)  # when a fault follows a reclaim: the same in every round
     start = time.monotonic()
     next_fault = start + interval
     settled_from = 0.0  # when the faults stopped
-    preempted = False  # a borrower was told to give its GPUs back (seen once is enough)
     jobs: dict[int, dict] = {}
     while True:
         now = time.monotonic()
@@ -293,14 +291,7 @@ def drive(
         faults.repair()
         stack.revive()
         pending = [j for j in jobs.values() if not is_final(j, plan)]
-        # ... and, up to twice `duration`, until the lender has taken GPUs back at least once:
-        # under load a reclaim can find its borrower ended by the time a tick admits it.
-        preempted = preempted or any(j["preempted_at"] for j in jobs.values())
-        faulting = (
-            now - start < duration
-            or faults.turn < 2 * len(faults.kinds)
-            or (not preempted and now - start < 2 * duration)
-        )
+        faulting = now - start < duration or faults.turn < 2 * len(faults.kinds)
         if not faulting and not pending:
             return jobs
         if faulting and reclaims.tick(stack, plan, jobs):
