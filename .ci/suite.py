@@ -5,7 +5,8 @@ machine idle for most of it: a pytest process uses one core at most, and the tes
 up whole stacks, Slurm or the chaos driver mostly wait (on a visibility timeout, a disconnect,
 processes restarting). A CI run with two slots used 0.7 of its 2 cores on average. So the
 suite is cut where nothing is shared between the parts, and three run at once, the longest
-first:
+first except Slurm's, which starts when the stacks end so that its chaos rounds (last in it)
+meet less load:
 - "rest": the layers' tests on PostgreSQL, everything not in another run;
 - "slurm": the Slurm engine's tests and the chaos rounds (one Slurm on the host: these run in
   one process, one after another);
@@ -49,7 +50,7 @@ PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 SLOTS = 3  # runs at once: see above (the machines this runs on have 2 cores)
 
 # The runs besides "rest", each a set of folders (see the module's docstring).
-SLURM = ["tests/chaos", "tests/engines/slurm"]
+SLURM = ["tests/engines/slurm", "tests/chaos"]  # the chaos rounds last: see RUNS
 E2E = ["tests/e2e"]
 STACKS = ["tests/browser", "tests/engines/ray", "tests/engines/kubernetes", "tests/identity"]
 # The ledger suite: the tests of the server's layers and of metering, which run on either
@@ -69,15 +70,16 @@ class Run:
     sqlite: bool = False  # the embedded default's ledger (a file of the run's own), else PG
 
 
-RUNS = [  # the longest first
+RUNS = [  # the longest first, but Slurm's after the stacks: its chaos rounds (last in it) time
+    # a lender's reclaim against a borrower's run, and beside three other runs they missed it
     Run(
         "rest",
         "the layers on PostgreSQL",
         ["tests", *(f"--ignore={path}" for path in (*SLURM, *E2E, *STACKS)), DURATIONS],
     ),
-    Run("slurm", "Slurm and the chaos rounds on PostgreSQL", [*SLURM, DURATIONS]),
     Run("e2e", "whole stacks on PostgreSQL", [*E2E, DURATIONS]),
     Run("stacks", "browser, Ray, Kubernetes and identity on PostgreSQL", [*STACKS, DURATIONS]),
+    Run("slurm", "Slurm and the chaos rounds on PostgreSQL", [*SLURM, DURATIONS]),
     Run(
         "sqlite",
         "the ledger suite on the embedded SQLite default",
